@@ -1,0 +1,1 @@
+int slotserve_placeholder(void) { return 0; }

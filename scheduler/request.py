@@ -1,0 +1,101 @@
+"""What the gateway hands the scheduler, and what comes back.
+
+Contract of `scheduler.Scheduler` (scheduler/scheduler.py), the gateway's only entry point:
+
+    sched = Scheduler(pool, SchedulerConfig(...), token_bytes=[...], eos_token_ids={...})
+    async with sched:                       # starts the step loop + engine worker thread
+        handle = sched.submit(request)      # raises QueueFull / PromptTooLong / Draining at once
+        async for event in handle:          # TokenEvent ... then exactly one FinishEvent
+            ...
+        ok = await handle.cancel()          # idempotent; returns once the scheduler acknowledged
+        sched.stats()                       # SchedulerStats snapshot (plain data) for metrics
+        sched.slots()                       # list[SlotView] for GET /slots
+        await sched.drain(grace_s)          # stop admitting; finish or cancel what runs
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # eos token, stop token id or stop string
+    LENGTH = "length"  # max_tokens reached, or the slot's context is full
+    CANCELLED = "cancelled"  # cancel() or client disconnect
+    TIMEOUT = "timeout"  # per-request timeout elapsed
+    ERROR = "error"  # engine failure in this request's slot
+
+
+class ReuseSource(str, enum.Enum):
+    NONE = "none"  # cold prefill
+    REWIND = "rewind"  # an idle slot truncated to the common prefix
+    COPY = "copy"  # prefix rows copied from another (busy) slot
+    CHECKPOINT_MEMORY = "checkpoint_memory"  # restored from the in-memory store
+    CHECKPOINT_DISK = "checkpoint_disk"  # restored from the disk tier
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None  # same seed + same prompt -> same tokens
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()  # stop strings: matched across token boundaries, never emitted
+    stop_token_ids: tuple[int, ...] = ()  # in addition to the model's eos ids
+    ignore_eos: bool = False
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    request_id: str = ""  # the scheduler assigns one when empty
+    prefix_hint: int | None = None  # token offset where the system turn ends (checkpoint rule 1)
+    timeout_s: float | None = None
+    priority: int = 0  # higher preempts lower between prefill segments
+
+
+@dataclass(frozen=True, slots=True)
+class ReuseInfo:
+    source: ReuseSource
+    reused_tokens: int  # prompt tokens not computed for this request
+    prefilled_tokens: int  # prompt tokens computed for this request
+    slot: int
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    token_ids: tuple[int, ...]  # tokens sampled since the last event
+    text: str  # complete UTF-8 text released by them (held back: partial chars, stop-string prefixes)
+
+
+@dataclass(frozen=True, slots=True)
+class FinishEvent:
+    reason: FinishReason
+    text: str  # any text released at finish
+    prompt_tokens: int
+    completion_tokens: int
+    reuse: ReuseInfo | None  # None when the request never got a slot
+    error: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)  # queue_s, ttft_s, e2e_s, prefill_s
+
+
+class QueueFull(Exception):
+    """Admission queue is full; retry after `retry_after_s` seconds."""
+
+    def __init__(self, retry_after_s: float):
+        super().__init__(f"queue is full; retry after {retry_after_s:.0f}s")
+        self.retry_after_s = retry_after_s
+
+
+class PromptTooLong(ValueError):
+    """The prompt (plus at least one generated token) does not fit a slot's context."""
+
+
+class Draining(Exception):
+    """The scheduler is draining and admits no new requests."""

@@ -1,0 +1,3 @@
+from slotserve.cli import main
+
+raise SystemExit(main())

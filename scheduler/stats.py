@@ -1,0 +1,100 @@
+"""Plain-data stats the scheduler emits; the metrics layer turns them into Prometheus series.
+
+Design: the scheduler pushes one `StepStats` per engine step and one `RequestStats` per finished
+request (plus checkpoint and cancel events) into a `StatsSink` given at construction, and answers
+`Scheduler.stats()` with a `SchedulerStats` snapshot of current levels (queue depth, slots). It
+never imports prometheus-client; `metrics/` implements StatsSink.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from .request import FinishReason, ReuseSource
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    duration_s: float  # wall time of the engine forward call
+    num_tokens: int  # tokens fed this step (prefill + decode)
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    batch_size: int  # slots in the step
+
+
+@dataclass(frozen=True, slots=True)
+class RequestStats:
+    outcome: str  # "ok" | "cancelled" | "error" | "timeout" | "rejected"
+    finish_reason: FinishReason | None
+    prompt_tokens: int
+    reused_tokens: int
+    reuse_source: ReuseSource
+    prefilled_tokens: int  # prompt tokens computed (a resumed prefill counts only new ones)
+    completion_tokens: int
+    queue_s: float | None  # admission to slot assignment
+    ttft_s: float | None  # admission to first token
+    e2e_s: float | None  # admission to finish
+    itl_s: tuple[float, ...]  # gaps between successive tokens
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointEvent:
+    kind: str  # "capture" | "restore" | "evict" | "drop" (corrupt/foreign file removed)
+    tier: str  # "memory" | "disk"
+    rule: str  # capture rule: "hint" | "common_prefix" | "prompt_end" | "evict"
+    num_bytes: int
+    num_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelStats:
+    phase: str  # "queued" | "prefill" | "decode"
+    ack_s: float  # cancel() call to acknowledgement
+
+
+@dataclass(frozen=True, slots=True)
+class SlotLevel:
+    slot: int
+    state: str  # "empty" | "idle" | "prefill" | "decode"
+    num_tokens: int  # tokens held
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerStats:
+    queue_depth: int  # admitted, waiting for a slot
+    max_queue: int
+    num_running: int  # requests holding a slot
+    slots: tuple[SlotLevel, ...]
+    ctx_len: int
+    checkpoint_memory_bytes: int
+    checkpoint_disk_bytes: int
+    num_preemptions: int  # cumulative
+    draining: bool
+
+
+class StatsSink(Protocol):
+    def on_step(self, s: StepStats) -> None: ...
+    def on_request(self, s: RequestStats) -> None: ...
+    def on_checkpoint(self, e: CheckpointEvent) -> None: ...
+    def on_cancel(self, c: CancelStats) -> None: ...
+    def on_preemption(self) -> None: ...
+
+
+class NullSink:
+    """Drops everything; the default sink."""
+
+    def on_step(self, s: StepStats) -> None:
+        pass
+
+    def on_request(self, s: RequestStats) -> None:
+        pass
+
+    def on_checkpoint(self, e: CheckpointEvent) -> None:
+        pass
+
+    def on_cancel(self, c: CancelStats) -> None:
+        pass
+
+    def on_preemption(self) -> None:
+        pass

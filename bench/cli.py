@@ -1,0 +1,28 @@
+"""`slotserve bench KIND`: one module per benchmark, each with `configure(parser)` and `run(args)`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "engine": ("slotserve.bench.engine", "prefill/decode tokens/s of the C engine"),
+    "routing": ("slotserve.bench.routing", "prefix routing cost against N slots"),
+}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench", required=True, metavar="KIND")
+    for name, (module_name, help_text) in BENCHMARKS.items():
+        cmd = sub.add_parser(name, help=help_text)
+        cmd.set_defaults(_bench_module=module_name)
+        try:
+            importlib.import_module(module_name).configure(cmd)
+        except ImportError as exc:
+            cmd.set_defaults(_bench_error=exc)
+
+
+def run(args: argparse.Namespace) -> int:
+    if getattr(args, "_bench_error", None) is not None:
+        raise SystemExit(f"slotserve bench {args.bench}: unavailable ({args._bench_error})")
+    return int(importlib.import_module(args._bench_module).run(args) or 0)

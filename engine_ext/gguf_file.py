@@ -1,0 +1,354 @@
+"""Open a GGUF model file: validated config, tensor table and raw weight bytes (memory-mapped).
+
+Design: `load_model_file` parses the file with the `gguf` package's GGUFReader over a read-only
+memory map and checks everything the engine relies on before any C code sees a pointer:
+architecture `llama`, tensor types the kernels implement, every required tensor present, every
+shape consistent with the config. The weights are never copied: each `TensorRef.data` is a uint8
+view into the map, and the map lives as long as any `ModelFile` or `TensorRef` refers to it.
+
+Tensor shapes are in GGUF/ggml order: `shape[0]` is the row length (the input dimension of a
+matmul, contiguous in memory), `shape[1]` the number of rows (the output dimension). A weight
+W with shape (n_in, n_out) computes y[j] = sum_i W[j, i] * x[i] over its rows j < n_out.
+
+NOTE: RoPE layout. The usual HF -> GGUF converter permutes the rows of `attn_q` and `attn_k` so
+that rotary embedding rotates *adjacent* pairs: (x[2i], x[2i+1]) of each head by the angle
+pos * rope_base ** (-2i / head_dim) (llama.cpp's rope mode NORMAL, which it uses for arch llama).
+The engine and the test reference both rotate adjacent pairs; do not use the NEOX/HF
+"rotate_half" split layout on these weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
+
+SUPPORTED_ARCHITECTURES = ("llama",)
+
+SUPPORTED_TYPES: frozenset[int] = frozenset(
+    int(t)
+    for t in (
+        GGMLQuantizationType.F32,
+        GGMLQuantizationType.F16,
+        GGMLQuantizationType.Q4_0,
+        GGMLQuantizationType.Q4_1,
+        GGMLQuantizationType.Q8_0,
+    )
+)
+
+# Per-layer tensors the engine needs: blk.{i}.{suffix}.weight.
+LAYER_TENSORS = (
+    "attn_norm",
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_output",
+    "ffn_norm",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+)
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Hyper-parameters of a llama-architecture model, read from `llama.*` metadata."""
+
+    n_layers: int
+    dim: int  # embedding width
+    n_heads: int  # query heads
+    n_kv_heads: int  # key/value heads (grouped-query attention: n_heads % n_kv_heads == 0)
+    head_dim: int  # per-head width (even: RoPE rotates pairs)
+    ffn_dim: int  # SwiGLU hidden width
+    n_vocab: int  # rows of token_embd (and of the output matrix)
+    rope_base: float  # llama.rope.freq_base
+    rms_eps: float  # llama.attention.layer_norm_rms_epsilon
+    ctx_train: int  # llama.context_length (trained context; informational)
+    tied_output: bool  # True: no output.weight, logits use token_embd.weight
+
+
+@dataclass(frozen=True, eq=False)
+class TensorRef:
+    """One tensor of the file, by reference.
+
+    shape is in GGUF/ggml order (shape[0] = row length, shape[1] = number of rows).
+    data is a read-only, C-contiguous uint8 view [n_bytes] of the raw encoded bytes inside the
+    file's memory map (no copy); its lifetime keeps the map open.
+    """
+
+    name: str
+    ggml_type: int
+    shape: tuple[int, ...]
+    data: np.ndarray  # uint8 [n_bytes], read-only view into the memmap
+
+    @property
+    def type_name(self) -> str:
+        return ggml_type_name(self.ggml_type)
+
+
+@dataclass(frozen=True, eq=False)
+class ModelFile:
+    """A validated GGUF model. Holds the memory map open for as long as it (or any of its
+    TensorRefs) is alive; the engine may keep raw pointers into `tensors[...].data` while it
+    holds a reference to this object."""
+
+    path: Path
+    name: str  # general.name, or the file stem
+    config: LlamaConfig
+    tensors: dict[str, TensorRef]
+    metadata: dict[str, object]  # every key/value field, decoded to Python scalars/str/lists
+    fingerprint: str  # hex digest of metadata + tensor layout + file size (not the weight bytes)
+    _reader: GGUFReader = field(repr=False)
+
+    def tensor(self, name: str) -> TensorRef:
+        """The tensor called `name`; ValueError naming it if the file has no such tensor."""
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise ValueError(f"{self.path}: the model has no tensor {name!r}") from None
+
+
+def ggml_type_name(ggml_type: int) -> str:
+    try:
+        return GGMLQuantizationType(ggml_type).name
+    except ValueError:
+        return f"unknown type {ggml_type}"
+
+
+def load_model_file(path: str | os.PathLike[str]) -> ModelFile:
+    """Open and validate the GGUF at `path`.
+
+    Raises ValueError with a message naming the problem (and, where there is one, the fix) if
+    the file is missing, not a GGUF, not a `llama` model, uses a tensor type the engine lacks,
+    misses a required tensor, or has shapes that disagree with its metadata.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such model file (pass the path of a local .gguf file)")
+    try:
+        reader = _FastReader(path, "r")
+    except Exception as exc:  # the reader raises ValueError/KeyError/IndexError on garbage
+        raise ValueError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+    if reader.byte_order == "S":
+        raise ValueError(f"{path}: big-endian GGUF files are not supported; convert it little-endian")
+
+    metadata = {name: _decode_field(path, f) for name, f in reader.fields.items()}
+    arch = metadata.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"{path}: unsupported model architecture {arch!r}; "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    tensors = {
+        t.name: TensorRef(
+            name=t.name,
+            ggml_type=int(t.tensor_type),
+            shape=tuple(int(d) for d in t.shape),
+            data=_raw_bytes(reader, t),
+        )
+        for t in reader.tensors
+    }
+    config = _read_config(path, metadata, tensors)
+    _check_tensors(path, config, tensors)
+    name = metadata.get("general.name")
+    return ModelFile(
+        path=path,
+        name=name if isinstance(name, str) and name else path.stem,
+        config=config,
+        tensors=tensors,
+        metadata=metadata,
+        fingerprint=_fingerprint(path, metadata, reader),
+        _reader=reader,
+    )
+
+
+def required_tensor_names(n_layers: int) -> list[str]:
+    """Tensors every llama model must have (output.weight is optional: tied output)."""
+    names = ["token_embd.weight", "output_norm.weight"]
+    for i in range(n_layers):
+        names += [f"blk.{i}.{suffix}.weight" for suffix in LAYER_TENSORS]
+    return names
+
+
+class _FastReader(GGUFReader):
+    """GGUFReader whose field parsing slices a plain ndarray view of the memmap.
+
+    NOTE: GGUFReader slices the np.memmap subclass once per string of the vocabulary; memmap's
+    Python-level __getitem__/__array_finalize__ make that ~4 s for a 49k vocabulary. Slicing a
+    plain ndarray view of the same mapping (still no copy; the view keeps the map alive) takes
+    ~1 s. This overrides a private method; the result is checked by the tests on every load.
+    """
+
+    def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> np.ndarray:
+        plain = self.__dict__.get("_plain")
+        if plain is None:
+            plain = self._plain = self.data.view(np.ndarray)
+        dt = np.dtype(dtype)
+        count = int(count)
+        arr = plain[offset : offset + dt.itemsize * count].view(dt)
+        order = self.byte_order if override_order is None else override_order
+        if order == "I" or (order == "<" and sys.byteorder == "little"):
+            return arr
+        return arr.view(arr.dtype.newbyteorder(order))
+
+
+def _raw_bytes(reader: GGUFReader, t: Any) -> np.ndarray:
+    start = int(t.data_offset)
+    raw = reader.data.view(np.ndarray)[start : start + int(t.n_bytes)]
+    assert raw.flags.c_contiguous and raw.dtype == np.uint8
+    return raw
+
+
+def _decode_field(path: Path, f: Any) -> object:
+    """A metadata field as a Python value: scalar, str, or list of those."""
+    try:
+        if f.types[0] == GGUFValueType.ARRAY:
+            if len(f.types) > 1 and f.types[1] == GGUFValueType.ARRAY:
+                return None  # nested arrays: not used by llama models, left undecoded
+            return [_decode_part(f.parts[i], f.types[-1] if len(f.types) > 1 else None) for i in f.data]
+        return _decode_part(f.parts[f.data[0]], f.types[0])
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: metadata field {f.name!r} is not valid UTF-8") from exc
+
+
+def _decode_part(part: np.ndarray, vtype: Any) -> object:
+    if vtype == GGUFValueType.STRING:
+        return bytes(part).decode("utf-8")
+    value = part[0].item()
+    return bool(value) if vtype == GGUFValueType.BOOL else value
+
+
+def _meta_int(path: Path, metadata: dict[str, object], key: str, default: int | None = None) -> int:
+    value = metadata.get(key, default)
+    if value is None:
+        raise ValueError(f"{path}: required metadata field {key!r} is missing")
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{path}: metadata field {key!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def _meta_float(path: Path, metadata: dict[str, object], key: str, default: float) -> float:
+    value = metadata.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{path}: metadata field {key!r} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _read_config(path: Path, metadata: dict[str, object], tensors: dict[str, TensorRef]) -> LlamaConfig:
+    n_layers = _meta_int(path, metadata, "llama.block_count")
+    dim = _meta_int(path, metadata, "llama.embedding_length")
+    n_heads = _meta_int(path, metadata, "llama.attention.head_count")
+    n_kv_heads = _meta_int(path, metadata, "llama.attention.head_count_kv", n_heads)
+    if dim % n_heads != 0 and "llama.attention.key_length" not in metadata:
+        raise ValueError(f"{path}: embedding_length {dim} is not a multiple of head_count {n_heads}")
+    head_dim = _meta_int(path, metadata, "llama.attention.key_length", dim // n_heads)
+    value_dim = _meta_int(path, metadata, "llama.attention.value_length", head_dim)
+    rope_dim = _meta_int(path, metadata, "llama.rope.dimension_count", head_dim)
+    if value_dim != head_dim:
+        raise ValueError(f"{path}: key_length {head_dim} != value_length {value_dim} is not supported")
+    if rope_dim != head_dim:
+        raise ValueError(f"{path}: partial rotary embedding (rope.dimension_count {rope_dim} "
+                         f"< head_dim {head_dim}) is not supported")
+    if head_dim % 2 != 0:
+        raise ValueError(f"{path}: head_dim {head_dim} must be even for RoPE")
+    if n_heads % n_kv_heads != 0:
+        raise ValueError(f"{path}: head_count {n_heads} is not a multiple of head_count_kv {n_kv_heads}")
+    if metadata.get("llama.expert_count", 0):
+        raise ValueError(f"{path}: mixture-of-experts llama models are not supported")
+    scaling = metadata.get("llama.rope.scaling.type", "none")
+    if scaling not in ("none", None):
+        raise ValueError(f"{path}: RoPE scaling {scaling!r} is not supported (only unscaled RoPE)")
+    if "rope_freqs.weight" in tensors:
+        raise ValueError(f"{path}: per-dimension RoPE frequency factors (tensor 'rope_freqs.weight', "
+                         "Llama 3.1-style rope scaling) are not supported")
+    embd = tensors.get("token_embd.weight")
+    if embd is None:
+        raise ValueError(f"{path}: required tensor 'token_embd.weight' is missing")
+    if len(embd.shape) != 2:
+        raise ValueError(f"{path}: tensor 'token_embd.weight' has shape {embd.shape}, expected 2-D")
+    n_vocab = embd.shape[1]
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, list) and len(tokens) != n_vocab:
+        raise ValueError(f"{path}: the tokenizer has {len(tokens)} tokens but token_embd.weight "
+                         f"has {n_vocab} rows")
+    return LlamaConfig(
+        n_layers=n_layers,
+        dim=dim,
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        ffn_dim=_meta_int(path, metadata, "llama.feed_forward_length"),
+        n_vocab=n_vocab,
+        rope_base=_meta_float(path, metadata, "llama.rope.freq_base", 10000.0),
+        rms_eps=_meta_float(path, metadata, "llama.attention.layer_norm_rms_epsilon", 1e-5),
+        ctx_train=_meta_int(path, metadata, "llama.context_length", 2048),
+        tied_output="output.weight" not in tensors,
+    )
+
+
+def _expected_shapes(c: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    q_dim, kv_dim = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+    shapes: dict[str, tuple[int, ...]] = {
+        "token_embd.weight": (c.dim, c.n_vocab),
+        "output_norm.weight": (c.dim,),
+    }
+    if not c.tied_output:
+        shapes["output.weight"] = (c.dim, c.n_vocab)
+    per_layer = {
+        "attn_norm": (c.dim,),
+        "attn_q": (c.dim, q_dim),
+        "attn_k": (c.dim, kv_dim),
+        "attn_v": (c.dim, kv_dim),
+        "attn_output": (q_dim, c.dim),
+        "ffn_norm": (c.dim,),
+        "ffn_gate": (c.dim, c.ffn_dim),
+        "ffn_up": (c.dim, c.ffn_dim),
+        "ffn_down": (c.ffn_dim, c.dim),
+    }
+    for i in range(c.n_layers):
+        for suffix, shape in per_layer.items():
+            shapes[f"blk.{i}.{suffix}.weight"] = shape
+    return shapes
+
+
+def _check_tensors(path: Path, config: LlamaConfig, tensors: dict[str, TensorRef]) -> None:
+    expected = _expected_shapes(config)
+    missing = [name for name in expected if name not in tensors]
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" (and {len(missing) - 5} more)" if len(missing) > 5 else "")
+        raise ValueError(f"{path}: required tensors missing: {shown}")
+    for name, shape in expected.items():
+        t = tensors[name]
+        if t.ggml_type not in SUPPORTED_TYPES:
+            supported = ", ".join(ggml_type_name(x) for x in sorted(SUPPORTED_TYPES))
+            raise ValueError(f"{path}: tensor {name!r} has type {t.type_name}, which the engine does "
+                             f"not support (supported: {supported}); re-quantize the model")
+        if t.shape != shape:
+            raise ValueError(f"{path}: tensor {name!r} has shape {t.shape}, expected {shape} "
+                             "from the model's metadata")
+        if len(shape) == 1 and t.ggml_type != GGMLQuantizationType.F32:
+            raise ValueError(f"{path}: norm tensor {name!r} has type {t.type_name}; only F32 norms "
+                             "are supported")
+        block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(t.ggml_type)]
+        if shape[0] % block != 0:
+            raise ValueError(f"{path}: tensor {name!r} row length {shape[0]} is not a multiple of "
+                             f"the {t.type_name} block size {block}")
+        n_rows = int(np.prod(shape[1:], dtype=np.int64))
+        if t.data.nbytes != n_rows * (shape[0] // block) * block_bytes:
+            raise ValueError(f"{path}: tensor {name!r} data is truncated or has the wrong size")
+
+
+def _fingerprint(path: Path, metadata: dict[str, object], reader: GGUFReader) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"size={path.stat().st_size}\n".encode())
+    for key in sorted(metadata):
+        h.update(f"{key}={metadata[key]!r}\n".encode("utf-8", "surrogatepass"))
+    for t in reader.tensors:
+        h.update(f"{t.name}:{int(t.tensor_type)}:{tuple(int(d) for d in t.shape)}@{int(t.data_offset)}\n".encode())
+    return h.hexdigest()

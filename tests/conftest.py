@@ -1,0 +1,68 @@
+"""Shared pytest fixtures. Each part of the project keeps its fixtures in its own marked section.
+
+The tests directory is put on sys.path so test modules can import the helper modules beside
+them (`gguf_fixtures`, `reference`) under --import-mode=importlib.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TESTS_DIR.parent
+if str(TESTS_DIR) not in sys.path:
+    sys.path.insert(0, str(TESTS_DIR))
+
+
+# ---------------------------------------------------------------------------------------------
+# Models and fixture files (model I/O: gguf_fixtures.py, reference.py)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """callable(weight_type="Q8_0", **write_tiny_llama_kwargs) -> Path of a tiny llama GGUF.
+
+    Files are written once per distinct argument set per session and shared; do not modify them.
+    """
+    from gguf_fixtures import write_tiny_llama
+
+    root = tmp_path_factory.mktemp("tiny_models")
+    cache: dict[tuple, Path] = {}
+
+    def make(weight_type: str = "Q8_0", **kwargs: object) -> Path:
+        key = (weight_type, *sorted((k, repr(v)) for k, v in kwargs.items()))
+        if key not in cache:
+            path = root / f"tiny-{len(cache)}-{weight_type}.gguf"
+            cache[key] = write_tiny_llama(path, weight_type=weight_type, **kwargs)
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path(tiny_model_factory: Callable[..., Path]) -> Path:
+    """The default tiny model: Q8_0 weights, 2 layers, dim 64, 4 heads / 2 kv heads, vocab 299."""
+    return tiny_model_factory("Q8_0")
+
+
+@pytest.fixture(scope="session")
+def real_model_path() -> Path:
+    """The default SmolLM2-135M-Instruct Q4_1 GGUF, pulled into the cache on first use."""
+    from slotserve.model_cache import ensure_default_model
+
+    return ensure_default_model(progress=False)
+
+
+@pytest.fixture(scope="session")
+def shared_fixtures_dir() -> Path:
+    """The team's shared fixture files: `shared/fixtures` beside the repository checkout."""
+    path = REPO_ROOT.parent / "shared" / "fixtures"
+    if not path.is_dir():
+        pytest.fail(f"shared fixtures not found at {path}: put the `shared/` folder beside the "
+                    f"repository checkout ({REPO_ROOT})")
+    return path

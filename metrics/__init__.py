@@ -1,1 +1,5 @@
+"""Prometheus metrics for slotserve; the gateway uses `ServerMetrics` (see prom.py)."""
 
+from .prom import ServerMetrics
+
+__all__ = ["ServerMetrics"]

@@ -1,0 +1,136 @@
+"""Every pushed slotserve metric: names, help, label values and histogram buckets, in one place.
+
+Design: `PushedMetrics(registry)` creates the counters and histograms the scheduler's events feed
+(levels read at scrape time live in `levels.py`). Every labelled series is created at start-up
+with value 0, for two reasons: PromQL ratios such as the reuse hit rate need every series present
+from the first scrape (a series that appears mid-range skews `rate()` extrapolation), and the
+step loop then never allocates a label child. Names follow Prometheus practice: `slotserve_`
+prefix, base units in the name, `_total` only on counters, no colons (colons are for recording
+rules, see deploy/prometheus/rules.yml).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from slotserve.scheduler.request import ReuseSource
+
+# ---------------------------------------------------------------- label values (the contract)
+
+OUTCOMES = ("ok", "cancelled", "error", "timeout", "rejected")
+REUSE_SOURCES = tuple(s.value for s in ReuseSource)  # "none" first: a cold prefill
+REUSED_SOURCES = tuple(s for s in REUSE_SOURCES if s != ReuseSource.NONE.value)
+PHASES = ("prefill", "decode")  # engine tokens
+CANCEL_PHASES = ("queued", "prefill", "decode")
+CHECKPOINT_EVENTS = ("capture", "restore", "evict", "drop")
+CHECKPOINT_TIERS = ("memory", "disk")
+CHECKPOINT_RULES = ("hint", "common_prefix", "prompt_end", "evict")
+
+# ---------------------------------------------------------------- buckets (seconds unless noted)
+# Sized for a CPU server: a long cold prefill on a big model takes minutes, a small model's
+# decode step a few milliseconds.
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0)
+E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0, 600.0)
+QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+CANCEL_ACK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+STEP_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)  # tokens
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)  # slots
+
+
+class PushedMetrics:
+    """The counters and histograms fed by scheduler events, registered on `registry`.
+
+    Attributes are prometheus-client metric objects; `requests[outcome]`-style dicts hold the
+    pre-created label children so recording is a dict lookup plus an `inc`/`observe`.
+    """
+
+    def __init__(self, registry: CollectorRegistry):
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, doc, labels, registry=registry)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...], labels: tuple[str, ...] = ()) -> Histogram:
+            return Histogram(name, doc, labels, registry=registry, buckets=buckets)
+
+        # -- requests and tokens (one update per finished request)
+        requests = counter("slotserve_requests_total", "Finished requests by outcome.", ("outcome",))
+        self.requests = {o: requests.labels(o) for o in OUTCOMES}
+        reuse_requests = counter(
+            "slotserve_reuse_requests_total",
+            "Requests that reached a slot, by where their reused prefix came from "
+            '(source="none": cold prefill). Hit rate = source!="none" / all.',
+            ("source",),
+        )
+        self.reuse_requests = {s: reuse_requests.labels(s) for s in REUSE_SOURCES}
+        self.prompt_tokens = counter(
+            "slotserve_prompt_tokens_total", "Prompt tokens of requests that reached a slot."
+        )
+        reused = counter(
+            "slotserve_reused_tokens_total", "Prompt tokens not computed because KV was reused, by source.", ("source",)
+        )
+        self.reused_tokens = {s: reused.labels(s) for s in REUSED_SOURCES}
+        self.prefilled_tokens = counter(
+            "slotserve_prefilled_tokens_total", "Prompt tokens computed by prefill (resumed prefills count once)."
+        )
+        self.generated_tokens = counter("slotserve_generated_tokens_total", "Completion tokens sampled.")
+        self.ttft = histogram(
+            "slotserve_time_to_first_token_seconds", "Admission to first token.", TTFT_BUCKETS
+        )
+        self.itl = histogram(
+            "slotserve_inter_token_latency_seconds", "Gap between successive tokens of one request.", ITL_BUCKETS
+        )
+        self.e2e = histogram("slotserve_e2e_request_latency_seconds", "Admission to finish.", E2E_BUCKETS)
+        self.queue_wait = histogram(
+            "slotserve_queue_wait_seconds", "Admission to slot assignment.", QUEUE_BUCKETS
+        )
+
+        # -- engine steps (one update per forward call: the hot path)
+        self.step_seconds = histogram(
+            "slotserve_engine_step_seconds", "Wall time of one engine forward call.", STEP_BUCKETS
+        )
+        self.step_tokens = histogram(
+            "slotserve_engine_step_tokens", "Tokens fed to one engine step (prefill + decode).", STEP_TOKEN_BUCKETS
+        )
+        self.step_batch = histogram(
+            "slotserve_engine_step_batch_size", "Slots in one engine step.", BATCH_BUCKETS
+        )
+        engine_tokens = counter(
+            "slotserve_engine_tokens_total", "Tokens fed to the engine, by phase.", ("phase",)
+        )
+        self.engine_tokens = {p: engine_tokens.labels(p) for p in PHASES}
+
+        # -- cancels and preemptions
+        cancels = counter("slotserve_cancels_total", "Acknowledged cancels, by request phase.", ("phase",))
+        self.cancels = {p: cancels.labels(p) for p in CANCEL_PHASES}
+        cancel_ack = histogram(
+            "slotserve_cancel_ack_seconds", "cancel() call to acknowledgement, by phase.", CANCEL_ACK_BUCKETS, ("phase",)
+        )
+        self.cancel_ack = {p: cancel_ack.labels(p) for p in CANCEL_PHASES}
+        self.preemptions = counter(
+            "slotserve_preemptions_total", "Prefills paused between segments for a higher-priority request."
+        )
+
+        # -- checkpoints
+        events = counter(
+            "slotserve_checkpoints_total",
+            "Checkpoint events (capture, restore, evict, drop) by tier and capture rule.",
+            ("event", "tier", "rule"),
+        )
+        sizes = counter(
+            "slotserve_checkpoint_bytes_total",
+            "Bytes moved by checkpoint events, by event, tier and capture rule.",
+            ("event", "tier", "rule"),
+        )
+        keys = [(e, t, r) for e in CHECKPOINT_EVENTS for t in CHECKPOINT_TIERS for r in CHECKPOINT_RULES]
+        self.checkpoints = {k: events.labels(*k) for k in keys}
+        self.checkpoint_bytes = {k: sizes.labels(*k) for k in keys}
+
+        # -- the sink's own health
+        dropped = counter(
+            "slotserve_stats_dropped_total",
+            "Scheduler stats events dropped because a field broke the stats contract (a bug).",
+            ("kind",),
+        )
+        self.dropped = {k: dropped.labels(k) for k in ("step", "request", "checkpoint", "cancel")}

@@ -1,0 +1,115 @@
+"""StatsRecorder: the StatsSink that turns scheduler events into Prometheus counters/histograms.
+
+Design: the scheduler calls these methods from its step loop or its engine worker thread.
+prometheus-client guards every value with its own lock, so the recorder needs no lock of its
+own and never blocks for long. It never raises into the scheduler: an event whose fields break
+the contract in `scheduler/stats.py` is dropped, logged once per kind and counted in
+`slotserve_stats_dropped_total{kind}`. With `strict=True` (tests) it raises ValueError instead.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from slotserve.scheduler.request import ReuseSource
+from slotserve.scheduler.stats import CancelStats, CheckpointEvent, RequestStats, StepStats
+
+from .definitions import PushedMetrics
+
+log = logging.getLogger(__name__)
+
+
+class StatsRecorder:
+    """Implements `scheduler.stats.StatsSink` on top of `PushedMetrics`."""
+
+    def __init__(self, metrics: PushedMetrics, *, strict: bool = False):
+        self._m = metrics
+        self._strict = strict
+        self._warned: set[str] = set()  # kinds already logged once
+
+    # ------------------------------------------------------------ StatsSink
+
+    def on_step(self, s: StepStats) -> None:
+        """One engine forward call: duration, tokens by phase, batch size."""
+        if s.num_tokens < 0 or s.num_prefill_tokens < 0 or s.num_decode_tokens < 0 or s.batch_size < 0:
+            self._drop("step", f"negative count in {s!r}")
+            return
+        m = self._m
+        m.step_seconds.observe(s.duration_s)
+        m.step_tokens.observe(s.num_tokens)
+        m.step_batch.observe(s.batch_size)
+        m.engine_tokens["prefill"].inc(s.num_prefill_tokens)
+        m.engine_tokens["decode"].inc(s.num_decode_tokens)
+
+    def on_request(self, s: RequestStats) -> None:
+        """One finished request (any outcome).
+
+        A request "reached a slot" when it computed or reused at least one prompt token; only
+        those count in the reuse counters, so queued cancels and rejections do not dilute the
+        hit rate or the reuse ratio.
+        """
+        m = self._m
+        counter = m.requests.get(s.outcome)
+        if counter is None:
+            self._drop("request", f"outcome {s.outcome!r} is not one of {sorted(m.requests)}")
+            return
+        try:
+            source = ReuseSource(s.reuse_source).value
+        except ValueError:
+            self._drop("request", f"reuse_source {s.reuse_source!r} is not a ReuseSource")
+            return
+        if min(s.prompt_tokens, s.reused_tokens, s.prefilled_tokens, s.completion_tokens) < 0:
+            self._drop("request", f"negative token count in {s!r}")
+            return
+        if s.reused_tokens > 0 and source == ReuseSource.NONE.value:
+            self._drop("request", f"{s.reused_tokens} reused tokens with reuse_source none")
+            return
+        counter.inc()
+        if s.reused_tokens > 0 or s.prefilled_tokens > 0:
+            m.reuse_requests[source if s.reused_tokens > 0 else ReuseSource.NONE.value].inc()
+            m.prompt_tokens.inc(s.prompt_tokens)
+            if s.reused_tokens > 0:
+                m.reused_tokens[source].inc(s.reused_tokens)
+            m.prefilled_tokens.inc(s.prefilled_tokens)
+        m.generated_tokens.inc(s.completion_tokens)
+        if s.queue_s is not None:
+            m.queue_wait.observe(s.queue_s)
+        if s.ttft_s is not None:
+            m.ttft.observe(s.ttft_s)
+        if s.e2e_s is not None:
+            m.e2e.observe(s.e2e_s)
+        for gap in s.itl_s:
+            m.itl.observe(gap)
+
+    def on_checkpoint(self, e: CheckpointEvent) -> None:
+        """A checkpoint captured, restored, evicted or dropped, with its size."""
+        key = (e.kind, e.tier, e.rule)
+        counter = self._m.checkpoints.get(key)
+        if counter is None or e.num_bytes < 0:
+            self._drop("checkpoint", f"unknown kind/tier/rule or negative size in {e!r}")
+            return
+        counter.inc()
+        self._m.checkpoint_bytes[key].inc(e.num_bytes)
+
+    def on_cancel(self, c: CancelStats) -> None:
+        """An acknowledged cancel and how long the acknowledgement took."""
+        counter = self._m.cancels.get(c.phase)
+        if counter is None or c.ack_s < 0:
+            self._drop("cancel", f"unknown phase or negative ack time in {c!r}")
+            return
+        counter.inc()
+        self._m.cancel_ack[c.phase].observe(c.ack_s)
+
+    def on_preemption(self) -> None:
+        """A running prefill paused for a higher-priority request."""
+        self._m.preemptions.inc()
+
+    # ------------------------------------------------------------ contract breaches
+
+    def _drop(self, kind: str, why: str) -> None:
+        if self._strict:
+            raise ValueError(f"stats event breaks the contract in scheduler/stats.py: {why}")
+        self._m.dropped[kind].inc()
+        if kind not in self._warned:
+            self._warned.add(kind)
+            log.warning("dropping %s stats event (further drops counted, not logged): %s", kind, why)

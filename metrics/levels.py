@@ -9,6 +9,7 @@ raises, the level families are simply absent from that scrape and `slotserve_sta
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from typing import Callable, Iterable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -66,11 +67,21 @@ class LevelCollector(Collector):
 
     def __init__(self, extra: Iterable[FamilyMaker] = ()):
         self._source: StatsSource | None = None
+        self._pinned: SchedulerStats | None = None  # set only inside `pinned()`
         self._makers: tuple[FamilyMaker, ...] = (level_families, *extra)
 
     def bind(self, source: StatsSource | None) -> None:
         """Read levels from `source` from the next scrape on (None: stop reading)."""
         self._source = source
+
+    @contextmanager
+    def pinned(self, snapshot: SchedulerStats) -> Iterator[None]:
+        """Collect from `snapshot` instead of the source while inside; the caller serialises."""
+        self._pinned = snapshot
+        try:
+            yield
+        finally:
+            self._pinned = None
 
     def describe(self) -> list[Metric]:
         # NOTE: returning [] tells the registry not to call collect() at registration time
@@ -82,8 +93,8 @@ class LevelCollector(Collector):
             "slotserve_stats_up", "1 when this scrape read a scheduler stats snapshot, else 0."
         )
         source = self._source
-        snapshot: SchedulerStats | None = None
-        if source is not None:
+        snapshot = self._pinned
+        if snapshot is None and source is not None:
             try:
                 snapshot = source()
             except Exception:  # a scrape must still answer; the cause goes to the log

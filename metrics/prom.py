@@ -4,6 +4,7 @@
     sched = Scheduler(pool, cfg, ..., stats_sink=metrics.sink)
     metrics.bind(sched.stats)                    # levels are read at scrape time
     body, content_type = metrics.render()        # GET /metrics
+    # or, without bind: metrics.render(sched.stats()) reads levels from the snapshot given
 
 Design: two halves share one registry. Events the scheduler pushes (`sink`, a StatsSink) feed
 counters and histograms (`definitions.py`, `recorder.py`); levels (queue depth, slots, stored
@@ -14,7 +15,9 @@ through `LevelCollector(extra=...)`; router-compatible gauges belong there.
 
 from __future__ import annotations
 
+import threading
 from importlib import metadata
+from typing import Iterable
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -25,10 +28,10 @@ from prometheus_client import (
     generate_latest,
 )
 
-from slotserve.scheduler.stats import StatsSink
+from slotserve.scheduler.stats import SchedulerStats, StatsSink
 
 from .definitions import PushedMetrics
-from .levels import LevelCollector, StatsSource
+from .levels import FamilyMaker, LevelCollector, StatsSource
 from .recorder import StatsRecorder
 
 
@@ -45,16 +48,25 @@ class ServerMetrics:
     registry: where to register (default: a fresh one, so several servers or tests in one
     process never collide; pass `prometheus_client.REGISTRY` to share the global one).
     strict: raise ValueError on a stats event that breaks the contract instead of dropping it.
+    extra_levels: more family makers fed each scrape's snapshot (e.g. router-compat gauges,
+    `metrics.router_compat.router_compat_maker(model_name)`).
     """
 
-    def __init__(self, registry: CollectorRegistry | None = None, *, strict: bool = False):
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        strict: bool = False,
+        extra_levels: Iterable[FamilyMaker] = (),
+    ):
         # NOTE: process-wide switch: without it every counter also exports a `*_created` gauge,
         # doubling the series for no use in the text format Prometheus scrapes.
         disable_created_metrics()
         self.registry = CollectorRegistry() if registry is None else registry
         self.pushed = PushedMetrics(self.registry)
         self._sink = StatsRecorder(self.pushed, strict=strict)
-        self._levels = LevelCollector()
+        self._levels = LevelCollector(extra=extra_levels)
+        self._render_lock = threading.Lock()
         self.registry.register(self._levels)
         info = Gauge("slotserve_build_info", "Always 1; labels carry the slotserve version.", ["version"],
                      registry=self.registry)
@@ -70,6 +82,13 @@ class ServerMetrics:
         """Read levels from `source()` (normally `sched.stats`) at each scrape; None unbinds."""
         self._levels.bind(source)
 
-    def render(self) -> tuple[bytes, str]:
-        """(body, content type) of the Prometheus text exposition for GET /metrics."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+    def render(self, snapshot: SchedulerStats | None = None) -> tuple[bytes, str]:
+        """(body, content type) of the Prometheus text exposition for GET /metrics.
+
+        snapshot: levels for this scrape (normally `sched.stats()` taken by the caller);
+        None reads them from the bound source, if any.
+        """
+        if snapshot is None:
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        with self._render_lock, self._levels.pinned(snapshot):
+            return generate_latest(self.registry), CONTENT_TYPE_LATEST

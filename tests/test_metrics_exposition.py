@@ -109,3 +109,31 @@ def test_names_follow_prometheus_practice():
         if fam.type == "histogram":
             assert name.endswith(("_seconds", "_tokens", "_size")), f"{name}: histogram without a unit"
         assert fam.documentation, f"{name}: no HELP"
+
+
+def test_render_with_a_snapshot_pins_levels_for_that_scrape_only():
+    m = ServerMetrics()
+    m.bind(lambda: make_stats(queue_depth=1))
+    body, _ = m.render(make_stats(queue_depth=9))
+    assert "slotserve_queue_depth 9.0" in body.decode()
+    assert "slotserve_queue_depth 1.0" in m.render()[0].decode()  # back to the bound source
+
+    unbound = ServerMetrics()
+    assert "slotserve_queue_depth 5.0" in unbound.render(make_stats(queue_depth=5))[0].decode()
+    assert "slotserve_queue_depth" not in unbound.render()[0].decode()
+
+
+def test_extra_level_families_read_the_same_snapshot():
+    from prometheus_client.core import GaugeMetricFamily
+
+    def busy_fraction(s: SchedulerStats):
+        yield GaugeMetricFamily("slotserve_test_busy_slots", "test", value=s.num_running / len(s.slots))
+
+    m = ServerMetrics(extra_levels=[busy_fraction])
+    samples = scrape_after_bind(m, make_stats(num_running=3))
+    assert samples[("slotserve_test_busy_slots", ())] == 0.75
+
+
+def scrape_after_bind(m: ServerMetrics, stats: SchedulerStats):
+    m.bind(lambda: stats)
+    return scrape(m)

@@ -1,0 +1,329 @@
+"""The HTTP routes: an OpenAI-compatible API over one `Runtime`.
+
+Design: `create_app(runtime, config, metrics=...)` returns a Starlette app whose lifespan starts
+and stops the scheduler. Each route is wrapped by `_endpoint`, which checks the API key when
+the route is protected and turns `APIError` into OpenAI's error JSON; any other exception is a
+bug in slotserve and becomes a logged 500. Request bodies are read under --max-body-bytes and
+decoded by msgspec into the Structs of `protocol.py`; `translate.py` maps them to the scheduler.
+
+    route                        key   what
+    POST /v1/chat/completions    yes   chat (stream or not)
+    POST /v1/completions         yes   text completion (stream or not)
+    GET  /v1/models[/{model}]    yes   served names
+    POST /tokenize, /detokenize  yes   llama.cpp and vLLM shapes
+    GET  /slots                  yes   per-slot state, no prompt text (--no-slots-endpoint: 404)
+    GET  /health                 no    liveness
+    GET  /ready                  no    model loaded and not draining
+    GET  /metrics                no    Prometheus text
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hmac
+import logging
+import time
+import uuid
+from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, TypeVar
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ..scheduler.request import Draining, GenerationRequest, PromptTooLong, QueueFull
+from ..scheduler.stats import SchedulerStats, StatsSink
+from . import protocol as p
+from . import translate
+from .config import ServeConfig
+from .errors import (
+    APIError,
+    bad_request,
+    body_too_large,
+    draining,
+    error_response,
+    from_decode_error,
+    internal_error,
+    model_not_found,
+    not_ready,
+    queue_full,
+    unauthorized,
+)
+from .runtime import PromptError, Runtime
+from .streaming import EventStream, SSEResponse, collect
+
+log = logging.getLogger("slotserve.gateway")
+
+T = TypeVar("T")
+_encoder = msgspec.json.Encoder()
+_decoders: dict[type, msgspec.json.Decoder] = {}
+
+
+class MetricsExporter(Protocol):
+    """What GET /metrics needs (`slotserve.metrics.ServerMetrics` is one). `sink` is the
+    StatsSink given to the Scheduler at construction (see `runtime.load_runtime`)."""
+
+    @property
+    def sink(self) -> StatsSink: ...
+
+    def render(self, snapshot: SchedulerStats | None = None) -> tuple[bytes, str]: ...
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(_encoder.encode(body), status_code=status, headers=headers, media_type="application/json")
+
+
+class Gateway:
+    """Per-app state, owned by the app: the runtime, limits, metrics, and whether it is serving."""
+
+    def __init__(self, runtime: Runtime, config: ServeConfig, metrics: MetricsExporter | None):
+        self.runtime = runtime
+        self.config = config
+        if metrics is None:  # levels only: pushed series need the sink given to the Scheduler
+            from slotserve.metrics import ServerMetrics
+
+            metrics = ServerMetrics()
+        self.metrics = metrics
+        self.is_serving = False  # set while the lifespan holds the scheduler
+        self._api_key = config.api_key.encode() if config.api_key is not None else None
+
+    # ---- checks shared by the routes
+
+    def check_auth(self, request: Request) -> None:
+        if self._api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        # NOTE: compare_digest runs in time independent of where the strings differ
+        ok = hmac.compare_digest(token.strip().encode(), self._api_key)
+        if scheme.lower() != "bearer" or not ok:
+            raise unauthorized()
+
+    def check_model(self, name: str | None) -> str:
+        """The name to report; raises 404 for a name this server does not serve."""
+        if name is None or name == "":
+            return self.runtime.model_name
+        if name not in self.runtime.model_names:
+            raise model_not_found(name, self.runtime.model_names)
+        return name
+
+    async def read_body(self, request: Request, kind: type[T]) -> T:
+        """Read at most --max-body-bytes and decode into `kind` (400 / 413 on failure)."""
+        limit = self.config.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise body_too_large(limit)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise body_too_large(limit)
+            chunks.append(chunk)
+        decoder = _decoders.get(kind)
+        if decoder is None:
+            decoder = _decoders[kind] = msgspec.json.Decoder(kind)
+        try:
+            return decoder.decode(b"".join(chunks))
+        except msgspec.DecodeError as exc:
+            raise from_decode_error(exc) from None
+
+    def submit(self, gen: GenerationRequest) -> Any:
+        try:
+            return self.runtime.scheduler.submit(gen)
+        except QueueFull as exc:
+            raise queue_full(exc.retry_after_s) from None
+        except PromptTooLong as exc:
+            raise APIError(400, f"{exc} (each slot holds {self.runtime.ctx_len} tokens)",
+                           param="messages" if gen.prefix_hint is not None else "prompt",
+                           code="context_length_exceeded") from None
+        except Draining:
+            raise draining() from None
+
+    def is_draining(self) -> bool:
+        return bool(self.runtime.scheduler.stats().draining)
+
+
+Handler = Callable[[Gateway, Request], Awaitable[Response]]
+
+
+def _endpoint(gw: Gateway, handler: Handler, *, protected: bool) -> Callable[[Request], Awaitable[Response]]:
+    @functools.wraps(handler)
+    async def route(request: Request) -> Response:
+        try:
+            if protected:
+                gw.check_auth(request)
+            return await handler(gw, request)
+        except APIError as err:
+            return error_response(err)
+        except Exception:
+            log.exception("unhandled error in %s %s", request.method, request.url.path)
+            return error_response(internal_error())
+
+    return route
+
+
+# ------------------------------------------------------------------ generation routes
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+async def _generate(gw: Gateway, request: Request, gen: GenerationRequest, stream: bool,
+                    fmt: translate.StreamFormat, build: Callable[[str, Any], Any]) -> Response:
+    """Submit and answer: an SSE stream, or one JSON body built from (text, finish)."""
+    handle = gw.submit(gen)
+    headers = {"X-Request-Id": gen.request_id}
+    if stream:
+        return SSEResponse(EventStream(handle, fmt), headers=headers)
+    got = await collect(handle, request.receive)
+    if got is None:  # the client left; the request was cancelled and acknowledged
+        return error_response(APIError(499, "client closed the request", code="client_closed_request"))
+    err = translate.failure(got.finish)
+    if err is not None:
+        raise err
+    return json_response(build(got.text, got.finish), headers=headers)
+
+
+async def chat_completions(gw: Gateway, request: Request) -> Response:
+    req = await gw.read_body(request, p.ChatCompletionRequest)
+    model = gw.check_model(req.model)
+    rid = _new_id("chatcmpl")
+    gen = translate.chat_request(req, gw.config, gw.runtime, rid)
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    created = int(time.time())
+    return await _generate(
+        gw, request, gen, req.stream, translate.ChatStream(rid, model, include_usage),
+        lambda text, finish: translate.chat_completion(rid, model, created, text, finish),
+    )
+
+
+async def completions(gw: Gateway, request: Request) -> Response:
+    req = await gw.read_body(request, p.CompletionRequest)
+    model = gw.check_model(req.model)
+    rid = _new_id("cmpl")
+    gen = translate.completion_request(req, gw.config, gw.runtime, rid)
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    created = int(time.time())
+    return await _generate(
+        gw, request, gen, req.stream, translate.CompletionStream(rid, model, include_usage),
+        lambda text, finish: translate.completion(rid, model, created, text, finish),
+    )
+
+
+# ------------------------------------------------------------------ other routes
+
+
+def _model_card(gw: Gateway, name: str) -> p.ModelCard:
+    return p.ModelCard(id=name, created=gw.runtime.created, max_model_len=gw.runtime.ctx_len)
+
+
+async def list_models(gw: Gateway, request: Request) -> Response:
+    return json_response(p.ModelList(data=[_model_card(gw, n) for n in gw.runtime.model_names]))
+
+
+async def get_model(gw: Gateway, request: Request) -> Response:
+    name = request.path_params["model"]
+    return json_response(_model_card(gw, gw.check_model(name)))
+
+
+async def tokenize(gw: Gateway, request: Request) -> Response:
+    req = await gw.read_body(request, p.TokenizeRequest)
+    gw.check_model(req.model)
+    given = [f for f in ("content", "prompt", "messages") if getattr(req, f) is not None]
+    if len(given) != 1:
+        raise bad_request("give exactly one of content, prompt or messages", param="content")
+    if req.messages is not None:
+        try:
+            ids, _ = gw.runtime.encode_chat(translate.chat_messages(req),
+                                            add_generation_prompt=req.add_generation_prompt)
+        except PromptError as exc:
+            raise bad_request(str(exc), param="messages") from None
+    else:
+        text = req.content if req.content is not None else req.prompt
+        assert text is not None
+        ids = gw.runtime.encode_text(text, add_special=req.add_special)
+    return json_response(p.TokenizeResponse(tokens=ids, count=len(ids), max_model_len=gw.runtime.ctx_len))
+
+
+async def detokenize(gw: Gateway, request: Request) -> Response:
+    req = await gw.read_body(request, p.DetokenizeRequest)
+    gw.check_model(req.model)
+    n_vocab = gw.runtime.n_vocab
+    if any(t >= n_vocab for t in req.tokens):
+        raise bad_request(f"token ids must be in 0..{n_vocab - 1}", param="tokens")
+    text = gw.runtime.decode(req.tokens)
+    return json_response(p.DetokenizeResponse(content=text, prompt=text))
+
+
+async def slots(gw: Gateway, request: Request) -> Response:
+    if gw.config.no_slots_endpoint:
+        raise APIError(404, "GET /slots is turned off (--no-slots-endpoint)", code="not_found")
+    views = gw.runtime.scheduler.slots()
+    return json_response({"object": "list", "data": msgspec.to_builtins(views)})
+
+
+async def health(gw: Gateway, request: Request) -> Response:
+    return json_response({"status": "ok"})
+
+
+async def ready(gw: Gateway, request: Request) -> Response:
+    if not gw.is_serving:
+        raise not_ready("the model is not loaded yet")
+    if gw.is_draining():
+        raise draining()
+    return json_response({"status": "ready"})
+
+
+async def metrics_text(gw: Gateway, request: Request) -> Response:
+    body, content_type = gw.metrics.render(gw.runtime.scheduler.stats())
+    return Response(body, media_type=content_type)
+
+
+# ------------------------------------------------------------------ the app
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = "not_found" if exc.status_code == 404 else "method_not_allowed" if exc.status_code == 405 else None
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return error_response(APIError(exc.status_code, message, code=code, headers=dict(exc.headers or {})))
+
+
+def create_app(runtime: Runtime, config: ServeConfig, *, metrics: MetricsExporter | None = None) -> Starlette:
+    """The ASGI app. Its lifespan enters `runtime.scheduler` (starting the step loop) and leaves
+    it on shutdown; `app.state.gateway` is the `Gateway` (tests and the server read it)."""
+    gw = Gateway(runtime, config, metrics)
+
+    def route(path: str, handler: Handler, methods: list[str], *, protected: bool = True) -> Route:
+        return Route(path, _endpoint(gw, handler, protected=protected), methods=methods)
+
+    routes = [
+        route("/v1/chat/completions", chat_completions, ["POST"]),
+        route("/v1/completions", completions, ["POST"]),
+        route("/v1/models", list_models, ["GET"]),
+        route("/v1/models/{model:path}", get_model, ["GET"]),
+        route("/tokenize", tokenize, ["POST"]),
+        route("/detokenize", detokenize, ["POST"]),
+        route("/slots", slots, ["GET"]),
+        route("/health", health, ["GET"], protected=False),
+        route("/ready", ready, ["GET"], protected=False),
+        route("/metrics", metrics_text, ["GET"], protected=False),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with runtime.scheduler:
+            gw.is_serving = True
+            try:
+                yield
+            finally:
+                gw.is_serving = False
+
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
+    app.state.gateway = gw
+    return app

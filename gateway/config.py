@@ -1,0 +1,173 @@
+"""Server configuration: one frozen `ServeConfig`, filled from the command line and `SLOTSERVE_*`.
+
+Design: every option is declared once in `OPTIONS` (flag names, environment variable, type,
+default, help). `add_arguments` turns the table into argparse flags whose defaults are `None`,
+and `config_from_args` resolves each option as command line > environment > default, so
+`--port 9000` beats `SLOTSERVE_PORT=9000` beats 8080. A malformed environment value raises
+`ValueError` naming the variable; it is never silently ignored. `ServeConfig.__post_init__`
+checks ranges, so a config that exists is a valid one. Side effects (loading the model, binding
+the socket) happen later, in `runtime.load_runtime` and `server.serve`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Mapping
+
+ENV_PREFIX = "SLOTSERVE_"
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Everything `slotserve serve` needs; validated at construction (ValueError with the fix)."""
+
+    model: str | None = None  # GGUF path; None = the default model, pulled on first use
+    host: str = "127.0.0.1"
+    port: int = 8080
+    batched_session: int = 4  # number of live KV slots
+    ctx_size: int = 4096  # tokens of KV per slot
+    threads: int | None = None  # engine threads; None = the engine's choice
+    served_model_name: tuple[str, ...] = ()  # names clients may send; () = the GGUF's own name
+    segment_tokens: int | None = None  # prefill segment length; None = the scheduler's default
+    checkpoint_memory_mb: int | None = None  # in-memory checkpoint budget; None = scheduler default
+    kv_disk_dir: str | None = None  # disk tier for checkpoints; None = no disk writes
+    kv_disk_space_mb: int | None = None  # disk tier budget; None = the scheduler's default
+    api_key: str | None = None  # when set, /v1/*, /tokenize, /detokenize, /slots need it
+    max_queue: int = 64  # requests admitted but waiting for a slot; past it -> 429
+    no_reuse: bool = False  # disable every form of prefix reuse (benchmark baseline)
+    log_level: str = "info"
+    no_slots_endpoint: bool = False  # turn GET /slots off
+    max_body_bytes: int = 4 * 1024 * 1024  # request bodies past this -> 413
+    max_tokens_limit: int = 4096  # largest max_tokens a request may ask for
+    default_max_tokens: int = 512  # max_tokens when a request gives none
+    drain_grace_s: float = 30.0  # on SIGTERM: how long running requests may finish
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise ValueError(message)
+
+        need(1 <= self.port <= 65535, f"port must be in 1..65535, got {self.port}")
+        need(self.batched_session >= 1, f"--batched-session must be >= 1, got {self.batched_session}")
+        need(self.ctx_size >= 16, f"--ctx-size must be >= 16 tokens, got {self.ctx_size}")
+        need(self.threads is None or self.threads >= 1, f"--threads must be >= 1, got {self.threads}")
+        need(all(n.strip() for n in self.served_model_name), "--served-model-name: names must be non-empty")
+        need(self.segment_tokens is None or self.segment_tokens >= 1,
+             f"--segment-tokens must be >= 1, got {self.segment_tokens}")
+        need(self.checkpoint_memory_mb is None or self.checkpoint_memory_mb >= 0,
+             f"--checkpoint-memory-mb must be >= 0, got {self.checkpoint_memory_mb}")
+        need(self.kv_disk_dir is not None or self.kv_disk_space_mb is None,
+             "--kv-disk-space-mb has no effect without --kv-disk-dir; give the directory too")
+        need(self.kv_disk_dir is None or self.kv_disk_dir.strip() != "", "--kv-disk-dir must not be empty")
+        need(self.kv_disk_space_mb is None or self.kv_disk_space_mb >= 1,
+             f"--kv-disk-space-mb must be >= 1, got {self.kv_disk_space_mb}")
+        need(self.api_key is None or len(self.api_key) > 0, "--api-key must not be empty")
+        need(self.max_queue >= 0, f"--max-queue must be >= 0, got {self.max_queue}")
+        need(self.log_level in LOG_LEVELS, f"--log-level must be one of {', '.join(LOG_LEVELS)}")
+        need(self.max_body_bytes >= 1024, f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}")
+        need(self.max_tokens_limit >= 1, f"--max-tokens-limit must be >= 1, got {self.max_tokens_limit}")
+        need(1 <= self.default_max_tokens <= self.max_tokens_limit,
+             f"--default-max-tokens must be in 1..--max-tokens-limit ({self.max_tokens_limit}), "
+             f"got {self.default_max_tokens}")
+        need(self.drain_grace_s >= 0, f"--drain-grace-s must be >= 0, got {self.drain_grace_s}")
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+# ---------------------------------------------------------------- option registry
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected one of 1/0/true/false/yes/no/on/off, got {text!r}")
+
+
+def _parse_names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
+@dataclass(frozen=True)
+class Option:
+    """One `ServeConfig` field as it appears on the command line and in the environment."""
+
+    field: str  # ServeConfig attribute
+    flags: tuple[str, ...]  # argparse flags, the first is canonical
+    parse: Callable[[str], Any]  # environment text -> value (raises ValueError)
+    help: str
+    kind: str = "value"  # "value" | "flag" (store_true) | "names" (one or more values)
+    metavar: str | None = None
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.field.upper()
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("model", ("--model", "-m"), str, "GGUF model file (default: the default model, pulled on first use)", metavar="PATH"),
+    Option("host", ("--host",), str, "address to bind (default 127.0.0.1)"),
+    Option("port", ("--port",), int, "port to bind (default 8080)"),
+    Option("batched_session", ("--batched-session", "--parallel", "-np"), int, "number of live KV slots (default 4)", metavar="N"),
+    Option("ctx_size", ("--ctx-size", "-c"), int, "tokens of context per slot (default 4096)", metavar="T"),
+    Option("threads", ("--threads", "-t"), int, "engine threads (default: the engine's choice)", metavar="K"),
+    Option("served_model_name", ("--served-model-name",), _parse_names, "model names clients may send (default: the GGUF's name); env: comma-separated", kind="names", metavar="NAME"),
+    Option("segment_tokens", ("--segment-tokens",), int, "prefill segment length in tokens (default: the scheduler's)", metavar="S"),
+    Option("checkpoint_memory_mb", ("--checkpoint-memory-mb",), int, "memory for KV checkpoints, MB (default: the scheduler's)", metavar="M"),
+    Option("kv_disk_dir", ("--kv-disk-dir",), str, "directory for the disk checkpoint tier (default: none, nothing written)", metavar="D"),
+    Option("kv_disk_space_mb", ("--kv-disk-space-mb",), int, "disk budget for --kv-disk-dir, MB (default: the scheduler's)", metavar="M"),
+    Option("api_key", ("--api-key",), str, "require 'Authorization: Bearer KEY' (prefer the environment variable)", metavar="KEY"),
+    Option("max_queue", ("--max-queue",), int, "requests that may wait for a slot before 429 (default 64)", metavar="Q"),
+    Option("no_reuse", ("--no-reuse",), _parse_bool, "disable all prefix reuse (benchmark baseline)", kind="flag"),
+    Option("log_level", ("--log-level",), str, f"one of {', '.join(LOG_LEVELS)} (default info)", metavar="L"),
+    Option("no_slots_endpoint", ("--no-slots-endpoint",), _parse_bool, "turn GET /slots off", kind="flag"),
+    Option("max_body_bytes", ("--max-body-bytes",), int, "largest request body, bytes (default 4 MiB)", metavar="B"),
+    Option("max_tokens_limit", ("--max-tokens-limit",), int, "largest max_tokens a request may ask for (default 4096)", metavar="N"),
+    Option("default_max_tokens", ("--default-max-tokens",), int, "max_tokens when a request gives none (default 512)", metavar="N"),
+    Option("drain_grace_s", ("--drain-grace-s",), float, "on SIGTERM, seconds running requests may finish (default 30)", metavar="S"),
+)
+
+assert {o.field for o in OPTIONS} == {f.name for f in fields(ServeConfig)}, "OPTIONS and ServeConfig disagree"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add one flag per option; every default is None so `config_from_args` sees what was typed."""
+    for opt in OPTIONS:
+        help_text = f"{opt.help} [env {opt.env}]"
+        if opt.kind == "flag":
+            parser.add_argument(*opt.flags, dest=opt.field, action="store_true", default=None, help=help_text)
+        elif opt.kind == "names":
+            parser.add_argument(*opt.flags, dest=opt.field, nargs="+", default=None, metavar=opt.metavar, help=help_text)
+        else:
+            parser.add_argument(*opt.flags, dest=opt.field, type=opt.parse, default=None, metavar=opt.metavar, help=help_text)
+
+
+def config_from_args(args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None) -> ServeConfig:
+    """Resolve every option: command line, else `SLOTSERVE_<FIELD>`, else the ServeConfig default.
+
+    Raises ValueError naming the variable for a malformed environment value, and ServeConfig's
+    ValueError for an out-of-range value.
+    """
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for opt in OPTIONS:
+        typed = getattr(args, opt.field, None) if args is not None else None
+        if typed is not None:
+            values[opt.field] = tuple(typed) if opt.kind == "names" else typed
+            continue
+        raw = environ.get(opt.env)
+        if raw is None:
+            continue
+        try:
+            values[opt.field] = opt.parse(raw)
+        except ValueError as exc:
+            raise ValueError(f"environment variable {opt.env}={raw!r} is not valid: {exc}") from None
+    return ServeConfig(**values)

@@ -1,0 +1,232 @@
+"""Request and response bodies as msgspec Structs.
+
+Design: decoding a request validates it (types and ranges via `Meta`), and unknown fields are
+ignored, because OpenAI clients send many we do not use. Checks that span fields or need the
+server's limits (max_tokens against --max-tokens-limit, n == 1, supported content parts) live in
+`app.py`. Responses are Structs too, so what goes on the wire is written down here.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta, Struct
+
+# ------------------------------------------------------------------ shared request pieces
+
+Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
+Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+PositiveInt = Annotated[int, Meta(ge=1)]
+TokenId = Annotated[int, Meta(ge=0)]
+Seed = int  # any int64; the gateway folds it into 0..2**63-1
+TopK = Annotated[int, Meta(ge=-1)]  # -1 and 0 both mean "off" (vLLM and llama.cpp spellings)
+StopList = Annotated[list[str], Meta(max_length=16)]
+
+
+class StreamOptions(Struct):
+    include_usage: bool = False
+
+
+class ContentPart(Struct):
+    type: str  # only "text" is served
+    text: str | None = None
+
+
+class FunctionCall(Struct):
+    name: str
+    arguments: str = ""
+
+
+class ToolCall(Struct):
+    function: FunctionCall
+    id: str | None = None
+    type: str = "function"
+
+
+class ChatMessage(Struct):
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDef(Struct):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolDef(Struct):
+    function: FunctionDef
+    type: str = "function"
+
+
+class ResponseFormat(Struct):
+    type: str  # only "text" is served
+
+
+class _SamplingFields(Struct, kw_only=True):
+    """Fields shared by chat and text completions (OpenAI's, plus vLLM/llama.cpp extensions)."""
+
+    model: str | None = None
+    max_tokens: PositiveInt | None = None
+    temperature: Temperature | None = None
+    top_p: Probability | None = None
+    top_k: TopK | None = None
+    min_p: Probability | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    seed: Seed | None = None
+    stop: str | StopList | None = None
+    stop_token_ids: list[TokenId] | None = None
+    ignore_eos: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1  # only 1 is served
+    logprobs: Any = None  # not served; anything but null/false is rejected
+    user: str | None = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    max_completion_tokens: PositiveInt | None = None
+    tools: list[ToolDef] | None = None
+    tool_choice: Any = None
+    response_format: ResponseFormat | None = None
+
+
+class CompletionRequest(_SamplingFields):
+    # a string, a list of token ids, or a one-element list of either (OpenAI's batch form)
+    prompt: str | list[str | int | list[int]]
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+class TokenizeRequest(Struct):
+    """llama.cpp (`content`) and vLLM (`prompt` or `messages`) spellings are both accepted."""
+
+    model: str | None = None
+    content: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special: bool = False  # add the tokenizer's BOS (when it has one)
+    add_generation_prompt: bool = True  # with `messages`
+
+
+class DetokenizeRequest(Struct):
+    tokens: list[TokenId]
+    model: str | None = None
+
+
+# ------------------------------------------------------------------ responses
+
+
+class PromptTokensDetails(Struct):
+    cached_tokens: int  # prompt tokens reused from a slot or checkpoint (not computed)
+
+
+class Usage(Struct):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class SlotserveInfo(Struct):
+    """slotserve's own account of the request: where its prompt prefix came from."""
+
+    reuse_source: str  # none | rewind | copy | checkpoint_memory | checkpoint_disk
+    reused_tokens: int
+    prefilled_tokens: int
+    slot: int | None
+    timings: dict[str, float]
+
+
+class AssistantMessage(Struct):
+    content: str
+    role: str = "assistant"
+
+
+class ChatChoice(Struct):
+    index: int
+    message: AssistantMessage
+    finish_reason: str
+    logprobs: None = None
+
+
+class ChatCompletion(Struct):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    slotserve: SlotserveInfo
+    object: str = "chat.completion"
+    system_fingerprint: str | None = None
+
+
+class Delta(Struct, omit_defaults=True):
+    role: str | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(Struct):
+    index: int
+    delta: Delta
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(Struct, omit_defaults=True):
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    object: str = "chat.completion.chunk"
+    usage: Usage | None = None  # only on the last chunk, with stream_options.include_usage
+    slotserve: SlotserveInfo | None = None  # on the chunk that carries finish_reason
+
+
+class CompletionChoice(Struct):
+    index: int
+    text: str
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class Completion(Struct, omit_defaults=True):
+    id: str
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    object: str = "text_completion"
+    usage: Usage | None = None
+    slotserve: SlotserveInfo | None = None
+
+
+class ModelCard(Struct):
+    id: str
+    created: int
+    max_model_len: int
+    object: str = "model"
+    owned_by: str = "slotserve"
+
+
+class ModelList(Struct):
+    data: list[ModelCard]
+    object: str = "list"
+
+
+class TokenizeResponse(Struct):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+
+
+class DetokenizeResponse(Struct):
+    content: str  # llama.cpp's name
+    prompt: str  # vLLM's name; same text

@@ -1,0 +1,155 @@
+"""The served model as the HTTP layer sees it: scheduler, tokenizer, chat template, names.
+
+Design: `Runtime` is plain data plus the three text operations the routes need (encode a chat,
+encode text, decode ids), so tests build one from a fake tokenizer and `FakeSlotPool` and the
+routes never touch engine objects. `load_runtime(config)` is the production wiring: resolve the
+model file (pulling the default model on first use), open it with `engine_ext.loader`, build
+the `Scheduler`. Constructing a Runtime has no side effects; the app's lifespan starts and stops
+the scheduler (`async with runtime.scheduler`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+from .config import ServeConfig
+
+log = logging.getLogger("slotserve.gateway")
+
+
+class TokenizerLike(Protocol):
+    n_vocab: int
+
+    def encode(self, text: str, *args: Any, **kwargs: Any) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+class ChatTemplateLike(Protocol):
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> str: ...
+
+    def system_prefix(self, messages: list[dict[str, Any]]) -> str | None: ...
+
+
+class PromptError(ValueError):
+    """The messages or prompt cannot be turned into tokens (template refused them, ...)."""
+
+
+@dataclass
+class Runtime:
+    scheduler: Any  # scheduler.Scheduler (or a test double with the same contract)
+    tokenizer: TokenizerLike
+    chat: ChatTemplateLike | None  # None: the model has no chat template (chat requests -> 400)
+    model_names: tuple[str, ...]  # names clients may send; the first is reported in responses
+    ctx_len: int  # tokens per slot
+    num_slots: int
+    kv_bytes: int = 0
+    kernel_variant: str = "unknown"
+    model_path: str = ""
+    created: int = 0  # unix time the model was loaded (GET /v1/models)
+    extra: dict[str, Any] = field(default_factory=dict)  # owned objects kept alive (model file, pool)
+
+    @property
+    def model_name(self) -> str:
+        return self.model_names[0]
+
+    @property
+    def n_vocab(self) -> int:
+        return int(self.tokenizer.n_vocab)
+
+    def encode_text(self, text: str, *, add_special: bool = False) -> list[int]:
+        """Token ids of `text`; special-token spellings in it are parsed as special tokens."""
+        return list(self.tokenizer.encode(text, add_special=add_special))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    def encode_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                    *, add_generation_prompt: bool = True) -> tuple[list[int], int | None]:
+        """Render `messages` with the model's template and tokenize; returns (ids, prefix_hint).
+
+        prefix_hint is the token offset where the system turn ends, given only when the system
+        turn's tokens are exactly a proper prefix of the prompt's (so a checkpoint there is
+        reusable by the next request with the same system turn). Raises PromptError.
+        """
+        if self.chat is None:
+            raise PromptError("this model has no chat template; use /v1/completions")
+        try:
+            text = self.chat.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
+            prefix = self.chat.system_prefix(messages)
+        except Exception as exc:  # jinja2 TemplateError, raise_exception() in the template, ...
+            raise PromptError(f"the chat template rejected these messages: {exc}") from None
+        ids = self.encode_text(text)
+        hint = None
+        if prefix:
+            prefix_ids = self.encode_text(prefix)
+            n = len(prefix_ids)
+            if 0 < n < len(ids) and ids[:n] == prefix_ids:
+                hint = n
+        return ids, hint
+
+
+def load_runtime(config: ServeConfig, *, stats_sink: Any = None) -> Runtime:
+    """Open the model and build the scheduler (heavy: loads weights, allocates KV)."""
+    import time
+
+    from slotserve.engine_ext.loader import open_model
+    from slotserve.model_cache import resolve_model
+
+    from ..scheduler.scheduler import Scheduler
+
+    path = Path(resolve_model(config.model))
+    bundle = open_model(path, num_slots=config.batched_session, ctx_len=config.ctx_size, threads=config.threads)
+    tok = bundle.tokenizer
+    sched = Scheduler(
+        bundle.pool,
+        scheduler_config(config),
+        token_bytes=tok.token_bytes,
+        eos_token_ids=tok.eos_token_ids,
+        stats_sink=stats_sink,
+    )
+    names = config.served_model_name or default_model_names(bundle.model_file, path)
+    return Runtime(
+        scheduler=sched,
+        tokenizer=tok,
+        chat=bundle.chat,
+        model_names=tuple(names),
+        ctx_len=config.ctx_size,
+        num_slots=config.batched_session,
+        kv_bytes=int(getattr(bundle.pool, "kv_bytes", 0)),
+        kernel_variant=str(getattr(bundle.pool, "kernel_variant", "unknown")),
+        model_path=str(path),
+        created=int(time.time()),
+        extra={"bundle": bundle},
+    )
+
+
+def scheduler_config(config: ServeConfig) -> Any:
+    """The SchedulerConfig for `config`: only the knobs the operator set override its defaults."""
+    from ..scheduler.config import SchedulerConfig
+
+    kwargs: dict[str, Any] = {"max_queue": config.max_queue, "reuse_enabled": not config.no_reuse}
+    if config.segment_tokens is not None:
+        kwargs["segment_tokens"] = config.segment_tokens
+        kwargs["step_token_budget"] = max(SchedulerConfig().step_token_budget, config.segment_tokens)
+    if config.checkpoint_memory_mb is not None:
+        kwargs["checkpoint_memory_mb"] = float(config.checkpoint_memory_mb)
+    if config.kv_disk_dir is not None:
+        kwargs["kv_disk_dir"] = config.kv_disk_dir
+    if config.kv_disk_space_mb is not None:
+        kwargs["kv_disk_space_mb"] = float(config.kv_disk_space_mb)
+    return SchedulerConfig(**kwargs)
+
+
+def default_model_names(model_file: Any, path: Path) -> tuple[str, ...]:
+    """The GGUF's `general.name` (reported), then the file name without `.gguf` (also accepted)."""
+    metadata = getattr(model_file, "metadata", None) or {}
+    name = metadata.get("general.name") if isinstance(metadata, dict) else None
+    stem = path.name.removesuffix(".gguf")
+    if isinstance(name, str) and name.strip() and name.strip() != stem:
+        return (name.strip(), stem)
+    return (stem,)

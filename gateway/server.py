@@ -1,0 +1,109 @@
+"""Run the app under uvicorn; SIGTERM drains before exiting.
+
+Design: `DrainingServer` is a uvicorn.Server whose first SIGTERM (or Ctrl-C) does not stop the
+listener at once: it asks the scheduler to drain (stop admitting, so new requests get 503 and
+GET /ready turns 503; let running requests finish within --drain-grace-s, then cancel them),
+and only then lets uvicorn shut down. A second signal exits without waiting. The signal is not
+re-raised after shutdown (uvicorn's default), so a drained server exits 0.
+
+The signal handler only sets a flag (it runs between bytecodes of the loop thread); uvicorn's
+`on_tick` (every 0.1 s, on the loop) starts the drain task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from .config import ServeConfig
+
+log = logging.getLogger("slotserve.gateway")
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, scheduler: Any, grace_s: float):
+        super().__init__(config)
+        self.scheduler = scheduler
+        self.grace_s = grace_s
+        self.is_drain_requested = False
+        self._drain_task: asyncio.Task[None] | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.is_drain_requested or not self.started:
+            # second signal, or not serving yet: leave now
+            self.force_exit = self.is_drain_requested
+            self.should_exit = True
+            return
+        log.info("received %s: draining (grace %.0fs)", signal.Signals(sig).name, self.grace_s)
+        self.is_drain_requested = True
+
+    def request_drain(self) -> None:
+        """Start the drain as a signal would (for tests and embedding; call on the loop)."""
+        self.is_drain_requested = True
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.is_drain_requested and self._drain_task is None:
+            self._drain_task = asyncio.get_running_loop().create_task(self._drain())
+        return await super().on_tick(counter)
+
+    async def _drain(self) -> None:
+        try:
+            await self.scheduler.drain(self.grace_s)
+        except Exception:
+            log.exception("drain failed; shutting down anyway")
+        finally:
+            self.should_exit = True
+
+
+def uvicorn_config(app: Any, config: ServeConfig) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=5,  # backstop only: the drain has already finished requests
+        server_header=False,
+    )
+
+
+def summary_line(runtime: Any, config: ServeConfig) -> str:
+    """The one line printed at start: model, slots, context per slot, KV memory, kernels, URL."""
+    kv_mib = runtime.kv_bytes / (1024 * 1024)
+    reuse = "off (--no-reuse)" if config.no_reuse else "on"
+    return (
+        f"slotserve: model {runtime.model_name} ({runtime.model_path}) | {runtime.num_slots} slots x "
+        f"{runtime.ctx_len} tokens | KV {kv_mib:.1f} MiB | kernels {runtime.kernel_variant} | "
+        f"reuse {reuse} | {config.url}"
+    )
+
+
+def serve(config: ServeConfig) -> int:
+    """Load the model, serve until SIGTERM/SIGINT, drain, return 0."""
+    from slotserve.metrics import ServerMetrics
+    from slotserve.metrics.router_compat import RouterCompatCollector
+
+    from .app import create_app
+    from .runtime import load_runtime
+
+    logging.basicConfig(
+        level=logging.DEBUG if config.log_level == "trace" else config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    metrics = ServerMetrics()
+    runtime = load_runtime(config, stats_sink=metrics.sink)
+    metrics.registry.register(RouterCompatCollector(runtime.scheduler.stats, runtime.model_name))
+    app = create_app(runtime, config, metrics=metrics)
+    server = DrainingServer(uvicorn_config(app, config), runtime.scheduler, config.drain_grace_s)
+    print(summary_line(runtime, config), flush=True)
+    server.run()
+    if server.started or server.is_drain_requested:
+        return 0
+    print("slotserve serve: the server did not start (see the log above)", file=sys.stderr)
+    return 1

@@ -24,7 +24,8 @@ PHASES = ("prefill", "decode")  # engine tokens
 CANCEL_PHASES = ("queued", "prefill", "decode")
 CHECKPOINT_EVENTS = ("capture", "restore", "evict", "drop")
 CHECKPOINT_TIERS = ("memory", "disk")
-CHECKPOINT_RULES = ("hint", "common_prefix", "prompt_end", "evict")
+CHECKPOINT_RULES = ("hint", "common_prefix", "prompt_end", "evict", "unknown")
+UNKNOWN_RULE = "unknown"  # the label of an event sent with rule "" (a restore or drop of unknown origin)
 
 # ---------------------------------------------------------------- buckets (seconds unless noted)
 # Sized for a CPU server: a long cold prefill on a big model takes minutes, a small model's

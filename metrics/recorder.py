@@ -14,7 +14,7 @@ import logging
 from slotserve.scheduler.request import ReuseSource
 from slotserve.scheduler.stats import CancelStats, CheckpointEvent, RequestStats, StepStats
 
-from .definitions import PushedMetrics
+from .definitions import UNKNOWN_RULE, PushedMetrics
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,12 @@ class StatsRecorder:
             m.itl.observe(gap)
 
     def on_checkpoint(self, e: CheckpointEvent) -> None:
-        """A checkpoint captured, restored, evicted or dropped, with its size."""
-        key = (e.kind, e.tier, e.rule)
+        """A checkpoint captured, restored, evicted or dropped, with its size.
+
+        An empty rule (the scheduler does not know which rule captured a dropped file or a disk
+        restore) is labelled rule="unknown".
+        """
+        key = (e.kind, e.tier, e.rule or UNKNOWN_RULE)
         counter = self._m.checkpoints.get(key)
         if counter is None or e.num_bytes < 0:
             self._drop("checkpoint", f"unknown kind/tier/rule or negative size in {e!r}")

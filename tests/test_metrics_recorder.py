@@ -129,6 +129,9 @@ def test_steps_cancels_preemptions_checkpoints():
     assert value(m, "slotserve_checkpoints_total", event="evict", tier="disk", rule="prompt_end") == 1
     assert value(m, "slotserve_checkpoint_bytes_total", event="evict", tier="disk", rule="prompt_end") == 777
     assert value(m, "slotserve_checkpoints_total", event="restore", tier="disk", rule="hint") == 0
+    m.sink.on_checkpoint(CheckpointEvent("drop", "disk", "", num_bytes=99, num_tokens=0))
+    assert value(m, "slotserve_checkpoints_total", event="drop", tier="disk", rule="unknown") == 1
+    assert value(m, "slotserve_checkpoint_bytes_total", event="drop", tier="disk", rule="unknown") == 99
 
 
 @pytest.mark.parametrize(

@@ -99,3 +99,16 @@ class PromptTooLong(ValueError):
 
 class Draining(Exception):
     """The scheduler is draining and admits no new requests."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlotView:
+    """One slot as GET /slots shows it (token counts only, never prompt text)."""
+
+    slot: int
+    state: str  # "empty" | "idle" | "prefill" | "decode"
+    num_tokens: int  # tokens whose KV the slot holds
+    idle_s: float | None  # seconds since last use; None while a request holds the slot
+    request_id: str | None  # the request holding the slot
+    num_reuse_hits: int  # requests served here that reused at least one token
+    num_reused_tokens: int  # prompt tokens those requests did not compute

@@ -1,0 +1,92 @@
+"""Scheduler configuration: one frozen, validated dataclass.
+
+Constructing a `SchedulerConfig` only stores and checks values; nothing is read from the
+environment or written to disk here. `reuse_log_from_env()` is the single place the scheduler
+reads `SLOTSERVE_REUSE_LOG`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+REUSE_LOG_ENV = "SLOTSERVE_REUSE_LOG"
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_flag(name: str) -> bool:
+    """Parse a boolean environment variable; unset or empty is False.
+
+    Raises ValueError for anything other than 1/0/true/false/yes/no/on/off.
+    """
+    raw = os.environ.get(name, "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ValueError(f"{name}={raw!r} is not a boolean; set it to 1 or 0")
+
+
+def reuse_log_from_env() -> bool:
+    return env_flag(REUSE_LOG_ENV)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_queue: int = 64  # requests admitted but waiting for a slot; more -> QueueFull
+    segment_tokens: int = 512  # max prefill tokens one request feeds per engine step
+    step_token_budget: int = 512  # max prefill tokens per step over all requests (decode extra)
+    checkpoint_memory_mb: float = 256.0  # in-memory checkpoint budget; 0 disables the store
+    kv_disk_dir: str | None = None  # disk checkpoint tier, off unless a directory is given
+    kv_disk_space_mb: float = 1024.0  # disk tier budget
+    reuse_enabled: bool = True  # False: every request prefills cold (for A/B measurements)
+    reuse_log: bool = False  # one "reuse ..." line per request on logger slotserve.reuse
+    default_timeout_s: float | None = None  # per-request limit when the request sets none
+    min_checkpoint_tokens: int = 64  # captures shorter than this are not worth a snapshot
+    capture_prompt_end: bool = True  # checkpoint rule 3: snapshot the prompt after prefill
+    idle_half_life_s: float = 600.0  # victim choice: an idle slot's value halves this often
+    retry_after_s: float = 1.0  # hint carried by QueueFull
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ValueError(f"SchedulerConfig: {msg}")
+
+        need(self.max_queue >= 0, f"max_queue={self.max_queue} must be >= 0")
+        need(self.segment_tokens >= 1, f"segment_tokens={self.segment_tokens} must be >= 1")
+        need(
+            self.step_token_budget >= 1,
+            f"step_token_budget={self.step_token_budget} must be >= 1",
+        )
+        need(
+            self.checkpoint_memory_mb >= 0,
+            f"checkpoint_memory_mb={self.checkpoint_memory_mb} must be >= 0 (0 disables)",
+        )
+        need(
+            self.kv_disk_space_mb > 0,
+            f"kv_disk_space_mb={self.kv_disk_space_mb} must be > 0",
+        )
+        need(
+            self.kv_disk_dir is None or str(self.kv_disk_dir).strip() != "",
+            "kv_disk_dir must be a directory path or None",
+        )
+        need(
+            self.default_timeout_s is None or self.default_timeout_s > 0,
+            f"default_timeout_s={self.default_timeout_s} must be > 0 or None",
+        )
+        need(
+            self.min_checkpoint_tokens >= 1,
+            f"min_checkpoint_tokens={self.min_checkpoint_tokens} must be >= 1",
+        )
+        need(self.idle_half_life_s > 0, f"idle_half_life_s={self.idle_half_life_s} must be > 0")
+        need(self.retry_after_s >= 0, f"retry_after_s={self.retry_after_s} must be >= 0")
+
+    @property
+    def checkpoint_memory_bytes(self) -> int:
+        return int(self.checkpoint_memory_mb * 1024 * 1024)
+
+    @property
+    def kv_disk_space_bytes(self) -> int:
+        return int(self.kv_disk_space_mb * 1024 * 1024)

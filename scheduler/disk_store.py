@@ -1,0 +1,337 @@
+"""Disk checkpoint tier (opt-in): KV snapshots as files that survive a restart.
+
+Design: files live in `<dir>/<model-id>/`, where model-id is a digest of the pool's fingerprint
+(model + KV layout), one file per exact token prefix:
+
+    magic "SSKVCKPT" | u32 version | 32B sha256(fingerprint) | u32 n_tokens | u16 rule length
+    | rule | u64 data length | 32B sha256(tokens + data) | int32 tokens [n] | snapshot data
+
+A write goes to a temporary file, is fsynced, then renamed into place (and the directory
+fsynced), so a crash never leaves a half-written checkpoint under a real name. Writes run on
+one background IO thread; the event loop never waits for the disk. The index (tokens and sizes,
+not the data) is rebuilt by that thread after a restart by reading each file's header. LRU
+within the space budget uses the files' mtimes, refreshed on every load. A file with a bad
+header, another fingerprint or a bad checksum is removed and never handed to the pool. An
+unwritable or full directory logs one warning and serving goes on without the disk tier's help.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import queue
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .checkpoints import head_hash, tokens_key
+from .policy import CheckpointMatch, CheckpointTier
+from .prefix_index import common_prefix_len
+
+log = logging.getLogger("slotserve.scheduler.disk")
+
+_MAGIC = b"SSKVCKPT"
+_VERSION = 1
+_FIXED = struct.Struct("<8sI32sIH")  # magic, version, fingerprint digest, n_tokens, rule length
+_TAIL = struct.Struct("<Q32s")  # data length, checksum
+_SUFFIX = ".kvc"
+
+# (kind, rule, num_bytes, num_tokens): "capture" | "evict" | "drop"
+EventCallback = Callable[[str, str, int, int], None]
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint file that must not be loaded."""
+
+
+@dataclass(slots=True)
+class DiskEntry:
+    key: str
+    path: Path
+    tokens: np.ndarray  # int32 [n]
+    rule: str
+    num_bytes: int  # file size
+    last_used: float  # mtime
+    head: tuple[int, bytes]
+
+
+def _read_header(f, fp_digest: bytes) -> tuple[np.ndarray, str, int, bytes]:
+    """Parse a file's header and tokens; return (tokens, rule, data length, checksum)."""
+    raw = f.read(_FIXED.size)
+    if len(raw) != _FIXED.size:
+        raise CorruptCheckpoint("truncated header")
+    magic, version, fp, n, rule_len = _FIXED.unpack(raw)
+    if magic != _MAGIC or version != _VERSION:
+        raise CorruptCheckpoint("not a slotserve checkpoint of this version")
+    if fp != fp_digest:
+        raise CorruptCheckpoint("checkpoint of another model or KV layout")
+    rule = f.read(rule_len).decode("utf-8", errors="replace")
+    tail = f.read(_TAIL.size)
+    if len(tail) != _TAIL.size:
+        raise CorruptCheckpoint("truncated header")
+    data_len, checksum = _TAIL.unpack(tail)
+    tok_raw = f.read(4 * n)
+    if len(tok_raw) != 4 * n or n == 0:
+        raise CorruptCheckpoint("truncated token ids")
+    return np.frombuffer(tok_raw, dtype=np.int32).copy(), rule, data_len, checksum
+
+
+class DiskCheckpointStore:
+    def __init__(self, root: str | os.PathLike, space_bytes: int, fingerprint: str) -> None:
+        self._fp_digest = hashlib.sha256(fingerprint.encode()).digest()
+        self.dir = Path(root) / self._fp_digest.hex()[:16]
+        self.space_bytes = space_bytes
+        self.bytes_used = 0
+        self.on_event: EventCallback | None = None
+        self._entries: dict[str, DiskEntry] = {}
+        self._by_head: dict[tuple[int, bytes], set[str]] = {}
+        self._lock = threading.Lock()  # guards the index; held briefly, never during IO
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._usable = True
+        self._warned = False
+        self.index_ready = threading.Event()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the IO thread; it builds the index from the directory first."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._main, name="slotserve-kv-disk", daemon=True)
+        self._thread.start()
+        self._jobs.put(("index",))
+
+    def close(self) -> None:
+        """Finish pending writes and stop the IO thread (blocking)."""
+        if self._thread is None:
+            return
+        self._jobs.put(None)
+        self._thread.join()
+        self._thread = None
+
+    def flush(self) -> None:
+        """Block until every queued write is done (tests)."""
+        done = threading.Event()
+        self._jobs.put(("barrier", done))
+        done.wait()
+
+    @property
+    def is_usable(self) -> bool:
+        return self._usable
+
+    def _main(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                if job[0] == "index":
+                    self._build_index()
+                elif job[0] == "put":
+                    self._write(*job[1:])
+                elif job[0] == "barrier":
+                    job[1].set()
+            except Exception:  # noqa: BLE001 - the disk tier must never stop serving
+                log.exception("disk checkpoint job %s failed", job[0])
+
+    def _warn_once(self, msg: str, *args) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning(msg + "; serving continues without it", *args)
+
+    def _emit(self, kind: str, rule: str, num_bytes: int, n: int) -> None:
+        if self.on_event is not None:
+            try:
+                self.on_event(kind, rule, num_bytes, n)
+            except Exception:  # noqa: BLE001
+                log.exception("disk checkpoint event callback failed")
+
+    # -- index -----------------------------------------------------------------------------
+    def _build_index(self) -> None:
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            if not os.access(self.dir, os.W_OK):
+                raise PermissionError(f"{self.dir} is not writable")
+        except OSError as exc:
+            self._usable = False
+            self._warn_once("KV disk directory %s is unusable (%s)", self.dir, exc)
+            self.index_ready.set()
+            return
+        for path in sorted(self.dir.glob("*" + _SUFFIX)):
+            try:
+                with open(path, "rb") as f:
+                    tokens, rule, data_len, _ = _read_header(f, self._fp_digest)
+                st = path.stat()
+                if path.name != tokens_key(tokens) + _SUFFIX:
+                    raise CorruptCheckpoint("file name does not match its tokens")
+            except (CorruptCheckpoint, OSError) as exc:
+                self._drop(path, exc)
+                continue
+            self._index_add(DiskEntry(tokens_key(tokens), path, tokens, rule, st.st_size,
+                                      st.st_mtime, head_hash(tokens)))
+        for tmp in self.dir.glob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
+        self.index_ready.set()
+
+    def _index_add(self, e: DiskEntry) -> None:
+        with self._lock:
+            old = self._entries.pop(e.key, None)
+            if old is not None:
+                self.bytes_used -= old.num_bytes
+                self._by_head[old.head].discard(old.key)
+            self._entries[e.key] = e
+            self._by_head.setdefault(e.head, set()).add(e.key)
+            self.bytes_used += e.num_bytes
+
+    def _index_remove(self, key: str) -> DiskEntry | None:
+        with self._lock:
+            e = self._entries.pop(key, None)
+            if e is not None:
+                self.bytes_used -= e.num_bytes
+                keys = self._by_head[e.head]
+                keys.discard(key)
+                if not keys:
+                    del self._by_head[e.head]
+            return e
+
+    def _drop(self, path: Path, why: Exception) -> None:
+        log.warning("removing unusable KV checkpoint %s: %s", path.name, why)
+        try:
+            size = path.stat().st_size
+            path.unlink()
+        except OSError:
+            size = 0
+        self._emit("drop", "", size, 0)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def find(self, prompt: np.ndarray) -> CheckpointMatch | None:
+        """Longest common prefix with `prompt` among indexed files (None before the index is
+        built). Cheap: head-hash lookup, then a token comparison per candidate."""
+        with self._lock:
+            heads = {h[0] for h in self._by_head}
+            cands = [
+                self._entries[k]
+                for hl in heads
+                if hl <= prompt.shape[0]
+                for k in self._by_head.get(head_hash(prompt[:hl]), ())
+            ]
+        best: tuple[int, int, DiskEntry] | None = None
+        for e in cands:
+            c = common_prefix_len(prompt, e.tokens)
+            if best is None or (c, -e.tokens.shape[0]) > best[:2]:
+                best = (c, -e.tokens.shape[0], e)
+        if best is None or best[0] == 0:
+            return None
+        e = best[2]
+        return CheckpointMatch(CheckpointTier.DISK, e.key, int(e.tokens.shape[0]), best[0])
+
+    def contains(self, tokens: np.ndarray) -> bool:
+        with self._lock:
+            e = self._entries.get(tokens_key(tokens))
+        return e is not None and np.array_equal(e.tokens, tokens)
+
+    # -- writes ----------------------------------------------------------------------------
+    def put(self, tokens: np.ndarray, data: bytes, rule: str) -> None:
+        """Queue a checkpoint write (non-blocking). Already-present prefixes are skipped."""
+        if not self._usable or self._thread is None:
+            return
+        self._jobs.put(("put", np.array(tokens, dtype=np.int32), data, rule))
+
+    def _write_file(self, path: Path, parts: list[bytes]) -> None:
+        """Write parts to a temp file, fsync, rename to path, fsync the directory."""
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                for p in parts:
+                    f.write(p)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        dfd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def _write(self, tokens: np.ndarray, data: bytes, rule: str) -> None:
+        if not self._usable:
+            return
+        key = tokens_key(tokens)
+        if self.contains(tokens):
+            return
+        tok_bytes = tokens.tobytes()
+        rule_b = rule.encode()
+        checksum = hashlib.sha256(tok_bytes)
+        checksum.update(data)
+        data_len = memoryview(data).nbytes
+        header = _FIXED.pack(_MAGIC, _VERSION, self._fp_digest, tokens.shape[0], len(rule_b))
+        parts = [header, rule_b, _TAIL.pack(data_len, checksum.digest()), tok_bytes, data]
+        size = sum(memoryview(p).nbytes for p in parts)
+        if size > self.space_bytes:
+            return
+        self._make_room(size)
+        path = self.dir / (key + _SUFFIX)
+        try:
+            self._write_file(path, parts)
+        except OSError as exc:
+            self._warn_once("cannot write KV checkpoints to %s (%s)", self.dir, exc)
+            return
+        self._warned = False
+        self._index_add(DiskEntry(key, path, tokens, rule, size, time.time(), head_hash(tokens)))
+        self._emit("capture", rule, size, int(tokens.shape[0]))
+
+    def _make_room(self, size: int) -> None:
+        while True:
+            with self._lock:
+                if self.bytes_used + size <= self.space_bytes or not self._entries:
+                    return
+                victim = min(self._entries.values(), key=lambda e: e.last_used)
+            self._index_remove(victim.key)
+            victim.path.unlink(missing_ok=True)
+            self._emit("evict", victim.rule, victim.num_bytes, int(victim.tokens.shape[0]))
+
+    # -- reads -----------------------------------------------------------------------------
+    def load(self, key: str) -> tuple[np.ndarray, bytes] | None:
+        """Read and verify a checkpoint (blocking; call off the event loop). The file stays on
+        disk. A damaged or foreign file is removed and None returned."""
+        with self._lock:
+            e = self._entries.get(key)
+        if e is None:
+            return None
+        try:
+            with open(e.path, "rb") as f:
+                tokens, _, data_len, checksum = _read_header(f, self._fp_digest)
+                data = f.read()
+            if len(data) != data_len:
+                raise CorruptCheckpoint("truncated data")
+            h = hashlib.sha256(tokens.tobytes())
+            h.update(data)
+            if h.digest() != checksum:
+                raise CorruptCheckpoint("checksum mismatch")
+            if not np.array_equal(tokens, e.tokens):
+                raise CorruptCheckpoint("tokens changed since indexed")
+        except FileNotFoundError:
+            self._index_remove(key)
+            return None
+        except (CorruptCheckpoint, OSError) as exc:
+            self._index_remove(key)
+            self._drop(e.path, exc)
+            return None
+        now = time.time()
+        e.last_used = now
+        try:
+            os.utime(e.path, (now, now))
+        except OSError:
+            pass
+        return tokens, data

@@ -1,0 +1,46 @@
+"""The gateway's handle on one submitted request."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, AsyncIterator
+
+from .request import FinishEvent, TokenEvent
+from .sequence import Sequence
+
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
+
+
+class RequestHandle:
+    """`async for ev in handle` yields TokenEvents then exactly one FinishEvent.
+
+    `await handle.cancel()` is idempotent: it returns True once the request is finished as
+    cancelled (after the scheduler acknowledged it and released its slot), False if it had
+    already finished for another reason.
+    """
+
+    def __init__(self, sched: "Scheduler", seq: Sequence) -> None:
+        self._sched = sched
+        self._seq = seq
+
+    @property
+    def request_id(self) -> str:
+        return self._seq.request_id
+
+    @property
+    def finish(self) -> FinishEvent | None:
+        """The FinishEvent once the request finished, else None."""
+        return self._seq.finish
+
+    def __aiter__(self) -> AsyncIterator[TokenEvent | FinishEvent]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[TokenEvent | FinishEvent]:
+        while True:
+            ev = await self._seq.events.get()
+            yield ev
+            if isinstance(ev, FinishEvent):
+                return
+
+    async def cancel(self) -> bool:
+        return await self._sched._cancel(self._seq)

@@ -1,0 +1,104 @@
+"""Token sampling from one logits row, vectorised over the vocabulary.
+
+Design: one `Sampler` per request owns its random generator (seeded from `params.seed`, so the
+same seed and prompt give the same tokens whatever else shares the batch) and the counts of the
+tokens it generated (for presence/frequency penalties). Every filter is a numpy operation over
+the row or over a candidate subset; nothing loops over the vocabulary in Python.
+
+Order of operations: penalties -> greedy (temperature 0) or temperature -> top-k -> softmax ->
+min-p -> top-p -> draw.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .request import SamplingParams
+
+# Top-p first tries the best _TOP_P_PRESELECT candidates (argpartition, O(V)) and sorts the
+# whole row only if they do not hold top_p of the mass.
+_TOP_P_PRESELECT = 1024
+
+
+def validate_params(params: SamplingParams, n_vocab: int) -> None:
+    """Raise ValueError (with the fix) for parameters the sampler cannot honour."""
+    if not params.temperature >= 0:
+        raise ValueError(f"temperature={params.temperature} must be >= 0 (0 = greedy)")
+    if params.top_k < 0:
+        raise ValueError(f"top_k={params.top_k} must be >= 0 (0 = off)")
+    if not 0 < params.top_p <= 1:
+        raise ValueError(f"top_p={params.top_p} must be in (0, 1]")
+    if not 0 <= params.min_p <= 1:
+        raise ValueError(f"min_p={params.min_p} must be in [0, 1]")
+    if params.max_tokens < 1:
+        raise ValueError(f"max_tokens={params.max_tokens} must be >= 1")
+    for tid in params.stop_token_ids:
+        if not 0 <= tid < n_vocab:
+            raise ValueError(f"stop token id {tid} outside the vocabulary 0..{n_vocab - 1}")
+    if any(s == "" for s in params.stop):
+        raise ValueError("stop strings must be non-empty")
+
+
+class Sampler:
+    """Samples one token per call; remembers what it sampled for the penalties."""
+
+    def __init__(self, params: SamplingParams, n_vocab: int) -> None:
+        self.params = params
+        self._rng = np.random.default_rng(params.seed)
+        has_penalty = params.presence_penalty != 0 or params.frequency_penalty != 0
+        # int32 [n_vocab] occurrences of each id among the generated tokens; None without penalties
+        self._counts = np.zeros(n_vocab, dtype=np.int32) if has_penalty else None
+
+    def sample(self, logits: np.ndarray) -> int:
+        """Pick a token from float32 [n_vocab] `logits` and record it."""
+        p = self.params
+        x = np.array(logits, dtype=np.float64)  # [V] working copy
+        if self._counts is not None:
+            x -= p.frequency_penalty * self._counts + p.presence_penalty * (self._counts > 0)
+        if p.temperature == 0:
+            tok = int(np.argmax(x))
+        else:
+            tok = self._draw(x / p.temperature)
+        if self._counts is not None:
+            self._counts[tok] += 1
+        return tok
+
+    def _draw(self, x: np.ndarray) -> int:
+        p = self.params
+        vocab = x.shape[0]
+        cand = None  # int64 [k] candidate ids, or None for the whole row
+        if 0 < p.top_k < vocab:
+            cand = np.argpartition(x, vocab - p.top_k)[vocab - p.top_k :]
+            x = x[cand]
+        probs = np.exp(x - x.max())
+        probs /= probs.sum()
+        if p.min_p > 0:
+            probs = np.where(probs >= p.min_p * probs.max(), probs, 0.0)
+        if p.top_p < 1:
+            keep = _top_p_ids(probs, p.top_p)
+            mask = np.zeros_like(probs)
+            mask[keep] = 1.0
+            probs = probs * mask
+        cdf = np.cumsum(probs)
+        i = int(np.searchsorted(cdf, self._rng.random() * cdf[-1], side="right"))
+        i = min(i, probs.shape[0] - 1)
+        while probs[i] == 0:  # float edge: never return a filtered-out id
+            i -= 1
+        return int(cand[i]) if cand is not None else i
+
+
+def _top_p_ids(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """Indices of the smallest highest-probability set whose mass reaches top_p."""
+    total = probs.sum()
+    n = probs.shape[0]
+    if n > _TOP_P_PRESELECT:
+        pre = np.argpartition(probs, n - _TOP_P_PRESELECT)[n - _TOP_P_PRESELECT :]
+        if probs[pre].sum() >= top_p * total:
+            order = pre[np.argsort(-probs[pre], kind="stable")]
+        else:
+            order = np.argsort(-probs, kind="stable")
+    else:
+        order = np.argsort(-probs, kind="stable")
+    cum = np.cumsum(probs[order])
+    m = int(np.searchsorted(cum, top_p * total, side="left")) + 1
+    return order[: min(m, n)]

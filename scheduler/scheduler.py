@@ -1,0 +1,762 @@
+"""The scheduler: requests in, engine steps out, events back.
+
+Design: everything except pool calls runs on the event loop. One loop task repeats
+
+    plan = schedule()                      # timeouts, cancels, admission + routing, captures, batch
+    result = await worker.run(execute_plan, pool, plan)   # the only place the pool is called
+    apply(plan, result)                    # sample, emit events, finish requests, store checkpoints
+
+so cancels and submits that arrive while the engine computes take effect at the next step
+boundary, which is at most one prefill segment away. The slot mirror (`SlotTable`) is updated
+as pool operations are planned; the plan executes them in the same order, and a failure
+resynchronises the mirror from the pool.
+
+Admission walks the queue by priority: each request is routed (`policy.route`) against every
+slot and the checkpoint store, then its slot is prepared (rewind / copy / restore / clear) in
+the same step that starts its first prefill segment. A request that would overwrite valuable
+content first has it captured into the checkpoint store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import Callable, Iterable, Sequence as Seq
+
+import numpy as np
+
+from .checkpoints import CaptureRule, MemoryCheckpointStore
+from .config import SchedulerConfig, reuse_log_from_env
+from .detok import Detokenizer
+from .disk_store import DiskCheckpointStore
+from .handle import RequestHandle
+from .interface import BatchItem, SlotPool
+from .policy import (
+    Capabilities,
+    CheckpointMatch,
+    CheckpointTier,
+    RouteAction,
+    RouteDecision,
+    SlotCandidate,
+    route,
+)
+from .prefix_index import common_prefix_len
+from .request import (
+    Draining,
+    FinishEvent,
+    FinishReason,
+    GenerationRequest,
+    PromptTooLong,
+    QueueFull,
+    ReuseInfo,
+    ReuseSource,
+    SlotView,
+    TokenEvent,
+)
+from .sampling import Sampler, validate_params
+from .sequence import Phase, Sequence
+from .slot_table import SlotTable
+from .stats import (
+    CancelStats,
+    CheckpointEvent,
+    NullSink,
+    RequestStats,
+    SchedulerStats,
+    SlotLevel,
+    StatsSink,
+    StepStats,
+)
+from .step import Capture, Prepare, StepPlan, StepResult, execute_plan
+from .worker import EngineWorker
+
+log = logging.getLogger("slotserve.scheduler")
+reuse_log = logging.getLogger("slotserve.reuse")
+
+_OUTCOME = {
+    FinishReason.STOP: "ok",
+    FinishReason.LENGTH: "ok",
+    FinishReason.CANCELLED: "cancelled",
+    FinishReason.TIMEOUT: "timeout",
+    FinishReason.ERROR: "error",
+}
+_MAX_STEP_ERRORS = 3  # a request whose slot survives this many failed steps is failed anyway
+
+
+class Scheduler:
+    """Serves GenerationRequests on a SlotPool. See scheduler/request.py for the contract."""
+
+    def __init__(
+        self,
+        pool: SlotPool,
+        config: SchedulerConfig | None = None,
+        *,
+        token_bytes: Seq[bytes],
+        eos_token_ids: Iterable[int],
+        stats_sink: StatsSink | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        config = config or SchedulerConfig()
+        if len(token_bytes) < pool.n_vocab:
+            raise ValueError(
+                f"token_bytes has {len(token_bytes)} entries but the model has {pool.n_vocab} "
+                "token ids; pass one bytes value per token id"
+            )
+        self._pool = pool
+        self._config = config
+        self._token_bytes = list(token_bytes)
+        self._eos = frozenset(int(t) for t in eos_token_ids)
+        self._sink: StatsSink = stats_sink or NullSink()
+        self._clock = clock
+        self._caps = Capabilities(
+            bool(pool.can_truncate), bool(pool.can_copy), bool(pool.can_snapshot)
+        )
+        self._slots = SlotTable(pool.num_slots, pool.ctx_len)
+        self._store = MemoryCheckpointStore(config.checkpoint_memory_bytes)
+        self._disk: DiskCheckpointStore | None = None
+        if config.kv_disk_dir is not None and self._caps.can_snapshot:
+            self._disk = DiskCheckpointStore(
+                config.kv_disk_dir, config.kv_disk_space_bytes, pool.fingerprint
+            )
+        self._bytes_per_token = pool.kv_bytes / max(1, pool.num_slots * pool.ctx_len)
+        self._queue: list[Sequence] = []  # waiting, sorted by (-priority, order)
+        self._running: dict[int, Sequence] = {}  # slot -> request holding it
+        self._order = itertools.count()
+        self._ids = itertools.count(1)
+        self._reuse_log = config.reuse_log or reuse_log_from_env()
+        self._last_unmatched: np.ndarray | None = None  # last prompt that found no live slot
+        self._num_preemptions = 0
+        self._prep_index: dict[int, int] = {}  # id(seq) -> prepare index, within one schedule()
+        self._draining = False
+        self._closing = False
+        self._wake = asyncio.Event()
+        self._changed = asyncio.Event()  # set whenever a request finishes
+        self._step_lock = asyncio.Lock()
+        self._task: asyncio.Task | None = None
+        self._worker = EngineWorker()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def __aenter__(self) -> "Scheduler":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Start the engine worker thread and the step loop (reads the pool's records once)."""
+        if self._task is not None:
+            return
+        self._worker.start()
+        pool = self._pool
+        records = await self._worker.run(
+            lambda: [np.array(pool.record(s), dtype=np.int32) for s in range(pool.num_slots)]
+        )
+        for s, rec in enumerate(records):
+            self._slots.assign(s, rec)
+        if self._disk is not None:
+            self._disk.start()
+        self._task = asyncio.create_task(self._loop(), name="slotserve-scheduler")
+
+    async def aclose(self) -> None:
+        """Cancel whatever is queued or running, stop the loop and the worker thread."""
+        if self._closing:
+            return
+        self._draining = True
+        await self._cancel_all()
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+        await asyncio.to_thread(self._worker.stop)
+        if self._disk is not None:
+            await asyncio.to_thread(self._disk.close)
+
+    async def drain(self, grace_s: float) -> None:
+        """Stop admitting; let queued and running requests finish for up to grace_s seconds,
+        then cancel the rest (each cancel acknowledged)."""
+        self._draining = True
+        deadline = self._clock() + grace_s
+        while self._queue or self._running:
+            left = deadline - self._clock()
+            if left <= 0:
+                break
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except asyncio.TimeoutError:
+                break
+        await self._cancel_all()
+
+    async def _cancel_all(self) -> None:
+        seqs = list(self._queue) + list(self._running.values())
+        if seqs:
+            await asyncio.gather(*(self._cancel(s) for s in seqs))
+
+    # -- gateway API -----------------------------------------------------------------------
+    def submit(self, req: GenerationRequest) -> RequestHandle:
+        """Admit `req` or raise at once: Draining, PromptTooLong, QueueFull, ValueError (bad
+        parameters). Call from the event loop thread."""
+        if self._draining or self._closing:
+            raise Draining("the server is draining and admits no new requests")
+        try:
+            prompt = self._validate(req)
+        except (ValueError, PromptTooLong):
+            self._reject(req)
+            raise
+        if len(self._queue) >= self._config.max_queue:
+            self._reject(req)
+            raise QueueFull(self._config.retry_after_s)
+        if not req.request_id:
+            req.request_id = f"req-{next(self._ids)}"
+        now = self._clock()
+        timeout = req.timeout_s if req.timeout_s is not None else self._config.default_timeout_s
+        seq = Sequence(
+            req=req,
+            prompt=prompt,
+            order=next(self._order),
+            admitted_at=now,
+            deadline=now + timeout if timeout is not None else None,
+            sampler=Sampler(req.params, self._pool.n_vocab),
+            detok=Detokenizer(self._token_bytes, req.params.stop),
+            events=asyncio.Queue(),
+        )
+        self._enqueue(seq)
+        self._wake.set()
+        return RequestHandle(self, seq)
+
+    def _validate(self, req: GenerationRequest) -> np.ndarray:
+        n_vocab, ctx_len = self._pool.n_vocab, self._pool.ctx_len
+        prompt = np.asarray(req.prompt_ids, dtype=np.int64)
+        if prompt.ndim != 1 or prompt.shape[0] == 0:
+            raise ValueError("prompt_ids is empty; send at least one token")
+        if prompt.min() < 0 or prompt.max() >= n_vocab:
+            raise ValueError(f"prompt_ids holds a token id outside the vocabulary 0..{n_vocab - 1}")
+        if prompt.shape[0] + 1 > ctx_len:
+            raise PromptTooLong(
+                f"prompt has {prompt.shape[0]} tokens but a slot holds {ctx_len} "
+                f"(prompt + at least one generated token); shorten it to {ctx_len - 1} tokens"
+            )
+        validate_params(req.params, n_vocab)
+        if req.prefix_hint is not None and not 0 < req.prefix_hint <= prompt.shape[0]:
+            raise ValueError(
+                f"prefix_hint={req.prefix_hint} must be within the prompt (1..{prompt.shape[0]})"
+            )
+        if req.timeout_s is not None and not req.timeout_s > 0:
+            raise ValueError(f"timeout_s={req.timeout_s} must be > 0")
+        return np.ascontiguousarray(prompt, dtype=np.int32)
+
+    def _reject(self, req: GenerationRequest) -> None:
+        self._emit_request_stats(
+            RequestStats("rejected", None, len(req.prompt_ids), 0, ReuseSource.NONE, 0, 0,
+                         None, None, None, ())
+        )
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            queue_depth=len(self._queue),
+            max_queue=self._config.max_queue,
+            num_running=len(self._running),
+            slots=tuple(
+                SlotLevel(s, self._slot_state(s), self._slots.lens[s])
+                for s in range(self._slots.num_slots)
+            ),
+            ctx_len=self._pool.ctx_len,
+            checkpoint_memory_bytes=self._store.bytes_used,
+            checkpoint_disk_bytes=self._disk.bytes_used if self._disk is not None else 0,
+            num_preemptions=self._num_preemptions,
+            draining=self._draining,
+        )
+
+    def slots(self) -> list[SlotView]:
+        now = self._clock()
+        out = []
+        for s in range(self._slots.num_slots):
+            seq = self._running.get(s)
+            out.append(
+                SlotView(
+                    slot=s,
+                    state=self._slot_state(s),
+                    num_tokens=self._slots.lens[s],
+                    idle_s=None if seq is not None else now - self._slots.last_used[s],
+                    request_id=seq.request_id if seq is not None else None,
+                    num_reuse_hits=self._slots.num_reuse_hits[s],
+                    num_reused_tokens=self._slots.num_reused_tokens[s],
+                )
+            )
+        return out
+
+    def _slot_state(self, s: int) -> str:
+        seq = self._running.get(s)
+        if seq is not None:
+            return "decode" if seq.phase is Phase.DECODE else "prefill"
+        return "idle" if self._slots.lens[s] else "empty"
+
+    async def check_integrity(self) -> None:
+        """Assert the slot mirror equals the pool and the stores are consistent (tests)."""
+        async with self._step_lock:
+            await self._worker.run(self._slots.check_integrity, self._pool)
+            self._store.check_integrity()
+            assert all(self._running[s].slot == s for s in self._running)
+            assert all(q.phase is Phase.QUEUED for q in self._queue)
+
+    # -- cancel ----------------------------------------------------------------------------
+    async def _cancel(self, seq: Sequence) -> bool:
+        if seq.phase is Phase.DONE:
+            return seq.was_cancelled
+        now = self._clock()
+        if seq.phase is Phase.QUEUED:
+            self._finish(seq, FinishReason.CANCELLED, now, cancel_phase="queued", cancel_at=now)
+            return True
+        if not seq.cancel_requested:
+            seq.cancel_requested = True
+            seq.cancel_at = now
+        if seq.ack is None:
+            seq.ack = asyncio.get_running_loop().create_future()
+        self._wake.set()
+        return await asyncio.shield(seq.ack)
+
+    # -- the loop --------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        try:
+            while True:
+                async with self._step_lock:
+                    self._wake.clear()
+                    now = self._clock()
+                    plan = self._schedule(now)
+                    if plan is not None:
+                        result = await self._worker.run(execute_plan, self._pool, plan)
+                        self._apply(plan, result, self._clock())
+                        continue
+                if self._closing and not self._queue and not self._running:
+                    return
+                try:
+                    await asyncio.wait_for(self._wake.wait(), self._next_deadline_in(now))
+                except asyncio.TimeoutError:
+                    pass
+        except Exception:
+            log.exception("scheduler loop failed; failing every request it holds")
+            now = self._clock()
+            for seq in list(self._queue) + list(self._running.values()):
+                self._finish(seq, FinishReason.ERROR, now, error="scheduler failure")
+            raise
+
+    def _next_deadline_in(self, now: float) -> float | None:
+        deadlines = [
+            s.deadline
+            for s in itertools.chain(self._queue, self._running.values())
+            if s.deadline is not None
+        ]
+        return max(0.0, min(deadlines) - now) if deadlines else None
+
+    def _schedule(self, now: float) -> StepPlan | None:
+        plan = StepPlan()
+        self._prep_index.clear()
+        for seq in [*self._queue, *self._running.values()]:
+            if seq.deadline is not None and seq.deadline <= now:
+                self._finish(seq, FinishReason.TIMEOUT, now)
+        for seq in list(self._running.values()):
+            if seq.cancel_requested:
+                self._finish(seq, FinishReason.CANCELLED, now, cancel_phase=seq.phase.value)
+        if not self._closing:
+            self._admit(plan, now)
+        self._plan_capture_points(plan)
+        self._plan_batch(plan)
+        return None if plan.is_empty() else plan
+
+    # -- admission and routing -------------------------------------------------------------
+    def _enqueue(self, seq: Sequence) -> None:
+        seq.phase = Phase.QUEUED
+        key = (-seq.priority, seq.order)
+        i = 0
+        while i < len(self._queue) and (-self._queue[i].priority, self._queue[i].order) < key:
+            i += 1
+        self._queue.insert(i, seq)
+
+    def _admit(self, plan: StepPlan, now: float) -> None:
+        i = 0
+        while i < len(self._queue):
+            seq = self._queue[i]
+            if seq.loading:
+                i += 1
+                continue
+            decision = self._route(seq, now)
+            if decision.action is RouteAction.WAIT_SLOT:
+                if self._try_preempt(seq, now):
+                    continue
+                return
+            if decision.action is RouteAction.WAIT_SHARED:
+                i += 1
+                continue
+            if decision.action is RouteAction.RESTORE_DISK and seq.staged_snapshot is None:
+                self._start_disk_load(seq, decision.checkpoint)
+                i += 1
+                continue
+            self._queue.pop(i)
+            self._assign(seq, decision, plan, now)
+
+    def _route(self, seq: Sequence, now: float) -> RouteDecision:
+        cands = []
+        for s in range(self._slots.num_slots):
+            owner = self._running.get(s)
+            target = owner.prompt if owner is not None and owner.phase is Phase.PREFILL else None
+            cands.append(
+                SlotCandidate(
+                    slot=s,
+                    tokens=self._slots.record(s),
+                    is_free=owner is None,
+                    idle_s=0.0 if owner is not None else max(0.0, now - self._slots.last_used[s]),
+                    prefill_target=target,
+                )
+            )
+        ckpts: list[CheckpointMatch] = []
+        if self._config.reuse_enabled and self._caps.can_snapshot:
+            m = self._store.find(seq.prompt)
+            if m is not None:
+                ckpts.append(m)
+            if seq.staged_snapshot is not None:
+                tokens, _ = seq.staged_snapshot
+                c = common_prefix_len(seq.prompt, tokens)
+                ckpts.append(CheckpointMatch(CheckpointTier.DISK, "staged", len(tokens), c))
+            elif self._disk is not None:
+                d = self._disk.find(seq.prompt)
+                if d is not None:
+                    ckpts.append(d)
+        return route(
+            seq.prompt,
+            cands,
+            ckpts,
+            caps=self._caps,
+            idle_half_life_s=self._config.idle_half_life_s,
+            reuse_enabled=self._config.reuse_enabled,
+        )
+
+    def _try_preempt(self, seq: Sequence, now: float) -> bool:
+        """Put back the lowest-priority running prefill below seq's priority; True if done."""
+        victims = [
+            r
+            for r in self._running.values()
+            if r.phase is Phase.PREFILL and r.priority < seq.priority and not r.cancel_requested
+        ]
+        if not victims:
+            return False
+        v = min(victims, key=lambda r: (r.priority, -r.order))
+        self._release_slot(v, now)
+        v.reuse = None
+        self._enqueue(v)
+        self._num_preemptions += 1
+        self._sink_call(self._sink.on_preemption)
+        log.debug("preempted %s (priority %d) for %s", v.request_id, v.priority, seq.request_id)
+        return True
+
+    def _assign(self, seq: Sequence, d: RouteDecision, plan: StepPlan, now: float) -> None:
+        dest, n = d.dest, d.reuse_len
+        assert dest is not None and dest not in self._running
+        if d.evicts and d.lost_tokens >= self._config.min_checkpoint_tokens:
+            self._plan_capture(plan, dest, self._slots.lens[dest], CaptureRule.EVICT)
+        source = d.action.reuse_source
+        prep: Prepare | None = None
+        if d.action is RouteAction.REWIND:
+            if self._slots.lens[dest] != n:
+                prep = Prepare(RouteAction.REWIND, dest, n)
+            self._slots.truncate(dest, n)
+        elif d.action is RouteAction.COPY:
+            prep = Prepare(RouteAction.COPY, dest, n, src_slot=d.src_slot)
+            self._slots.copy_prefix(d.src_slot, dest, n)
+        elif d.action is RouteAction.RESTORE_MEMORY:
+            entry = self._store.get(d.checkpoint.key)
+            assert entry is not None
+            if entry.from_disk:
+                source, entry.from_disk = ReuseSource.CHECKPOINT_DISK, False
+            prep = Prepare(RouteAction.RESTORE_MEMORY, dest, n, snapshot=entry.data)
+            self._slots.assign(dest, entry.tokens[:n])
+            self._emit_checkpoint("restore", "memory", entry.rule.value, entry.num_bytes, n)
+        elif d.action is RouteAction.RESTORE_DISK:
+            tokens, data = seq.staged_snapshot
+            seq.staged_snapshot = None
+            prep = Prepare(RouteAction.RESTORE_DISK, dest, n, snapshot=data)
+            self._slots.assign(dest, tokens[:n])
+            self._emit_checkpoint("restore", "disk", "", memoryview(data).nbytes, n)
+        else:  # COLD
+            if self._slots.lens[dest]:
+                prep = Prepare(RouteAction.COLD, dest, 0)
+            self._slots.truncate(dest, 0)
+        if prep is not None:
+            self._prep_index[id(seq)] = len(plan.prepares)
+            plan.prepares.append(prep)
+            plan.prepare_owners.append((seq, d))
+        seq.phase = Phase.PREFILL
+        seq.slot = dest
+        seq.num_computed = n
+        seq.num_errors = 0
+        seq.reuse = ReuseInfo(source, n, seq.prompt_len - n, dest)
+        if seq.assigned_at is None:
+            seq.assigned_at = now
+        self._running[dest] = seq
+        if n > 0:
+            self._slots.num_reuse_hits[dest] += 1
+            self._slots.num_reused_tokens[dest] += n
+        self._add_capture_points(seq, d)
+        if self._reuse_log:
+            extra = f" src={d.src_slot}" if d.action is RouteAction.COPY else ""
+            reuse_log.info(
+                "reuse slot=%d live=%d prompt=%d common=%d action=%s%s reused=%d prefilled=%d "
+                "request=%s",
+                dest, d.live_len, seq.prompt_len, d.common, source.value if n else "cold",
+                extra, n, seq.prompt_len - n, seq.request_id,
+            )
+
+    def _add_capture_points(self, seq: Sequence, d: RouteDecision) -> None:
+        cfg = self._config
+        if not self._caps.can_snapshot or not self._config.reuse_enabled:
+            return
+        L = seq.prompt_len
+        points: dict[int, CaptureRule] = {}
+        hint = seq.req.prefix_hint
+        if hint is not None and hint >= cfg.min_checkpoint_tokens:
+            points[hint] = CaptureRule.HINT
+        if d.action not in (RouteAction.REWIND, RouteAction.COPY):
+            last = self._last_unmatched
+            self._last_unmatched = seq.prompt
+            if last is not None:
+                c = common_prefix_len(seq.prompt, last)
+                if c >= cfg.min_checkpoint_tokens and c > d.reuse_len:
+                    points.setdefault(c, CaptureRule.COMMON_PREFIX)
+        if cfg.capture_prompt_end and L >= cfg.min_checkpoint_tokens:
+            points.setdefault(L, CaptureRule.PROMPT_END)
+        seq.capture_points = sorted(points.items())
+
+    # -- captures --------------------------------------------------------------------------
+    def _estimate_bytes(self, num_tokens: int) -> int:
+        return int(num_tokens * self._bytes_per_token) + 4096
+
+    def _plan_capture(self, plan: StepPlan, slot: int, n: int, rule: CaptureRule) -> None:
+        """Snapshot the first n rows of slot at the start of this step, if worth it and room."""
+        if not self._caps.can_snapshot or n < self._config.min_checkpoint_tokens:
+            return
+        tokens = self._slots.record(slot)[:n].copy()
+        if self._store.contains_prefix(tokens):
+            return
+        if any(np.array_equal(c.tag[0], tokens) for c in plan.captures):
+            return
+        fits_memory = self._store.can_fit(self._estimate_bytes(n), rule)
+        spills = self._disk is not None and self._disk.is_usable and rule is not CaptureRule.PROMPT_END
+        if not (fits_memory or spills):
+            return
+        plan.captures.append(Capture(slot, n, (tokens, rule)))
+
+    def _plan_capture_points(self, plan: StepPlan) -> None:
+        for seq in self._running.values():
+            held = self._slots.lens[seq.slot]
+            while seq.capture_points and seq.capture_points[0][0] <= min(held, seq.num_computed):
+                n, rule = seq.capture_points.pop(0)
+                self._plan_capture(plan, seq.slot, n, rule)
+
+    def _store_checkpoint(self, tokens: np.ndarray, data: bytes, rule: CaptureRule) -> None:
+        evicted = self._store.insert(tokens, data, rule)
+        num_bytes = memoryview(data).nbytes
+        if evicted is not None:
+            self._emit_checkpoint("capture", "memory", rule.value, num_bytes, len(tokens))
+            for e in evicted:
+                self._emit_checkpoint("evict", "memory", e.rule.value, e.num_bytes, e.num_tokens)
+                if self._disk is not None and e.rule is not CaptureRule.PROMPT_END:
+                    self._disk.put(e.tokens, e.data, e.rule.value)
+        if self._disk is not None and rule is not CaptureRule.PROMPT_END:
+            # Write-through for shared or evicted content, so it survives a restart.
+            self._disk.put(tokens, data, rule.value)
+
+    # -- disk loads ------------------------------------------------------------------------
+    def _start_disk_load(self, seq: Sequence, match: CheckpointMatch) -> None:
+        assert self._disk is not None
+        seq.loading = True
+
+        async def load() -> None:
+            try:
+                loaded = await asyncio.to_thread(self._disk.load, match.key)
+            except Exception:  # noqa: BLE001 - a failed load only loses the reuse
+                log.exception("loading disk checkpoint %s failed", match.key)
+                loaded = None
+            seq.loading = False
+            if loaded is not None and seq.phase is Phase.QUEUED:
+                seq.staged_snapshot = loaded
+            self._wake.set()
+
+        asyncio.get_running_loop().create_task(load())
+
+    # -- batch -----------------------------------------------------------------------------
+    def _plan_batch(self, plan: StepPlan) -> None:
+        for seq in self._running.values():
+            if seq.phase is Phase.DECODE and seq.pending_token is not None:
+                toks = np.array([seq.pending_token], dtype=np.int32)
+                self._add_item(plan, seq, toks, want_logits=True)
+        budget = self._config.step_token_budget
+        prefilling = sorted(
+            (s for s in self._running.values() if s.phase is Phase.PREFILL),
+            key=lambda s: (-s.priority, s.order),
+        )
+        for seq in prefilling:
+            n = min(seq.prompt_len - seq.num_computed, self._config.segment_tokens, budget)
+            if n <= 0:
+                break
+            toks = seq.prompt[seq.num_computed : seq.num_computed + n]
+            self._add_item(plan, seq, toks, want_logits=seq.num_computed + n == seq.prompt_len)
+            budget -= n
+
+    def _add_item(self, plan: StepPlan, seq: Sequence, toks: np.ndarray, want_logits: bool) -> None:
+        slot = seq.slot
+        plan.items.append(BatchItem(slot, toks, self._slots.lens[slot], want_logits))
+        plan.item_owners.append(seq)
+        plan.item_prepare.append(self._prep_index.get(id(seq)))
+        self._slots.append(slot, toks)
+
+    # -- applying results ------------------------------------------------------------------
+    def _apply(self, plan: StepPlan, result: StepResult, now: float) -> None:
+        for cap, snap in zip(plan.captures, result.snapshots):
+            tokens, rule = cap.tag
+            if isinstance(snap, BaseException):
+                log.warning("checkpoint capture of %d tokens failed: %s", len(tokens), snap)
+                continue
+            self._store_checkpoint(tokens, snap, rule)
+        for slot, rec in result.resync.items():
+            self._slots.assign(slot, rec)
+        for i, err in result.prepare_errors.items():
+            seq, d = plan.prepare_owners[i]
+            log.warning("preparing slot %d for %s failed (%s); rerouting", d.dest, seq.request_id, err)
+            if d.action is RouteAction.RESTORE_MEMORY:
+                self._store.remove(d.checkpoint.key)
+                self._emit_checkpoint("drop", "memory", "", 0, d.checkpoint.num_tokens)
+            self._release_slot(seq, now)
+            seq.reuse = None
+            if seq.phase is not Phase.DONE:
+                self._enqueue(seq)
+        ran = [(it, seq) for it, seq, ok in zip(plan.items, plan.item_owners, result.ran_items) if ok]
+        if not ran:
+            return
+        num_prefill = sum(len(it.tokens) for it, seq in ran if seq.phase is Phase.PREFILL)
+        num_tokens = sum(len(it.tokens) for it, _ in ran)
+        self._sink_call(
+            self._sink.on_step,
+            StepStats(result.forward_s, num_tokens, num_prefill, num_tokens - num_prefill, len(ran)),
+        )
+        if result.forward_error is not None:
+            self._apply_forward_error(ran, result.forward_error, now)
+            return
+        rows = iter(result.logits)
+        for it, seq in ran:
+            n = len(it.tokens)
+            if seq.phase is Phase.PREFILL:
+                seq.num_computed += n
+                seq.num_prefilled += n
+                seq.prefill_s += result.forward_s
+                if it.want_logits:
+                    seq.phase = Phase.DECODE
+                    self._on_logits(seq, next(rows), now)
+            else:
+                seq.pending_token = None
+                self._on_logits(seq, next(rows), now)
+
+    def _apply_forward_error(self, ran, err: BaseException, now: float) -> None:
+        log.error("engine step failed: %s", err)
+        for it, seq in ran:
+            if seq.phase is Phase.DONE:
+                continue
+            seq.num_errors += 1
+            tainted = self._slots.lens[it.slot] < it.start_pos
+            if tainted or isinstance(err, ValueError) or seq.num_errors >= _MAX_STEP_ERRORS:
+                self._finish(seq, FinishReason.ERROR, now, error=f"engine error: {err}")
+
+    def _on_logits(self, seq: Sequence, row: np.ndarray, now: float) -> None:
+        tok = seq.sampler.sample(row)
+        seq.num_generated += 1
+        if seq.first_token_at is None:
+            seq.first_token_at = now
+        else:
+            seq.itl_s.append(now - seq.last_token_at)
+        seq.last_token_at = now
+        p = seq.req.params
+        if (tok in self._eos and not p.ignore_eos) or tok in p.stop_token_ids:
+            self._finish(seq, FinishReason.STOP, now)
+            return
+        text = seq.detok.push(tok)
+        seq.events.put_nowait(TokenEvent((tok,), text))
+        if seq.detok.stopped:
+            self._finish(seq, FinishReason.STOP, now)
+        elif seq.num_generated >= p.max_tokens or self._slots.lens[seq.slot] >= self._pool.ctx_len:
+            self._finish(seq, FinishReason.LENGTH, now)
+        else:
+            seq.pending_token = tok
+
+    # -- finishing -------------------------------------------------------------------------
+    def _release_slot(self, seq: Sequence, now: float) -> None:
+        if seq.slot is not None and self._running.get(seq.slot) is seq:
+            del self._running[seq.slot]
+            self._slots.last_used[seq.slot] = now
+        seq.pending_token = None
+        self._wake.set()
+
+    def _finish(
+        self,
+        seq: Sequence,
+        reason: FinishReason,
+        now: float,
+        *,
+        error: str | None = None,
+        cancel_phase: str | None = None,
+        cancel_at: float | None = None,
+    ) -> None:
+        if seq.phase is Phase.DONE:
+            return
+        if seq.phase is Phase.QUEUED and seq in self._queue:
+            self._queue.remove(seq)
+        self._release_slot(seq, now)
+        seq.phase = Phase.DONE
+        text = seq.detok.flush()
+        timings = {"e2e_s": now - seq.admitted_at, "prefill_s": seq.prefill_s}
+        queue_s = seq.assigned_at - seq.admitted_at if seq.assigned_at is not None else None
+        ttft_s = seq.first_token_at - seq.admitted_at if seq.first_token_at is not None else None
+        if queue_s is not None:
+            timings["queue_s"] = queue_s
+        if ttft_s is not None:
+            timings["ttft_s"] = ttft_s
+        ev = FinishEvent(reason, text, seq.prompt_len, seq.num_generated, seq.reuse, error, timings)
+        seq.finish = ev
+        seq.events.put_nowait(ev)
+        if seq.ack is not None and not seq.ack.done():
+            seq.ack.set_result(reason is FinishReason.CANCELLED)
+        reuse = seq.reuse
+        self._emit_request_stats(
+            RequestStats(
+                outcome=_OUTCOME[reason],
+                finish_reason=reason,
+                prompt_tokens=seq.prompt_len,
+                reused_tokens=reuse.reused_tokens if reuse else 0,
+                reuse_source=reuse.source if reuse else ReuseSource.NONE,
+                prefilled_tokens=seq.num_prefilled,
+                completion_tokens=seq.num_generated,
+                queue_s=queue_s,
+                ttft_s=ttft_s,
+                e2e_s=now - seq.admitted_at,
+                itl_s=tuple(seq.itl_s),
+            )
+        )
+        if reason is FinishReason.CANCELLED:
+            started = cancel_at if cancel_at is not None else (seq.cancel_at if seq.cancel_at is not None else now)
+            self._sink_call(
+                self._sink.on_cancel, CancelStats(cancel_phase or "decode", now - started)
+            )
+        self._changed.set()
+
+    # -- stats helpers ---------------------------------------------------------------------
+    def _sink_call(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - a broken metrics sink must not stop serving
+            log.exception("stats sink failed")
+
+    def _emit_request_stats(self, s: RequestStats) -> None:
+        self._sink_call(self._sink.on_request, s)
+
+    def _emit_checkpoint(self, kind: str, tier: str, rule: str, num_bytes: int, n: int) -> None:
+        self._sink_call(self._sink.on_checkpoint, CheckpointEvent(kind, tier, rule, num_bytes, n))

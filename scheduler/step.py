@@ -1,0 +1,121 @@
+"""One engine step as plain data, and the function that runs it on the engine worker thread.
+
+Design: the event loop builds a `StepPlan` (captures, slot preparations, one forward batch),
+hands it to the worker, and applies the returned `StepResult`. `execute_plan` is the only code
+that calls the pool, in this order:
+
+    captures (snapshot slots about to be overwritten, or that reached a capture point)
+      -> prepares (truncate / copy_prefix / restore / clear, one per newly routed request)
+      -> forward (decode tokens + prefill segments; items of a failed prepare are dropped)
+
+After a failure it reads back the affected slots' records so the loop can resynchronise its
+mirror of them; it never raises (except on a bug in this module).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .interface import BatchItem, SlotPool
+from .policy import RouteAction
+
+
+@dataclass(slots=True)
+class Capture:
+    slot: int
+    num_tokens: int  # snapshot the first num_tokens rows
+    tag: object  # loop-side bookkeeping (tokens, rule)
+
+
+@dataclass(slots=True)
+class Prepare:
+    action: RouteAction  # REWIND, COPY, RESTORE_MEMORY/RESTORE_DISK (restore), COLD
+    dest: int
+    num_tokens: int  # rows the slot holds afterwards
+    src_slot: int | None = None  # COPY
+    snapshot: bytes | None = None  # RESTORE_*
+
+
+@dataclass(slots=True)
+class StepPlan:
+    captures: list[Capture] = field(default_factory=list)
+    prepares: list[Prepare] = field(default_factory=list)
+    prepare_owners: list[object] = field(default_factory=list)  # parallel to prepares
+    items: list[BatchItem] = field(default_factory=list)
+    item_owners: list[object] = field(default_factory=list)  # parallel to items
+    item_prepare: list[int | None] = field(default_factory=list)  # prepare an item depends on
+
+    def is_empty(self) -> bool:
+        return not (self.captures or self.prepares or self.items)
+
+
+@dataclass(slots=True)
+class StepResult:
+    snapshots: list[bytes | BaseException]  # parallel to plan.captures
+    prepare_errors: dict[int, BaseException]  # prepare index -> error (slot left as the pool says)
+    ran_items: list[bool]  # parallel to plan.items: False if dropped after a failed prepare
+    logits: np.ndarray | None  # float32 [k, n_vocab], rows of want_logits items that ran
+    forward_error: BaseException | None
+    resync: dict[int, np.ndarray]  # slot -> its record as the pool holds it after a failure
+    forward_s: float
+
+
+def _rewind_after_failure(pool: SlotPool, item: BatchItem) -> None:
+    """A failed forward may have appended part of an item; cut the slot back to start_pos."""
+    try:
+        if pool.slot_len(item.slot) > item.start_pos:
+            pool.truncate(item.slot, item.start_pos)
+    except Exception:  # noqa: BLE001 - the resync below reports whatever state remains
+        pass
+
+
+def execute_plan(pool: SlotPool, plan: StepPlan) -> StepResult:
+    """Run `plan` against `pool`. Must be called on the engine worker thread only."""
+    snapshots: list[bytes | BaseException] = []
+    for c in plan.captures:
+        try:
+            snapshots.append(pool.snapshot(c.slot, c.num_tokens))
+        except Exception as exc:  # noqa: BLE001 - a failed capture only loses the checkpoint
+            snapshots.append(exc)
+    prepare_errors: dict[int, BaseException] = {}
+    for i, p in enumerate(plan.prepares):
+        try:
+            if p.action is RouteAction.REWIND:
+                pool.truncate(p.dest, p.num_tokens)
+            elif p.action is RouteAction.COPY:
+                pool.copy_prefix(p.src_slot, p.dest, p.num_tokens)
+            elif p.action in (RouteAction.RESTORE_MEMORY, RouteAction.RESTORE_DISK):
+                held = pool.restore(p.dest, p.snapshot)
+                if held < p.num_tokens:
+                    raise ValueError(f"snapshot holds {held} tokens, {p.num_tokens} expected")
+                if held > p.num_tokens:
+                    pool.truncate(p.dest, p.num_tokens)
+            elif p.action is RouteAction.COLD:
+                pool.truncate(p.dest, 0)
+            else:
+                raise AssertionError(f"not a prepare action: {p.action}")
+        except Exception as exc:  # noqa: BLE001 - reported to the loop, which reroutes
+            prepare_errors[i] = exc
+    ran = [dep is None or dep not in prepare_errors for dep in plan.item_prepare]
+    items = [it for it, ok in zip(plan.items, ran) if ok]
+    logits, forward_error, forward_s = None, None, 0.0
+    if items:
+        t0 = time.perf_counter()
+        try:
+            logits = pool.forward(items)
+        except Exception as exc:  # noqa: BLE001 - slots are resynchronised below
+            forward_error = exc
+            for it in items:
+                _rewind_after_failure(pool, it)
+        forward_s = time.perf_counter() - t0
+    resync: dict[int, np.ndarray] = {}
+    if prepare_errors or forward_error is not None:
+        touched = {plan.prepares[i].dest for i in prepare_errors}
+        if forward_error is not None:
+            touched.update(it.slot for it in items)
+        for slot in touched:
+            resync[slot] = np.array(pool.record(slot), dtype=np.int32)
+    return StepResult(snapshots, prepare_errors, ran, logits, forward_error, resync, forward_s)

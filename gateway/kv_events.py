@@ -31,9 +31,9 @@ Hashes are unsigned 64-bit integers (the first 8 bytes of a SHA-256, big-endian)
 batches from 0; a gap tells a subscriber it missed events. The first batch is AllBlocksCleared,
 so a subscriber that hears a restarted server drops what it knew of the old process.
 
-A subscriber that joins late is caught up without a replay protocol: the publisher uses an XPUB
-socket, which reports each subscription; the next pool call then publishes AllBlocksCleared and
-every live block (a no-op for subscribers that already knew them).
+A subscriber that joins late is caught up without a replay protocol: the publisher's XPUB socket
+reports each subscription, and the next pool call after one publishes AllBlocksCleared and every
+live block (a no-op for subscribers that already knew them).
 
 Threads: the wrapped pool's methods run on the scheduler's engine thread (the pool contract
 serialises them); events are handed over a queue to one publisher thread that owns the ZMQ
@@ -172,11 +172,11 @@ class ZmqPublisher:
     `start()` opens the socket and sends AllBlocksCleared as batch 0; `close()` sends what is
     queued (waiting at most `linger_s`) and closes. Needs pyzmq (`pip install pyzmq`).
 
-    NOTE: XPUB, not PUB: it is the same on the wire for SUB subscribers, but it also tells us
-    when a subscriber joins. Each join sets `resync_requested`; the pool wrapper then republishes
-    its whole state (AllBlocksCleared + every live block) at its next call, so a router that
-    (re)starts after slotserve learns the live blocks without a replay protocol, and
-    subscribers that already knew them end with the same set.
+    NOTE: XPUB, not PUB: the same on the wire for SUB subscribers, but it also hands us every
+    subscription as it takes effect. Each one sets `resync_requested`; the pool wrapper then
+    republishes its whole state (AllBlocksCleared + every live block) at its next call, so a
+    router that (re)starts after slotserve learns the live blocks without a replay protocol,
+    and subscribers that already knew them end with the same set.
     """
 
     _STOP = object()
@@ -227,7 +227,7 @@ class ZmqPublisher:
         try:
             sock.setsockopt(zmq.SNDHWM, self.config.send_hwm)
             sock.setsockopt(zmq.LINGER, int(self.linger_s * 1000))
-            sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # report every subscribe, not only the first per topic
+            sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscribe, not only the first per topic
             if self.config.binds:
                 sock.bind(self.config.endpoint)
             else:
@@ -244,7 +244,7 @@ class ZmqPublisher:
         try:
             while True:
                 while sock.poll(0, zmq.POLLIN):
-                    if sock.recv()[:1] == b"\x01":  # subscribe (b"\x00": unsubscribe)
+                    if sock.recv()[:1] == b"\x01":  # a subscription (b"\x00" + topic: unsubscribe)
                         self.resync_requested.set()
                 try:
                     item = self._queue.get(timeout=0.05)

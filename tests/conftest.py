@@ -59,6 +59,14 @@ def real_model_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def real_model_file(real_model_path):
+    """The default model loaded once per session (engine_ext.gguf_file.ModelFile; read-only)."""
+    from slotserve.engine_ext.gguf_file import load_model_file
+
+    return load_model_file(real_model_path)
+
+
+@pytest.fixture(scope="session")
 def shared_fixtures_dir() -> Path:
     """The team's shared fixture files: `shared/fixtures` beside the repository checkout."""
     path = REPO_ROOT.parent / "shared" / "fixtures"

@@ -17,8 +17,8 @@ CONVERSATION = [
 
 
 @pytest.fixture(scope="module")
-def real_chat(real_model_path) -> tuple[ChatTemplate, Tokenizer]:
-    mf = load_model_file(real_model_path)
+def real_chat(real_model_file) -> tuple[ChatTemplate, Tokenizer]:
+    mf = real_model_file
     return chat_template_for(mf), Tokenizer.from_model_file(mf)
 
 

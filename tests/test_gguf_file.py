@@ -109,8 +109,8 @@ def test_shape_inconsistent_with_metadata_is_rejected(tmp_path):
 
 
 @pytest.mark.real_model
-def test_real_model_config(real_model_path):
-    mf = load_model_file(real_model_path)
+def test_real_model_config(real_model_file):
+    mf = real_model_file
     c = mf.config
     assert (c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.n_vocab) == (
         30, 576, 9, 3, 64, 1536, 49152)

@@ -105,17 +105,15 @@ def test_greedy_tokens_vary(tiny_model_factory, weight_type):
 
 
 @pytest.mark.real_model
-def test_real_model_reference_agrees_with_llamacpp(real_model_path, shared_fixtures_dir):
+def test_real_model_reference_agrees_with_llamacpp(real_model_path, real_model_file, shared_fixtures_dir):
     """The reference's conventions (adjacent-pair RoPE, GQA, tied Q8_0 output, Q4_1 dequant)
     reproduce llama.cpp's greedy continuation of the real model (first 6 tokens)."""
     import json
 
     from gguf_fixtures import byte_to_unicode
 
-    from slotserve.engine_ext.gguf_file import load_model_file
-
     case = json.loads((shared_fixtures_dir / "smollm2_greedy_llamacpp.json").read_text())[0]
-    vocab = load_model_file(real_model_path).metadata["tokenizer.ggml.tokens"]
+    vocab = real_model_file.metadata["tokenizer.ggml.tokens"]
     char_to_byte = {c: b for b, c in byte_to_unicode().items()}
     out = ReferenceLlama(real_model_path, dtype=np.float32).greedy(case["prompt_ids"], 6)
     text = b"".join(bytes(char_to_byte[c] for c in vocab[t]) for t in out).decode("utf-8")

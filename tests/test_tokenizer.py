@@ -19,8 +19,8 @@ plain_text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=60).f
 
 
 @pytest.fixture(scope="module")
-def real_tok(real_model_path) -> Tokenizer:
-    return Tokenizer.from_model_file(load_model_file(real_model_path))
+def real_tok(real_model_file) -> Tokenizer:
+    return Tokenizer.from_model_file(real_model_file)
 
 
 @pytest.fixture(scope="module")

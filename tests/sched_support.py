@@ -141,3 +141,29 @@ class StepGate:
     async def wait_reached(self) -> None:
         ok = await asyncio.to_thread(self.reached.wait, 10)
         assert ok, "StepGate: step never reached"
+
+
+class RecordingSink:
+    """A StatsSink that keeps everything it is given."""
+
+    def __init__(self) -> None:
+        self.steps: list = []
+        self.requests: list = []
+        self.checkpoints: list = []
+        self.cancels: list = []
+        self.preemptions = 0
+
+    def on_step(self, s) -> None:
+        self.steps.append(s)
+
+    def on_request(self, s) -> None:
+        self.requests.append(s)
+
+    def on_checkpoint(self, e) -> None:
+        self.checkpoints.append(e)
+
+    def on_cancel(self, c) -> None:
+        self.cancels.append(c)
+
+    def on_preemption(self) -> None:
+        self.preemptions += 1

@@ -1,0 +1,181 @@
+"""`slotserve loadtest run|compare`: the load harness's command line (docs/loadtest.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+WORKLOADS = ("multi-turn", "agent", "abort-resend", "shared-prefix", "oversubscribed", "trace")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="loadtest_command", required=True, metavar="{run,compare}")
+    run_p = sub.add_parser("run", help="drive an endpoint with one workload, write JSON results")
+    run_p.add_argument("--url", required=True,
+                       help="base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8080")
+    run_p.add_argument("--workload", required=True, choices=WORKLOADS)
+    run_p.add_argument("--trace", metavar="FILE", help="JSONL trace (with --workload trace)")
+    loop = run_p.add_mutually_exclusive_group()
+    loop.add_argument("--concurrency", type=int, metavar="C",
+                      help="closed loop: C requests in flight (default 4; trace: its offsets)")
+    loop.add_argument("--rate", type=float, metavar="R", help="open loop: Poisson, R requests/s")
+    run_p.add_argument("--requests", type=int, metavar="N",
+                       help="stop after N requests (default: the whole workload)")
+    run_p.add_argument("--duration", type=float, default=300.0, metavar="S",
+                       help="stop sending after S seconds (default 300)")
+    run_p.add_argument("--seed", type=int, default=0, metavar="K")
+    run_p.add_argument("--json", required=True, metavar="PATH", help="write results here")
+    run_p.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
+    run_p.add_argument("--model", help="model name to send (default: the first in /v1/models)")
+    sizes = run_p.add_argument_group("workload sizes (lengths in words, ~1 token each)")
+    sizes.add_argument("--conversations", type=int, metavar="N", help=(
+        "conversations (default: C; shared-prefix and oversubscribed: 4 x C; open loop: 8)"))
+    sizes.add_argument("--turns", type=int, help="turns per conversation (default 4; "
+                                                 "shared-prefix 1; agent: tool rounds + 1)")
+    sizes.add_argument("--system-len", type=int, default=400, help="system prompt (default 400)")
+    sizes.add_argument("--turn-len", type=int, default=40, help="user message (default 40)")
+    sizes.add_argument("--reply-len", type=int, default=32, help="max_tokens per reply (32)")
+    sizes.add_argument("--tool-result-len", type=int, default=80, help="agent tool result (80)")
+    sizes.add_argument("--abort-after", type=int, default=4,
+                       help="abort-resend: disconnect after this many tokens (default 4)")
+    run_p.add_argument("--slo-ttft", type=float, default=1.0, metavar="S",
+                       help="TTFT objective for goodput, seconds (default 1.0)")
+    run_p.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                       help="per-request timeout, seconds (default 120)")
+    run_p.add_argument("--temperature", type=float, default=0.0, help="default 0 (greedy)")
+    run_p.add_argument("--ignore-eos", action="store_true",
+                       help="send ignore_eos=true (non-standard) so replies run to max_tokens")
+    run_p.add_argument("--quiet", action="store_true", help="no progress bar")
+    cmp_p = sub.add_parser("compare", help="print two results files side by side with ratios")
+    cmp_p.add_argument("a", metavar="A.json")
+    cmp_p.add_argument("b", metavar="B.json")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.loadtest_command == "compare":
+            return _compare(args)
+        return _run(args)
+    except ValueError as exc:
+        print(f"slotserve loadtest: {exc}", file=sys.stderr)
+        return 2
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from . import report, results
+
+    a, b = results.load(args.a), results.load(args.b)
+    Console().print(report.compare_table(a, b, args.a, args.b))
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .driver import DriveConfig
+    from .client import SendParams
+    from .workloads import WorkloadConfig, build_conversations, num_planned_requests
+    from .trace import load_trace
+
+    if (args.workload == "trace") != (args.trace is not None):
+        raise ValueError("--workload trace needs --trace FILE, and --trace needs --workload trace")
+    url = args.url.rstrip("/")
+    if url.endswith("/v1"):
+        url = url[:-3]
+    is_open = args.rate is not None
+    concurrency = args.concurrency
+    if concurrency is None and not is_open and args.workload != "trace":
+        concurrency = 4
+    sizes: dict[str, int] = {}
+    if args.workload == "trace":
+        conversations = load_trace(args.trace)
+        planned = sum(len(c.specs) for c in conversations)
+    else:
+        base = 8 if is_open else concurrency
+        many = args.workload in ("shared-prefix", "oversubscribed")
+        cfg = WorkloadConfig(
+            seed=args.seed,
+            num_conversations=args.conversations or (4 * base if many else base),
+            num_turns=args.turns or (1 if args.workload == "shared-prefix" else 4),
+            system_len=args.system_len, turn_len=args.turn_len, reply_len=args.reply_len,
+            tool_result_len=args.tool_result_len, abort_after=args.abort_after)
+        conversations = build_conversations(args.workload, cfg)
+        planned = num_planned_requests(args.workload, cfg)
+        sizes = {k: getattr(cfg, k) for k in cfg.__dataclass_fields__ if k != "seed"}
+    if args.slo_ttft <= 0 or args.timeout <= 0:
+        raise ValueError("--slo-ttft and --timeout must be > 0 seconds")
+    drive_cfg_args = dict(
+        base_url=url, concurrency=concurrency, rate=args.rate,
+        use_offsets=concurrency is None and not is_open, max_requests=args.requests,
+        duration_s=args.duration, seed=args.seed)
+    DriveConfig(params=SendParams(model="-"), **drive_cfg_args)  # validate before connecting
+    total = min(planned, args.requests) if args.requests else planned
+    return asyncio.run(_run_async(args, url, conversations, drive_cfg_args, sizes, total))
+
+
+async def _run_async(args: argparse.Namespace, url: str, conversations: list, drive_cfg_args: dict,
+                     sizes: dict[str, int], total: int) -> int:
+    import httpx
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, \
+        TimeElapsedColumn
+
+    from . import report, results
+    from .client import Exchange, SendParams
+    from .driver import DriveConfig, drive, discover_model, make_client
+    from .oracle import compute_oracle
+
+    err = Console(stderr=True, soft_wrap=True)
+    try:
+        model = args.model or await discover_model(url) or "default"
+    except httpx.HTTPError as exc:
+        err.print(f"slotserve loadtest: cannot reach {url} ({type(exc).__name__}: {exc}); "
+                  "start the server or fix --url")
+        return 2
+    params = SendParams(model=model, temperature=args.temperature, seed=args.seed,
+                        ignore_eos=args.ignore_eos, timeout_s=args.timeout)
+    cfg = DriveConfig(params=params, **drive_cfg_args)
+    mode = "offsets" if cfg.use_offsets else "open" if cfg.rate is not None else "closed"
+    err.print(f"loadtest: {args.workload}, {len(conversations)} conversations, up to {total} "
+              f"requests, {mode} loop, model {model!r}, against {url}")
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=err, disable=args.quiet)
+    counts = {"ok": 0, "aborted": 0, "error": 0, "timeout": 0}
+
+    with progress:
+        task = progress.add_task("requests", total=total)
+
+        def on_done(ex: Exchange) -> None:
+            counts[ex.outcome.value] += 1
+            ttft = f"{(ex.token_times[0] - ex.t_send) * 1000:.0f} ms" if ex.token_times else "-"
+            progress.update(task, advance=1, description=(
+                f"ok {counts['ok']} aborted {counts['aborted']} "
+                f"failed {counts['error'] + counts['timeout']}  last TTFT {ttft}"))
+
+        outcome = await drive(conversations, cfg, on_done)
+    async with make_client(params) as client:
+        oracle = await compute_oracle(outcome.exchanges, client, url, model)
+    if oracle.note:
+        err.print(f"oracle: {oracle.note}; estimating from usage counts (docs/loadtest.md)")
+    if oracle.num_len_mismatches:
+        err.print(f"oracle: {oracle.num_len_mismatches} prompts where /tokenize and usage "
+                  "disagree on the length; the oracle may be off for them")
+    records = report.to_records(outcome.exchanges, outcome.t_start, oracle.values)
+    run_cfg = results.RunConfig(
+        url=url, model=model, workload=args.workload, seed=args.seed, mode=mode,
+        concurrency=cfg.concurrency, rate=cfg.rate, max_requests=cfg.max_requests,
+        duration_s=cfg.duration_s, timeout_s=args.timeout, temperature=args.temperature,
+        slo_ttft_s=args.slo_ttft, sizes=sizes, trace=args.trace, started_at=outcome.started_at)
+    res = results.Results(config=run_cfg, requests=records, summary=report.summarize(
+        records, outcome.duration_s, args.slo_ttft, oracle.source))
+    results.save(res, args.json)
+    report.print_tables(report.summary_tables(res), Console())
+    err.print(f"results: {args.json}")
+    if args.plots:
+        from .plots import write_plots
+
+        for path in write_plots(res, args.plots):
+            err.print(f"plot: {path}")
+    return 0 if res.summary.num_ok or res.summary.num_aborted else 1

@@ -1,0 +1,148 @@
+"""One streamed request to an OpenAI-compatible endpoint, timed as its user feels it.
+
+Design: `send` posts a `RequestSpec` with `stream: true` and `stream_options.include_usage`,
+reads the server-sent events and stamps the arrival of every chunk that carries text. TTFT is
+send -> first text chunk, inter-token latencies are the gaps between text chunks (a server that
+packs several tokens in one chunk shows one gap for them), end-to-end is send -> end of stream.
+Token counts come from the final `usage` chunk; `prompt_tokens_details.cached_tokens` is the
+server's own count of prompt tokens it did not compute. An abort closes the response after
+`abort_after_tokens` text chunks, which drops the connection: the server sees a disconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from .sse import aiter_sse
+from .workloads import Outcome, RequestSpec
+
+
+@dataclass(frozen=True, slots=True)
+class SendParams:
+    """What every request of a run shares."""
+
+    model: str
+    temperature: float = 0.0
+    seed: int | None = None  # sent only when temperature > 0
+    ignore_eos: bool = False  # sent as the non-standard `ignore_eos` only when True
+    timeout_s: float = 120.0  # per request, send -> end of stream
+
+
+@dataclass(slots=True)
+class Exchange:
+    """A request and what came back. Times are `time.perf_counter()` seconds."""
+
+    spec: RequestSpec
+    index: int  # dispatch order within the run
+    t_send: float
+    outcome: Outcome = Outcome.ERROR
+    t_end: float = 0.0
+    token_times: list[float] = field(default_factory=list)  # [num_text_chunks]
+    text_parts: list[str] = field(default_factory=list)  # [num_text_chunks]
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    http_status: int | None = None
+    error: str | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+
+def request_body(spec: RequestSpec, params: SendParams) -> dict[str, Any]:
+    """The JSON body for `spec` (chat when it has messages, text completion otherwise)."""
+    body: dict[str, Any] = {"model": params.model, "max_tokens": spec.max_tokens,
+                            "temperature": params.temperature, "stream": True,
+                            "stream_options": {"include_usage": True}}
+    if spec.messages is not None:
+        body["messages"] = list(spec.messages)
+    else:
+        body["prompt"] = spec.prompt
+    if params.temperature > 0 and params.seed is not None:
+        body["seed"] = params.seed
+    if params.ignore_eos:
+        body["ignore_eos"] = True
+    return body
+
+
+def endpoint(spec: RequestSpec) -> str:
+    return "/v1/chat/completions" if spec.messages is not None else "/v1/completions"
+
+
+def _error_message(raw: bytes) -> str:
+    try:
+        obj = json.loads(raw)
+        err = obj.get("error", obj)
+        return str(err.get("message", err) if isinstance(err, dict) else err)
+    except (ValueError, AttributeError):
+        return raw[:300].decode("utf-8", "replace")
+
+
+def _apply_chunk(ex: Exchange, chunk: dict[str, Any], now: float) -> None:
+    """Fold one decoded stream chunk into `ex`."""
+    if "error" in chunk:
+        err = chunk["error"]
+        raise _StreamError(err.get("message", str(err)) if isinstance(err, dict) else str(err))
+    usage = chunk.get("usage")
+    if isinstance(usage, dict):
+        ex.prompt_tokens = usage.get("prompt_tokens")
+        ex.completion_tokens = usage.get("completion_tokens")
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict):
+            ex.cached_tokens = details.get("cached_tokens")
+    for choice in chunk.get("choices") or ():
+        delta = choice.get("delta")
+        piece = (delta.get("content") or delta.get("reasoning_content")) if isinstance(
+            delta, dict) else choice.get("text")
+        if piece:
+            ex.token_times.append(now)
+            ex.text_parts.append(piece)
+        if choice.get("finish_reason"):
+            ex.finish_reason = choice["finish_reason"]
+
+
+class _StreamError(Exception):
+    """An error object inside the event stream."""
+
+
+async def _stream(client: httpx.AsyncClient, base_url: str, ex: Exchange,
+                  params: SendParams) -> None:
+    spec = ex.spec
+    async with client.stream("POST", base_url + endpoint(spec),
+                             json=request_body(spec, params)) as resp:
+        ex.http_status = resp.status_code
+        if resp.status_code != 200:
+            ex.error = f"HTTP {resp.status_code}: {_error_message(await resp.aread())}"
+            return
+        async for data in aiter_sse(resp.aiter_lines()):
+            _apply_chunk(ex, json.loads(data), time.perf_counter())
+            if spec.abort_after_tokens is not None and len(
+                    ex.token_times) >= spec.abort_after_tokens:
+                ex.outcome = Outcome.ABORTED
+                return  # leaving the context closes the connection mid-stream
+    ex.outcome = Outcome.OK
+
+
+async def send(client: httpx.AsyncClient, base_url: str, spec: RequestSpec, index: int,
+               params: SendParams) -> Exchange:
+    """Send `spec` and return the exchange; never raises for server or network failures
+    (they become Outcome.ERROR / TIMEOUT with `error` set)."""
+    ex = Exchange(spec=spec, index=index, t_send=time.perf_counter())
+    try:
+        await asyncio.wait_for(_stream(client, base_url, ex, params), params.timeout_s)
+    except (asyncio.TimeoutError, httpx.TimeoutException):
+        ex.outcome, ex.error = Outcome.TIMEOUT, f"no complete reply within {params.timeout_s} s"
+    except (httpx.HTTPError, _StreamError, ValueError) as exc:
+        ex.outcome, ex.error = Outcome.ERROR, f"{type(exc).__name__}: {exc}"
+    ex.t_end = time.perf_counter()
+    if ex.outcome is Outcome.OK and ex.completion_tokens is None:
+        ex.completion_tokens = len(ex.token_times)  # no usage chunk: count text chunks
+    return ex

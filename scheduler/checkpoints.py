@@ -153,6 +153,8 @@ class MemoryCheckpointStore:
                 key=lambda e: (e.rule.keep_class, e.last_used),
             )
             evicted.append(self._remove(victim.key))
+        for old_key in self._superseded(tokens):
+            evicted.append(self._remove(old_key))
         e = CheckpointEntry(key, tokens, data, rule, num_bytes, next(self._clock), from_disk,
                             head_hash(tokens))
         self._entries[key] = e
@@ -160,6 +162,23 @@ class MemoryCheckpointStore:
         self._head_lens[e.head[0]] = self._head_lens.get(e.head[0], 0) + 1
         self.bytes_used += num_bytes
         return evicted
+
+    def _superseded(self, tokens: np.ndarray) -> list[str]:
+        """Prompt-end entries that are strict prefixes of `tokens`: a longer entry serves every
+        prompt they serve (restore, then truncate), so they only waste budget."""
+        out = []
+        for hl in self._head_lens:
+            if hl > tokens.shape[0]:
+                continue
+            for key in self._by_head.get(head_hash(tokens[:hl]), ()):
+                e = self._entries[key]
+                if (
+                    e.rule is CaptureRule.PROMPT_END
+                    and e.num_tokens < tokens.shape[0]
+                    and common_prefix_len(tokens, e.tokens) == e.num_tokens
+                ):
+                    out.append(key)
+        return out
 
     def remove(self, key: str) -> CheckpointEntry | None:
         return self._remove(key) if key in self._entries else None

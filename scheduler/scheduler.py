@@ -156,8 +156,20 @@ class Scheduler:
         for s, rec in enumerate(records):
             self._slots.assign(s, rec)
         if self._disk is not None:
+            loop = asyncio.get_running_loop()
+
+            def on_disk_event(kind: str, rule: str, num_bytes: int, n: int) -> None:
+                loop.call_soon_threadsafe(self._emit_checkpoint, kind, "disk", rule, num_bytes, n)
+
+            self._disk.on_event = on_disk_event
             self._disk.start()
         self._task = asyncio.create_task(self._loop(), name="slotserve-scheduler")
+
+    async def wait_ready(self) -> None:
+        """Wait until the disk tier's index is rebuilt (returns at once without a disk tier).
+        Serving does not need this; requests routed before it simply miss the disk tier."""
+        if self._disk is not None:
+            await asyncio.to_thread(self._disk.index_ready.wait)
 
     async def aclose(self) -> None:
         """Cancel whatever is queued or running, stop the loop and the worker thread."""

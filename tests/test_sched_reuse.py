@@ -166,3 +166,28 @@ async def test_prefill_cancelled_halfway_then_retried_pays_only_the_rest():
     assert b.finish.reuse.prefilled_tokens == 1000 - 6 * 64
     assert pool.num_computed_tokens == 1000 + 3
     assert b.tokens == await cold_tokens(prompt, 4)
+
+
+async def test_disk_checkpoint_serves_after_a_restart(tmp_path):
+    system = prompt_of(10, 200)
+    config = make_config(kv_disk_dir=str(tmp_path), kv_disk_space_mb=16, checkpoint_memory_mb=4)
+    pool1 = make_pool(2, 1024)
+    async with make_scheduler(pool1, config) as sched:
+        await run_one(sched, system + prompt_of(11, 30), 4, prefix_hint=200)
+    files = list(tmp_path.rglob("*.kvc"))
+    assert len(files) == 1  # the hinted system prefix (prompt-end captures stay in memory)
+
+    pool2 = make_pool(2, 1024)  # a restarted server: empty slots, empty memory store
+    prompt = system + prompt_of(12, 40)
+    async with make_scheduler(pool2, config) as sched:
+        await sched.wait_ready()
+        out = await run_one(sched, prompt, 6)
+        again = await run_one(sched, system + prompt_of(13, 10), 3)
+        await sched.check_integrity()
+    assert out.finish.reuse.source is ReuseSource.CHECKPOINT_DISK
+    assert out.finish.reuse.reused_tokens == 200
+    assert pool2.num_restores == 1
+    assert pool2.num_computed_tokens == 40 + 5 + (again.finish.reuse.prefilled_tokens + 2)
+    assert out.tokens == await cold_tokens(prompt, 6)
+    assert again.finish.reuse.reused_tokens == 200  # served from the live slot now
+    assert list(tmp_path.rglob("*.kvc")) == files  # a restored checkpoint stays on disk

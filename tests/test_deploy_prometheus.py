@@ -9,14 +9,14 @@ through Prometheus' HTTP API. A machine without apt-get FAILS here, with the fix
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
 import socket
 import subprocess
-import threading
+import sys
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Iterator
 
@@ -25,13 +25,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from slotserve.metrics import ServerMetrics
-from slotserve.scheduler.request import FinishReason, ReuseSource
-from slotserve.scheduler.stats import RequestStats, SchedulerStats, SlotLevel
-
 REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "deploy" / "prometheus" / "rules.yml"
 RULES_TEST = REPO / "deploy" / "prometheus" / "rules_test.yml"
+DASHBOARD = REPO / "deploy" / "grafana" / "slotserve.json"
 HIT_RATE = "job:slotserve_reuse_hit_rate:ratio_rate5m"
 REUSE_RATIO = "job:slotserve_reuse_ratio:ratio_rate5m"
 SCRAPE_JOB = "slotserve"
@@ -170,66 +167,132 @@ def test_promtool_rule_unit_tests(prometheus_bins):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-# ---------------------------------------------------------------- live scrape (stand-in exporter)
-
-
-class _MetricsHandler(BaseHTTPRequestHandler):
-    metrics: ServerMetrics
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server API)
-        body, content_type = self.metrics.render()
-        self.send_response(200)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args) -> None:
-        pass
+# ---------------------------------------------------------------- live scrape of a real server
 
 
 @contextlib.contextmanager
-def serve_metrics(metrics: ServerMetrics) -> Iterator[str]:
-    handler = type("Handler", (_MetricsHandler,), {"metrics": metrics})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+def run_slotserve(model: Path, workdir: Path, *args: str) -> Iterator[str]:
+    """`slotserve serve --model model` on a free loopback port; yields its base URL when ready."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLOTSERVE_")}
+    env["SLOTSERVE_HOME"] = str(workdir / "home")  # never pull or write outside the test dir
+    log_path = workdir / "slotserve.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "slotserve", "serve", "--model", str(model), "--host", "127.0.0.1",
+             "--port", str(port), "--log-level", "warning", *args],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )
+    url = f"http://127.0.0.1:{port}"
     try:
-        yield f"127.0.0.1:{server.server_address[1]}"
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"slotserve exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                pytest.fail(f"slotserve not ready after 60s:\n{log_path.read_text()[-3000:]}")
+            time.sleep(0.1)
+        yield url
     finally:
-        server.shutdown()
-        server.server_close()
+        proc.terminate()  # SIGTERM: drains (nothing runs) and exits
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
-def test_recording_rule_reads_the_hit_rate_of_a_scraped_exporter(prometheus_bins, tmp_path):
-    """Stand-in exporter: ServerMetrics fed the events of 2 conversations x 4 turns."""
+def multi_turn_load(url: str, num_conversations: int, num_turns: int) -> list[dict]:
+    """Agent-style chat: each turn resends the whole conversation. Returns every response body,
+    in order (turn-major, so conversations compete for the slots)."""
+    conversations = [[{"role": "user", "content": f"conversation {c}: list the steps of the plan"}]
+                     for c in range(num_conversations)]
+    bodies = []
+    with httpx.Client(base_url=url, timeout=60) as client:
+        model = client.get("/v1/models").json()["data"][0]["id"]
+        for turn in range(num_turns):
+            for c, messages in enumerate(conversations):
+                r = client.post("/v1/chat/completions", json={
+                    "model": model, "messages": messages, "max_tokens": 6, "temperature": 0})
+                assert r.status_code == 200, r.text
+                body = r.json()
+                body["_conversation"], body["_turn"] = c, turn
+                bodies.append(body)
+                messages.append({"role": "assistant", "content": body["choices"][0]["message"]["content"]})
+                messages.append({"role": "user", "content": f"turn {turn}: and then what about step {turn + 2}"})
+    return bodies
+
+
+def test_recording_rules_read_the_hit_rate_of_a_live_server(prometheus_bins, tiny_model_path, tmp_path):
+    """slotserve (tiny model, 2 slots) under 3 conversations x 4 turns, scraped every second."""
     prometheus, _ = prometheus_bins
-    metrics = ServerMetrics(strict=True)
-    metrics.bind(lambda: SchedulerStats(0, 64, 0, (SlotLevel(0, "idle", 10), SlotLevel(1, "idle", 20)),
-                                        4096, 0, 0, 0, False))
-    with serve_metrics(metrics) as target, run_prometheus(prometheus, tmp_path, target) as prom:
-        prom.wait_for(f'up{{job="{SCRAPE_JOB}"}}', lambda r: r and r[0]["value"][1] == "1", 20, "first scrape")
-        num_requests = num_reused = prompt_total = reused_total = 0
-        for conversation in range(2):
-            prompt = 40 + conversation
-            for turn in range(4):
-                reused = 0 if turn == 0 else prompt - 25  # later turns rewind to the previous prompt
-                metrics.sink.on_request(RequestStats(
-                    "ok", FinishReason.STOP, prompt, reused, ReuseSource.REWIND if reused else ReuseSource.NONE,
-                    prompt - reused, 8, 0.001, 0.05, 0.2, (0.02,) * 7))
-                num_requests += 1
-                num_reused += reused > 0
-                prompt_total += prompt
-                reused_total += reused
-                prompt += 30
-                time.sleep(0.3)  # spread over several scrapes, as real traffic is
-        expected = num_reused / num_requests
-        assert expected == 0.75
-        result = prom.wait_for(
-            HIT_RATE, lambda r: r and float(r[0]["value"][1]) == pytest.approx(expected, abs=1e-9), 20,
-            f"hit rate {expected}")
-        assert result[0]["metric"] == {"__name__": HIT_RATE, "job": SCRAPE_JOB}
-        ratio = prom.wait_for(
-            REUSE_RATIO, lambda r: r and float(r[0]["value"][1]) == pytest.approx(reused_total / prompt_total, abs=1e-9),
-            10, "reuse ratio")
-        assert 0 < float(ratio[0]["value"][1]) < 1
+    with run_slotserve(tiny_model_path, tmp_path, "--batched-session", "2", "--ctx-size", "1024") as url, \
+            run_prometheus(prometheus, tmp_path, url.removeprefix("http://")) as prom:
+        prom.wait_for(f'slotserve_reuse_requests_total{{job="{SCRAPE_JOB}",source="none"}}',
+                      lambda r: len(r) == 1, 20, "a first scrape with every counter at 0")
+        bodies = multi_turn_load(url, num_conversations=3, num_turns=4)
+
+        reused = [b["slotserve"]["reused_tokens"] for b in bodies]
+        prompt = [b["usage"]["prompt_tokens"] for b in bodies]
+        assert [b["usage"]["prompt_tokens_details"]["cached_tokens"] for b in bodies] == reused
+        assert reused[0] == 0, "the very first request has nothing to reuse"
+        later = [r for b, r in zip(bodies, reused) if b["_turn"] > 0]
+        assert all(r > 0 for r in later), f"a resent conversation must reuse its prefix: {later}"
+        expected_hit_rate = sum(r > 0 for r in reused) / len(bodies)
+        expected_reuse_ratio = sum(reused) / sum(prompt)
+        assert 0.75 <= expected_hit_rate < 1  # 9 resent turns reuse; the first request cannot
+
+        # the last scrape must include every request before the rule can be compared
+        prom.wait_for(f'sum(slotserve_reuse_requests_total{{job="{SCRAPE_JOB}"}})',
+                      lambda r: r and float(r[0]["value"][1]) == len(bodies), 20, "all requests scraped")
+        hit = prom.wait_for(
+            HIT_RATE, lambda r: r and float(r[0]["value"][1]) == pytest.approx(expected_hit_rate, abs=1e-9),
+            20, f"hit rate {expected_hit_rate}")
+        assert hit[0]["metric"] == {"__name__": HIT_RATE, "job": SCRAPE_JOB}
+        prom.wait_for(
+            REUSE_RATIO, lambda r: r and float(r[0]["value"][1]) == pytest.approx(expected_reuse_ratio, abs=1e-9),
+            20, f"reuse ratio {expected_reuse_ratio}")
+        by_source = prom.query("job_source:slotserve_reuse_ratio:ratio_rate5m")
+        assert sum(float(s["value"][1]) for s in by_source) == pytest.approx(expected_reuse_ratio, abs=1e-9)
+        ttft = prom.wait_for('job:slotserve_time_to_first_token_seconds:quantile_rate5m{quantile="0.5"}',
+                             lambda r: r and r[0]["value"][1] not in ("NaN", "+Inf"), 10, "TTFT p50")
+        assert 0 < float(ttft[0]["value"][1]) <= 300
+
+        # every metric the dashboard and the rules use is exported by the real server ...
+        exposed = exposed_sample_names(httpx.get(f"{url}/metrics", timeout=5).text)
+        for path in (DASHBOARD, RULES):
+            missing = referenced_metric_names(path.read_text()) - exposed
+            assert not missing, f"{path.name} uses metrics the server does not export: {sorted(missing)}"
+        # ... and every dashboard query is valid PromQL that Prometheus evaluates
+        for expr in dashboard_queries():
+            prom.query(expr)
+
+
+def dashboard_queries() -> list[str]:
+    dash = json.loads(DASHBOARD.read_text())
+    subst = {"$job": SCRAPE_JOB, "$instance": ".*", "$__rate_interval": "1m"}
+    out = []
+    for panel in dash["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"]
+            for k, v in subst.items():
+                expr = expr.replace(k, v)
+            assert "$" not in expr, expr
+            out.append(expr)
+    assert len(out) >= 20
+    return out
+
+
+def test_promtool_checks_the_compose_prometheus_config(prometheus_bins, tmp_path):
+    """deploy/compose/prometheus.yml, with its in-container rule path mapped to the repo file."""
+    _, promtool = prometheus_bins
+    config = yaml.safe_load((REPO / "deploy" / "compose" / "prometheus.yml").read_text())
+    assert config["rule_files"] == ["/etc/prometheus/rules/slotserve.yml"]
+    config["rule_files"] = [str(RULES)]
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    result = subprocess.run([promtool, "check", "config", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,31 +1,21 @@
-"""The load harness end to end against a mock OpenAI-compatible server with a prefix cache.
+"""The load harness end to end against the mock server of `loadtest_support` (no model).
 
-The mock (Starlette on a free loopback port, in a thread) tokenises GPT-2 style, renders chat
-messages ChatML style, and reports `cached_tokens` = the longest common prefix of the prompt
-with anything it has seen (prompts at arrival; prompt + generated tokens when a stream ends),
-capped at len(prompt) - 1 like real servers. That is the oracle's definition minus the cap, so
-the harness's report can be checked exactly: cached <= oracle on every request.
+Every synthetic workload, the oracle against the mock's exact cache, aborts that really
+disconnect, the open loop, budgets in requests and time, trace replay at offsets, HTTP errors,
+an unreachable URL, the JSON round trip, plots and `compare`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import io
 import json
-import re
 import socket
-import threading
-import time
 from pathlib import Path
 
 import pytest
-import uvicorn
+from loadtest_support import (
+    MAX_TOKENS_LIMIT, SMALL, MockServer, assert_consistent, run_loadtest)
 from rich.console import Console
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
-from starlette.routing import Route
 
 from slotserve.bench.loadtest import report, results
 from slotserve.bench.loadtest.plots import PLOT_FILES
@@ -33,149 +23,6 @@ from slotserve.bench.loadtest.trace import write_trace
 from slotserve.bench.loadtest.workloads import (
     SYNTHETIC_WORKLOADS, RequestSpec, WorkloadConfig, num_planned_requests)
 from slotserve.cli import main as slotserve_main
-
-_PIECES = re.compile(r"<\|im_start\|>|<\|im_end\|>| ?\w+| ?[^\w\s]+|\s+(?!\S)|\s+")
-_REPLY_WORDS = ("alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "zeta")
-MAX_TOKENS_LIMIT = 1000
-
-
-class MockLLM:
-    """Tokeniser, template, prefix 'cache' and a fake generator. One event loop uses it."""
-
-    def __init__(self, reuse: bool, token_delay_s: float) -> None:
-        self.reuse, self.token_delay_s = reuse, token_delay_s
-        self.vocab: dict[str, int] = {}
-        self.seen: list[list[int]] = []  # every sequence the 'server' computed
-        self.num_disconnects = 0
-        self.num_requests = 0
-
-    def encode(self, text: str) -> list[int]:
-        return [self.vocab.setdefault(p, len(self.vocab)) for p in _PIECES.findall(text)]
-
-    @staticmethod
-    def render(messages: list[dict], add_generation_prompt: bool = True) -> str:
-        text = "".join(f"<|im_start|>{m['role']}\n{m.get('content') or ''}<|im_end|>\n"
-                       for m in messages)
-        return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
-
-    def cached_len(self, ids: list[int]) -> int:
-        if not self.reuse:
-            return 0
-        best = 0
-        for s in self.seen:
-            n = 0
-            for a, b in zip(ids, s):
-                if a != b:
-                    break
-                n += 1
-            best = max(best, n)
-        return min(best, len(ids) - 1)
-
-    def reply_pieces(self, ids: list[int], n: int) -> list[str]:
-        h = hashlib.sha256(str(ids).encode()).digest()
-        words = [_REPLY_WORDS[h[i % len(h)] % len(_REPLY_WORDS)] for i in range(n)]
-        # A line break as the third token: an agent that normalises whitespace re-renders it.
-        return [w if i in (0, 3) else "\n" if i == 2 else " " + w for i, w in enumerate(words)]
-
-
-def build_app(llm: MockLLM, has_tokenize: bool) -> Starlette:
-    def error(status: int, message: str) -> JSONResponse:
-        return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}},
-                            status_code=status)
-
-    async def completions(request: Request) -> StreamingResponse | JSONResponse:
-        body = await request.json()
-        is_chat = request.url.path.endswith("/chat/completions")
-        max_tokens = body.get("max_tokens", 16)
-        if max_tokens > MAX_TOKENS_LIMIT:
-            return error(400, f"max_tokens must be <= {MAX_TOKENS_LIMIT}")
-        prompt = llm.render(body["messages"]) if is_chat else body["prompt"]
-        ids = llm.encode(prompt)
-        cached = llm.cached_len(ids)
-        llm.seen.append(ids)
-        llm.num_requests += 1
-        pieces = llm.reply_pieces(ids, max_tokens)
-        include_usage = body.get("stream_options", {}).get("include_usage", False)
-
-        async def events():
-            generated: list[int] = []
-            is_seen = False
-            try:
-                await asyncio.sleep(20e-6 * (len(ids) - cached))  # 'prefill' the uncached tail
-                yield f"data: {json.dumps({'choices': [{'index': 0, 'delta': {'role': 'assistant'}}]})}\n\n"
-                for piece in pieces:
-                    await asyncio.sleep(llm.token_delay_s)
-                    generated += llm.encode(piece)
-                    choice = {"index": 0, "delta": {"content": piece}} if is_chat else {
-                        "index": 0, "text": piece}
-                    yield f"data: {json.dumps({'choices': [choice]})}\n\n"
-                llm.seen.append(ids + generated)  # before the client can send its next turn
-                is_seen = True
-                last = {"index": 0, "finish_reason": "length"}
-                last |= {"delta": {}} if is_chat else {"text": ""}
-                yield f"data: {json.dumps({'choices': [last]})}\n\n"
-                if include_usage:
-                    usage = {"prompt_tokens": len(ids), "completion_tokens": len(pieces),
-                             "total_tokens": len(ids) + len(pieces),
-                             "prompt_tokens_details": {"cached_tokens": cached}}
-                    yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
-                yield "data: [DONE]\n\n"
-            finally:
-                if not is_seen:  # the client went away mid-stream
-                    llm.seen.append(ids + generated)
-                    llm.num_disconnects += 1
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    async def tokenize(request: Request) -> JSONResponse:
-        if not has_tokenize:
-            return error(404, "not found")
-        body = await request.json()
-        if "messages" in body:
-            text = llm.render(body["messages"], body.get("add_generation_prompt", True))
-        else:
-            text = body["prompt"]
-        ids = llm.encode(text)
-        return JSONResponse({"tokens": ids, "count": len(ids)})
-
-    async def models(request: Request) -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [{"id": "mock-model", "object": "model"}]})
-
-    return Starlette(routes=[
-        Route("/v1/chat/completions", completions, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/tokenize", tokenize, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-    ])
-
-
-class MockServer:
-    """The mock app under uvicorn in a thread, on a socket bound to 127.0.0.1:0."""
-
-    def __init__(self, reuse: bool = True, has_tokenize: bool = True,
-                 token_delay_s: float = 0.0005) -> None:
-        self.llm = MockLLM(reuse, token_delay_s)
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        config = uvicorn.Config(build_app(self.llm, has_tokenize), log_level="warning",
-                                lifespan="off")
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run,
-                                        kwargs={"sockets": [self._sock]}, daemon=True)
-
-    def __enter__(self) -> MockServer:
-        self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            assert time.monotonic() < deadline, "mock server did not start"
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
-        self._sock.close()
 
 
 # Function scope: the oracle assumes the server saw nothing before the run.
@@ -189,46 +36,6 @@ def reuse_server():
 def no_reuse_server():
     with MockServer(reuse=False) as server:
         yield server
-
-
-SMALL = ["--system-len", "60", "--turn-len", "10", "--reply-len", "6", "--tool-result-len", "12",
-         "--quiet"]
-
-
-def run_loadtest(url: str, workload: str, out: Path, *extra: str) -> results.Results:
-    rc = slotserve_main(["loadtest", "run", "--url", url, "--workload", workload,
-                         "--json", str(out), *SMALL, *extra])
-    assert rc == 0
-    return results.load(out)
-
-
-def assert_consistent(res: results.Results) -> None:
-    """What every report must satisfy, whatever the server."""
-    s = res.summary
-    assert s.num_requests == len(res.requests)
-    assert s.num_ok + s.num_aborted + s.num_errors == s.num_requests
-    assert [r.index for r in res.requests] == list(range(len(res.requests)))
-    counted = [r for r in res.requests if r.prompt_tokens is not None and r.cached_tokens is not None]
-    assert s.prompt_tokens == sum(r.prompt_tokens for r in counted)
-    assert s.cached_tokens == sum(r.cached_tokens for r in counted)
-    assert s.oracle_cached_tokens == sum(r.oracle_cached_tokens for r in counted)
-    for r in counted:  # the oracle maximum is never exceeded (the usage estimate may be)
-        assert 0 <= r.oracle_cached_tokens <= r.prompt_tokens, r
-        if s.oracle_source == "tokenize":
-            assert r.cached_tokens <= r.oracle_cached_tokens, r
-    if s.prompt_tokens:
-        assert s.reuse_ratio == pytest.approx(s.cached_tokens / s.prompt_tokens)
-        assert s.oracle_reuse_ratio <= 1.0
-        if s.oracle_source == "tokenize":
-            assert s.reuse_ratio <= s.oracle_reuse_ratio
-    for r in res.requests:
-        if r.status == "ok":
-            assert r.ttft_s is not None and 0 < r.ttft_s <= r.e2e_s
-            assert len(r.itl_s) == r.completion_tokens - 1  # one text chunk per token here
-    assert sum(p.n for p in s.ttft_by_turn.values()) == sum(
-        r.ttft_s is not None for r in res.requests)
-    assert s.ttft_p50 <= s.ttft_p90 <= s.ttft_p99
-    assert s.requests_per_s == pytest.approx(s.num_ok / s.duration_s)
 
 
 @pytest.mark.parametrize("workload", SYNTHETIC_WORKLOADS)

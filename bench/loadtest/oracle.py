@@ -77,6 +77,8 @@ def oracle_from_ids(items: Sequence[Seen]) -> list[int]:
 
     A sweep over sends and ends in time order keeps a trie of what was seen before each send;
     prompts sent between a request's send and its first token are compared pairwise."""
+    # NOTE: an end sorts before a send at the same instant; a request ends after its own send
+    # (t_end > t_send), so it never sees its own reply.
     events = sorted([(s.t_end, 0, i) for i, s in enumerate(items)]
                     + [(s.t_send, 1, i) for i, s in enumerate(items)])
     sends = sorted(range(len(items)), key=lambda i: (items[i].t_send, i))

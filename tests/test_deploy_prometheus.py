@@ -262,7 +262,10 @@ def test_recording_rules_read_the_hit_rate_of_a_live_server(prometheus_bins, tin
         assert 0 < float(ttft[0]["value"][1]) <= 300
 
         # every metric the dashboard and the rules use is exported by the real server ...
-        exposed = exposed_sample_names(httpx.get(f"{url}/metrics", timeout=5).text)
+        text = httpx.get(f"{url}/metrics", timeout=5).text
+        exposed = exposed_sample_names(text)
+        dropped = [line for line in text.splitlines() if line.startswith("slotserve_stats_dropped_total{")]
+        assert dropped and all(line.endswith(" 0.0") for line in dropped), f"stats contract breached: {dropped}"
         for path in (DASHBOARD, RULES):
             missing = referenced_metric_names(path.read_text()) - exposed
             assert not missing, f"{path.name} uses metrics the server does not export: {sorted(missing)}"

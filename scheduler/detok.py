@@ -20,13 +20,13 @@ def _incomplete_tail_len(buf: bytes) -> int:
         b = buf[n - back]
         if b & 0xC0 == 0x80:  # continuation byte: keep looking for the lead
             continue
-        if b >= 0xF0:
+        if 0xF0 <= b <= 0xF4:
             need = 4
-        elif b >= 0xE0:
+        elif 0xE0 <= b <= 0xEF:
             need = 3
-        elif b >= 0xC0:
+        elif 0xC2 <= b <= 0xDF:
             need = 2
-        else:
+        else:  # ASCII, or a byte that never starts a valid sequence: decode it now
             need = 1
         return back if need > back else 0
     return 0

@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 import uvicorn
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
@@ -73,7 +75,7 @@ class MockLLM:
         return [w if i in (0, 3) else "\n" if i == 2 else " " + w for i, w in enumerate(words)]
 
 
-def build_app(llm: MockLLM, has_tokenize: bool) -> Starlette:
+def build_app(llm: MockLLM, has_tokenize: bool, api_key: str | None = None) -> Starlette:
     def error(status: int, message: str) -> JSONResponse:
         return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}},
                             status_code=status)
@@ -136,7 +138,12 @@ def build_app(llm: MockLLM, has_tokenize: bool) -> Starlette:
     async def models(request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{"id": "mock-model", "object": "model"}]})
 
-    return Starlette(routes=[
+    async def check_key(request: Request, call_next):
+        if api_key is not None and request.headers.get("authorization") != f"Bearer {api_key}":
+            return error(401, "missing or wrong API key")
+        return await call_next(request)
+
+    return Starlette(middleware=[Middleware(BaseHTTPMiddleware, dispatch=check_key)], routes=[
         Route("/v1/chat/completions", completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),
@@ -147,13 +154,13 @@ def build_app(llm: MockLLM, has_tokenize: bool) -> Starlette:
 class MockServer:
     """The mock app under uvicorn in a thread, on a socket bound to 127.0.0.1:0."""
 
-    def __init__(self, reuse: bool = True, has_tokenize: bool = True,
+    def __init__(self, reuse: bool = True, has_tokenize: bool = True, api_key: str | None = None,
                  token_delay_s: float = 0.0005) -> None:
         self.llm = MockLLM(reuse, token_delay_s)
         self._sock = socket.socket()
         self._sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        config = uvicorn.Config(build_app(self.llm, has_tokenize), log_level="warning",
+        config = uvicorn.Config(build_app(self.llm, has_tokenize, api_key), log_level="warning",
                                 lifespan="off")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run,
@@ -184,8 +191,9 @@ def run_loadtest(url: str, workload: str, out: Path, *extra: str) -> results.Res
     return results.load(out)
 
 
-def assert_consistent(res: results.Results) -> None:
-    """What every report must satisfy, whatever the server."""
+def assert_consistent(res: results.Results, one_chunk_per_token: bool = False) -> None:
+    """What every report must satisfy, whatever the server (`one_chunk_per_token`: the mock's
+    streams carry exactly one token per text chunk)."""
     s = res.summary
     assert s.num_requests == len(res.requests)
     assert s.num_ok + s.num_aborted + s.num_errors == s.num_requests
@@ -206,7 +214,10 @@ def assert_consistent(res: results.Results) -> None:
     for r in res.requests:
         if r.status == "ok":
             assert r.ttft_s is not None and 0 < r.ttft_s <= r.e2e_s
-            assert len(r.itl_s) == r.completion_tokens - 1  # one text chunk per token here
+            if one_chunk_per_token:
+                assert len(r.itl_s) == r.completion_tokens - 1
+            else:  # a chunk carries at least one token
+                assert len(r.itl_s) <= r.completion_tokens - 1
     assert sum(p.n for p in s.ttft_by_turn.values()) == sum(
         r.ttft_s is not None for r in res.requests)
     assert s.ttft_p50 <= s.ttft_p90 <= s.ttft_p99

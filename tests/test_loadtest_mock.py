@@ -41,7 +41,7 @@ def no_reuse_server():
 @pytest.mark.parametrize("workload", SYNTHETIC_WORKLOADS)
 def test_workload_reuses_with_cache(reuse_server: MockServer, workload: str, tmp_path: Path):
     res = run_loadtest(reuse_server.url, workload, tmp_path / "r.json", "--concurrency", "2")
-    assert_consistent(res)
+    assert_consistent(res, one_chunk_per_token=True)
     cfg = WorkloadConfig(num_conversations=res.config.sizes["num_conversations"],
                          num_turns=res.config.sizes["num_turns"])
     assert len(res.requests) == num_planned_requests(workload, cfg)
@@ -79,7 +79,7 @@ def test_abort_disconnects_the_server(tmp_path: Path):
 def test_no_reuse_reports_zero_cached_but_oracle_positive(no_reuse_server: MockServer,
                                                           tmp_path: Path):
     res = run_loadtest(no_reuse_server.url, "multi-turn", tmp_path / "n.json", "--concurrency", "2")
-    assert_consistent(res)
+    assert_consistent(res, one_chunk_per_token=True)
     assert res.summary.cached_tokens == 0 and res.summary.reuse_ratio == 0.0
     later = [r for r in res.requests if r.turn_index >= 1]
     assert later and all(r.cached_tokens == 0 and r.oracle_cached_tokens > 0 for r in later)
@@ -108,7 +108,7 @@ def test_oracle_falls_back_to_usage_without_tokenize(tmp_path: Path):
     with MockServer(reuse=True, has_tokenize=False) as server:
         res = run_loadtest(server.url, "multi-turn", tmp_path / "u.json", "--concurrency", "2")
     assert res.summary.oracle_source == "usage"
-    assert_consistent(res)
+    assert_consistent(res, one_chunk_per_token=True)
     # Replies appended verbatim: the estimate credits the previous prompt + reply, which is
     # exactly what the mock reuses; it misses what is shared inside a message (the first turns
     # of different conversations share a few template tokens), which the mock reuses.
@@ -122,7 +122,7 @@ def test_oracle_falls_back_to_usage_without_tokenize(tmp_path: Path):
 def test_request_budget_and_open_loop(reuse_server: MockServer, tmp_path: Path):
     res = run_loadtest(reuse_server.url, "oversubscribed", tmp_path / "o.json", "--rate", "200",
                        "--requests", "10")
-    assert_consistent(res)
+    assert_consistent(res, one_chunk_per_token=True)
     assert res.config.mode == "open" and res.summary.num_requests == 10
     # 32 conversations round-robin: the first 10 requests are 10 different first turns.
     assert len({r.conversation_id for r in res.requests}) == 10
@@ -148,7 +148,7 @@ def test_trace_replay_at_offsets(reuse_server: MockServer, tmp_path: Path):
     trace = tmp_path / "t.jsonl"
     write_trace(trace, specs)
     res = run_loadtest(reuse_server.url, "trace", tmp_path / "t.json", "--trace", str(trace))
-    assert_consistent(res)
+    assert_consistent(res, one_chunk_per_token=True)
     assert res.config.mode == "offsets" and res.summary.num_ok == 4
     for r, spec in zip(res.requests, specs):
         assert r.start_s >= spec.offset_s  # never early
@@ -194,3 +194,17 @@ def test_compare_prints_ratios(reuse_server: MockServer, no_reuse_server: MockSe
     console = Console(file=io.StringIO(), width=120)
     report.print_tables(report.summary_tables(b), console)
     assert "oracle maximum (tokenize)" in console.file.getvalue()
+
+
+def test_api_key_is_sent(tmp_path: Path):
+    with MockServer(api_key="sekrit") as server:
+        res = run_loadtest(server.url, "shared-prefix", tmp_path / "k.json", "--api-key", "sekrit",
+                           "--conversations", "2")
+        assert res.summary.num_ok == 2 and res.config.model == "mock-model"
+        assert "sekrit" not in (tmp_path / "k.json").read_text()
+        rc = slotserve_main(["loadtest", "run", "--url", server.url, "--workload",
+                             "shared-prefix", "--json", str(tmp_path / "n.json"), *SMALL,
+                             "--conversations", "2"])
+    assert rc == 1
+    assert results.load(tmp_path / "n.json").summary.errors == {
+        "HTTP 401: missing or wrong API key": 2}

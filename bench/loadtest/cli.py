@@ -27,6 +27,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     run_p.add_argument("--json", required=True, metavar="PATH", help="write results here")
     run_p.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
     run_p.add_argument("--model", help="model name to send (default: the first in /v1/models)")
+    run_p.add_argument("--api-key", metavar="KEY", help="send 'Authorization: Bearer KEY'")
     sizes = run_p.add_argument_group("workload sizes (lengths in words, ~1 token each)")
     sizes.add_argument("--conversations", type=int, metavar="N", help=(
         "conversations (default: C; shared-prefix and oversubscribed: 4 x C; open loop: 8)"))
@@ -117,6 +118,8 @@ def _run(args: argparse.Namespace) -> int:
 
 async def _run_async(args: argparse.Namespace, url: str, conversations: list, drive_cfg_args: dict,
                      sizes: dict[str, int], total: int) -> int:
+    import dataclasses
+
     import httpx
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, \
@@ -128,14 +131,15 @@ async def _run_async(args: argparse.Namespace, url: str, conversations: list, dr
     from .oracle import compute_oracle
 
     err = Console(stderr=True, soft_wrap=True)
+    params = SendParams(model=args.model or "", temperature=args.temperature, seed=args.seed,
+                        ignore_eos=args.ignore_eos, timeout_s=args.timeout, api_key=args.api_key)
     try:
-        model = args.model or await discover_model(url) or "default"
+        model = args.model or await discover_model(url, params) or "default"
     except httpx.HTTPError as exc:
         err.print(f"slotserve loadtest: cannot reach {url} ({type(exc).__name__}: {exc}); "
                   "start the server or fix --url")
         return 2
-    params = SendParams(model=model, temperature=args.temperature, seed=args.seed,
-                        ignore_eos=args.ignore_eos, timeout_s=args.timeout)
+    params = dataclasses.replace(params, model=model)
     cfg = DriveConfig(params=params, **drive_cfg_args)
     mode = "offsets" if cfg.use_offsets else "open" if cfg.rate is not None else "closed"
     err.print(f"loadtest: {args.workload}, {len(conversations)} conversations, up to {total} "
@@ -169,7 +173,7 @@ async def _run_async(args: argparse.Namespace, url: str, conversations: list, dr
         duration_s=cfg.duration_s, timeout_s=args.timeout, temperature=args.temperature,
         slo_ttft_s=args.slo_ttft, sizes=sizes, trace=args.trace, started_at=outcome.started_at)
     res = results.Results(config=run_cfg, requests=records, summary=report.summarize(
-        records, outcome.duration_s, args.slo_ttft, oracle.source))
+        records, outcome.duration_s, args.slo_ttft, oracle.source, oracle.num_len_mismatches))
     results.save(res, args.json)
     report.print_tables(report.summary_tables(res), Console())
     err.print(f"results: {args.json}")

@@ -32,6 +32,7 @@ class SendParams:
     seed: int | None = None  # sent only when temperature > 0
     ignore_eos: bool = False  # sent as the non-standard `ignore_eos` only when True
     timeout_s: float = 120.0  # per request, send -> end of stream
+    api_key: str | None = field(default=None, repr=False)  # sent as a Bearer token
 
 
 @dataclass(slots=True)

@@ -68,8 +68,9 @@ class DriveOutcome:
 
 def make_client(params: SendParams) -> httpx.AsyncClient:
     # NOTE: trust_env=False: a proxy from the environment must never see benchmark traffic.
+    headers = {"Authorization": f"Bearer {params.api_key}"} if params.api_key else None
     return httpx.AsyncClient(
-        timeout=httpx.Timeout(params.timeout_s, connect=10.0), trust_env=False,
+        timeout=httpx.Timeout(params.timeout_s, connect=10.0), trust_env=False, headers=headers,
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
 
 
@@ -201,12 +202,12 @@ async def drive(conversations: Sequence[Conversation], cfg: DriveConfig,
                         duration_s=t_last - run.t_start)
 
 
-async def discover_model(base_url: str, timeout_s: float = 10.0) -> str | None:
+async def discover_model(base_url: str, params: SendParams) -> str | None:
     """The first model id the server lists at /v1/models, or None when it lists none.
 
-    Raises httpx.ConnectError when nothing listens at `base_url`."""
-    async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as client:
-        resp = await client.get(base_url + "/v1/models")
+    Raises httpx.HTTPError (ConnectError...) when nothing answers at `base_url`."""
+    async with make_client(params) as client:
+        resp = await client.get(base_url + "/v1/models", timeout=10.0)
         if resp.status_code != 200:
             return None
         try:

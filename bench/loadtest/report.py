@@ -58,7 +58,7 @@ def to_records(exchanges: Sequence[Exchange], t_start: float,
 
 
 def summarize(records: Sequence[RequestRecord], duration_s: float, slo_ttft_s: float,
-              oracle_source: str) -> Summary:
+              oracle_source: str, oracle_len_mismatches: int = 0) -> Summary:
     ok = [r for r in records if r.status == "ok"]
     streamed = [r for r in records if r.status in ("ok", "aborted") and r.ttft_s is not None]
     ttfts = [r.ttft_s for r in streamed if r.ttft_s is not None]
@@ -92,7 +92,7 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo_ttft_s: f
         completion_tokens=sum(r.completion_tokens or 0 for r in records),
         reuse_ratio=cached / prompt if prompt else None,
         oracle_reuse_ratio=oracle / prompt if prompt else None,
-        oracle_source=oracle_source,
+        oracle_source=oracle_source, oracle_len_mismatches=oracle_len_mismatches,
         errors=dict(Counter((r.error or r.status)[:200] for r in records
                             if r.status in ("error", "timeout"))))
 

@@ -91,6 +91,7 @@ class Summary(msgspec.Struct, kw_only=True):
     reuse_ratio: float | None  # cached_tokens / prompt_tokens
     oracle_reuse_ratio: float | None  # oracle_cached_tokens / prompt_tokens
     oracle_source: str  # "tokenize" (exact token ids) | "usage" (message-level estimate)
+    oracle_len_mismatches: int  # prompts where /tokenize and usage.prompt_tokens disagree
     errors: dict[str, int]  # error message -> count
 
 

@@ -450,7 +450,10 @@ class Scheduler:
         victims = [
             r
             for r in self._running.values()
-            if r.phase is Phase.PREFILL and r.priority < seq.priority and not r.cancel_requested
+            if r.phase is Phase.PREFILL
+            and r.priority < seq.priority
+            and not r.cancel_requested
+            and id(r) not in self._prep_index  # its slot is prepared in this very step
         ]
         if not victims:
             return False
@@ -561,6 +564,10 @@ class Scheduler:
 
     def _plan_capture_points(self, plan: StepPlan) -> None:
         for seq in self._running.values():
+            if id(seq) in self._prep_index:
+                # NOTE: captures run before prepares in execute_plan, so a slot prepared in this
+                # step still holds its old rows when snapshots are taken: capture next step.
+                continue
             held = self._slots.lens[seq.slot]
             while seq.capture_points and seq.capture_points[0][0] <= min(held, seq.num_computed):
                 n, rule = seq.capture_points.pop(0)

@@ -129,9 +129,9 @@ def test_request_budget_and_open_loop(reuse_server: MockServer, tmp_path: Path):
 
 
 def test_duration_stops_dispatch(tmp_path: Path):
-    with MockServer(reuse=True, token_delay_s=0.05) as server:  # 6 tokens: >= 0.3 s a request
+    with MockServer(reuse=True, token_delay_s=0.1) as server:  # 6 tokens: >= 0.6 s a request
         res = run_loadtest(server.url, "multi-turn", tmp_path / "d.json", "--concurrency", "2",
-                           "--duration", "0.1")
+                           "--duration", "0.3")
     assert res.summary.num_requests == 2  # one per worker, then the deadline passed
     assert all(r.status == "ok" for r in res.requests)  # in-flight requests finished
 

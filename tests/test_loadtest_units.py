@@ -331,3 +331,20 @@ def test_drive_config_rejects_bad_flags(kwargs, message):
     base = {"base_url": "http://127.0.0.1:8080", "params": SendParams(model="m")}
     with pytest.raises(ValueError, match=message):
         DriveConfig(**(base | kwargs))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--workload", "multi-turn", "--concurrency", "0"], "--concurrency must be >= 1"),
+    (["--workload", "trace"], "--workload trace needs --trace FILE"),
+    (["--workload", "agent", "--trace", "t.jsonl"], "--trace needs --workload trace"),
+    (["--workload", "agent", "--turns", "0"], "num_turns must be >= 1"),
+    (["--workload", "agent", "--timeout", "0"], "--timeout must be > 0"),
+])
+def test_cli_refuses_bad_flags_before_connecting(flags, message, tmp_path: Path, capsys):
+    from slotserve.cli import main
+
+    # Port 9 (discard) on loopback: never contacted, the flags are refused first.
+    rc = main(["loadtest", "run", "--url", "http://127.0.0.1:9", "--json",
+               str(tmp_path / "r.json"), "--quiet", *flags])
+    assert rc == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .driver import DriveConfig
 
 WORKLOADS = ("multi-turn", "agent", "abort-resend", "shared-prefix", "oversubscribed", "trace")
 
@@ -75,48 +79,52 @@ def _compare(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from .driver import DriveConfig
     from .client import SendParams
-    from .workloads import WorkloadConfig, build_conversations, num_planned_requests
+    from .driver import DriveConfig
     from .trace import load_trace
+    from .workloads import WorkloadConfig, build_conversations, num_planned_requests
 
     if (args.workload == "trace") != (args.trace is not None):
         raise ValueError("--workload trace needs --trace FILE, and --trace needs --workload trace")
-    url = args.url.rstrip("/")
-    if url.endswith("/v1"):
-        url = url[:-3]
-    is_open = args.rate is not None
+    if args.slo_ttft <= 0 or args.timeout <= 0:
+        raise ValueError("--slo-ttft and --timeout must be > 0 seconds")
+    url = args.url.rstrip("/").removesuffix("/v1")
     concurrency = args.concurrency
-    if concurrency is None and not is_open and args.workload != "trace":
+    if concurrency is None and args.rate is None and args.workload != "trace":
         concurrency = 4
+    # Validated before anything connects; the model name is filled in once known.
+    cfg = DriveConfig(
+        base_url=url, params=SendParams(model=args.model or "", temperature=args.temperature,
+                                        seed=args.seed, ignore_eos=args.ignore_eos,
+                                        timeout_s=args.timeout, api_key=args.api_key),
+        concurrency=concurrency, rate=args.rate,
+        use_offsets=concurrency is None and args.rate is None, max_requests=args.requests,
+        duration_s=args.duration, seed=args.seed)
     sizes: dict[str, int] = {}
     if args.workload == "trace":
         conversations = load_trace(args.trace)
         planned = sum(len(c.specs) for c in conversations)
     else:
-        base = 8 if is_open else concurrency
-        many = args.workload in ("shared-prefix", "oversubscribed")
-        cfg = WorkloadConfig(
+        base = concurrency if concurrency is not None else 8
+        is_many = args.workload in ("shared-prefix", "oversubscribed")
+        wl = WorkloadConfig(
             seed=args.seed,
-            num_conversations=args.conversations or (4 * base if many else base),
-            num_turns=args.turns or (1 if args.workload == "shared-prefix" else 4),
+            num_conversations=_given(args.conversations, 4 * base if is_many else base),
+            num_turns=_given(args.turns, 1 if args.workload == "shared-prefix" else 4),
             system_len=args.system_len, turn_len=args.turn_len, reply_len=args.reply_len,
             tool_result_len=args.tool_result_len, abort_after=args.abort_after)
-        conversations = build_conversations(args.workload, cfg)
-        planned = num_planned_requests(args.workload, cfg)
-        sizes = {k: getattr(cfg, k) for k in cfg.__dataclass_fields__ if k != "seed"}
-    if args.slo_ttft <= 0 or args.timeout <= 0:
-        raise ValueError("--slo-ttft and --timeout must be > 0 seconds")
-    drive_cfg_args = dict(
-        base_url=url, concurrency=concurrency, rate=args.rate,
-        use_offsets=concurrency is None and not is_open, max_requests=args.requests,
-        duration_s=args.duration, seed=args.seed)
-    DriveConfig(params=SendParams(model="-"), **drive_cfg_args)  # validate before connecting
+        conversations = build_conversations(args.workload, wl)
+        planned = num_planned_requests(args.workload, wl)
+        sizes = {k: getattr(wl, k) for k in wl.__dataclass_fields__ if k != "seed"}
     total = min(planned, args.requests) if args.requests else planned
-    return asyncio.run(_run_async(args, url, conversations, drive_cfg_args, sizes, total))
+    return asyncio.run(_run_async(args, cfg, conversations, sizes, total))
 
 
-async def _run_async(args: argparse.Namespace, url: str, conversations: list, drive_cfg_args: dict,
+def _given(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+async def _run_async(args: argparse.Namespace, cfg: DriveConfig, conversations: list,
                      sizes: dict[str, int], total: int) -> int:
     import dataclasses
 
@@ -126,21 +134,20 @@ async def _run_async(args: argparse.Namespace, url: str, conversations: list, dr
         TimeElapsedColumn
 
     from . import report, results
-    from .client import Exchange, SendParams
-    from .driver import DriveConfig, drive, discover_model, make_client
+    from .client import Exchange
+    from .driver import discover_model, drive, make_client
     from .oracle import compute_oracle
 
     err = Console(stderr=True, soft_wrap=True)
-    params = SendParams(model=args.model or "", temperature=args.temperature, seed=args.seed,
-                        ignore_eos=args.ignore_eos, timeout_s=args.timeout, api_key=args.api_key)
+    url = cfg.base_url
     try:
-        model = args.model or await discover_model(url, params) or "default"
+        model = args.model or await discover_model(url, cfg.params) or "default"
     except httpx.HTTPError as exc:
         err.print(f"slotserve loadtest: cannot reach {url} ({type(exc).__name__}: {exc}); "
                   "start the server or fix --url")
         return 2
-    params = dataclasses.replace(params, model=model)
-    cfg = DriveConfig(params=params, **drive_cfg_args)
+    params = dataclasses.replace(cfg.params, model=model)
+    cfg = dataclasses.replace(cfg, params=params)
     mode = "offsets" if cfg.use_offsets else "open" if cfg.rate is not None else "closed"
     err.print(f"loadtest: {args.workload}, {len(conversations)} conversations, up to {total} "
               f"requests, {mode} loop, model {model!r}, against {url}")

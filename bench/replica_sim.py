@@ -414,6 +414,9 @@ def plot(results: Sequence[SimResult], path: Path, slots: int) -> None:
     ax.plot([r.num_replicas for r in oracle], [100 * r.oracle_hit_rate for r in oracle], ls="--", color="gray",
             label="oracle (whole history)")
     ax.set_xscale("log")
+    ticks = sorted({r.num_replicas for r in results})
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
     ax.set_xlabel("replicas")
     ax.set_ylabel("prompt tokens reused (%)")
     ax.set_ylim(0, 100)

@@ -180,7 +180,10 @@ class Scheduler:
         self._closing = True
         self._wake.set()
         if self._task is not None:
-            await self._task
+            try:
+                await self._task
+            except Exception:  # noqa: BLE001 - already logged by the loop
+                pass
             self._task = None
         await asyncio.to_thread(self._worker.stop)
         if self._disk is not None:
@@ -350,6 +353,7 @@ class Scheduler:
                     pass
         except Exception:
             log.exception("scheduler loop failed; failing every request it holds")
+            self._draining = True  # new requests are refused (503) instead of hanging
             now = self._clock()
             for seq in list(self._queue) + list(self._running.values()):
                 self._finish(seq, FinishReason.ERROR, now, error="scheduler failure")
@@ -394,6 +398,10 @@ class Scheduler:
             if seq.loading:
                 i += 1
                 continue
+            if len(self._running) == self._slots.num_slots:  # no free slot: skip the routing
+                if self._try_preempt(seq, now):
+                    continue
+                return
             decision = self._route(seq, now)
             if decision.action is RouteAction.WAIT_SLOT:
                 if self._try_preempt(seq, now):

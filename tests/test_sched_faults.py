@@ -175,3 +175,24 @@ async def test_damaged_memory_checkpoint_is_dropped_and_the_request_rerouted():
     assert out.finish.reuse.source is ReuseSource.NONE
     assert out.tokens == await cold_tokens(a, 3)
     assert pool.num_restores == 0
+
+
+async def test_an_internal_error_fails_held_requests_and_refuses_new_ones(monkeypatch, caplog):
+    import pytest
+
+    from slotserve.scheduler.request import Draining
+    from slotserve.scheduler.scheduler import Scheduler
+
+    def broken(self, plan, result, now):
+        raise RuntimeError("bug in apply")
+
+    pool = make_pool(1, 512)
+    sched = make_scheduler(pool)
+    monkeypatch.setattr(Scheduler, "_apply", broken)
+    with caplog.at_level(logging.ERROR, logger="slotserve.scheduler"):
+        async with sched:
+            out = await run_one(sched, prompt_of(60, 20), 3)
+            assert out.finish.reason is FinishReason.ERROR
+            with pytest.raises(Draining):
+                sched.submit(make_request(prompt_of(61, 20), 3))
+    assert any("scheduler loop failed" in r.getMessage() for r in caplog.records)

@@ -63,7 +63,6 @@ class CheckpointEntry:
     rule: CaptureRule
     num_bytes: int
     last_used: int = 0  # store clock tick of the last insert/use
-    from_disk: bool = False  # loaded from the disk tier and not restored since
     head: tuple[int, bytes] = field(default=(0, b""))
 
     @property
@@ -128,7 +127,7 @@ class MemoryCheckpointStore:
         return free + evictable >= num_bytes
 
     def insert(
-        self, tokens: np.ndarray, data: bytes, rule: CaptureRule, *, from_disk: bool = False
+        self, tokens: np.ndarray, data: bytes, rule: CaptureRule
     ) -> list[CheckpointEntry] | None:
         """Add a checkpoint; return the entries evicted to make room, or None if it does not fit
         (then nothing changed). Re-inserting the same tokens refreshes the entry (keeping the
@@ -155,8 +154,7 @@ class MemoryCheckpointStore:
             evicted.append(self._remove(victim.key))
         for old_key in self._superseded(tokens):
             evicted.append(self._remove(old_key))
-        e = CheckpointEntry(key, tokens, data, rule, num_bytes, next(self._clock), from_disk,
-                            head_hash(tokens))
+        e = CheckpointEntry(key, tokens, data, rule, num_bytes, next(self._clock), head_hash(tokens))
         self._entries[key] = e
         self._by_head.setdefault(e.head, set()).add(key)
         self._head_lens[e.head[0]] = self._head_lens.get(e.head[0], 0) + 1

@@ -134,6 +134,7 @@ class Scheduler:
         self._changed = asyncio.Event()  # set whenever a request finishes
         self._step_lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
+        self._io_tasks: set[asyncio.Task] = set()  # disk loads in flight
         self._worker = EngineWorker()
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -153,8 +154,10 @@ class Scheduler:
         records = await self._worker.run(
             lambda: [np.array(pool.record(s), dtype=np.int32) for s in range(pool.num_slots)]
         )
+        now = self._clock()
         for s, rec in enumerate(records):
             self._slots.assign(s, rec)
+            self._slots.last_used[s] = now
         if self._disk is not None:
             loop = asyncio.get_running_loop()
 
@@ -185,6 +188,8 @@ class Scheduler:
             except Exception:  # noqa: BLE001 - already logged by the loop
                 pass
             self._task = None
+        if self._io_tasks:
+            await asyncio.gather(*self._io_tasks, return_exceptions=True)
         await asyncio.to_thread(self._worker.stop)
         if self._disk is not None:
             await asyncio.to_thread(self._disk.close)
@@ -491,8 +496,6 @@ class Scheduler:
         elif d.action is RouteAction.RESTORE_MEMORY:
             entry = self._store.get(d.checkpoint.key)
             assert entry is not None
-            if entry.from_disk:
-                source, entry.from_disk = ReuseSource.CHECKPOINT_DISK, False
             prep = Prepare(RouteAction.RESTORE_MEMORY, dest, n, snapshot=entry.data)
             self._slots.assign(dest, entry.tokens[:n])
             self._emit_checkpoint("restore", "memory", entry.rule.value, entry.num_bytes, n)
@@ -610,7 +613,9 @@ class Scheduler:
                 seq.staged_snapshot = loaded
             self._wake.set()
 
-        asyncio.get_running_loop().create_task(load())
+        task = asyncio.get_running_loop().create_task(load())
+        self._io_tasks.add(task)  # keep a reference until done
+        task.add_done_callback(self._io_tasks.discard)
 
     # -- batch -----------------------------------------------------------------------------
     def _plan_batch(self, plan: StepPlan) -> None:

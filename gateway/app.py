@@ -131,17 +131,21 @@ class Gateway:
         except msgspec.DecodeError as exc:
             raise from_decode_error(exc) from None
 
-    def submit(self, gen: GenerationRequest) -> Any:
+    def submit(self, gen: GenerationRequest, prompt_param: str) -> Any:
+        """Hand `gen` to the scheduler; admission errors become 429/400/503 (`prompt_param`
+        names the request field that held the prompt)."""
         try:
             return self.runtime.scheduler.submit(gen)
         except QueueFull as exc:
             raise queue_full(exc.retry_after_s) from None
         except PromptTooLong as exc:
             raise APIError(400, f"{exc} (each slot holds {self.runtime.ctx_len} tokens)",
-                           param="messages" if gen.prefix_hint is not None else "prompt",
+                           param=prompt_param,
                            code="context_length_exceeded") from None
         except Draining:
             raise draining() from None
+        except ValueError as exc:  # the scheduler's own validation of the request
+            raise bad_request(str(exc)) from None
 
     def is_draining(self) -> bool:
         return bool(self.runtime.scheduler.stats().draining)
@@ -173,10 +177,10 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-async def _generate(gw: Gateway, request: Request, gen: GenerationRequest, stream: bool,
+async def _generate(gw: Gateway, request: Request, gen: GenerationRequest, prompt_param: str, stream: bool,
                     fmt: translate.StreamFormat, build: Callable[[str, Any], Any]) -> Response:
     """Submit and answer: an SSE stream, or one JSON body built from (text, finish)."""
-    handle = gw.submit(gen)
+    handle = gw.submit(gen, prompt_param)
     headers = {"X-Request-Id": gen.request_id}
     if stream:
         return SSEResponse(EventStream(handle, fmt), headers=headers)
@@ -197,7 +201,7 @@ async def chat_completions(gw: Gateway, request: Request) -> Response:
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     created = int(time.time())
     return await _generate(
-        gw, request, gen, req.stream, translate.ChatStream(rid, model, include_usage),
+        gw, request, gen, "messages", req.stream, translate.ChatStream(rid, model, include_usage),
         lambda text, finish: translate.chat_completion(rid, model, created, text, finish),
     )
 
@@ -210,7 +214,7 @@ async def completions(gw: Gateway, request: Request) -> Response:
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     created = int(time.time())
     return await _generate(
-        gw, request, gen, req.stream, translate.CompletionStream(rid, model, include_usage),
+        gw, request, gen, "prompt", req.stream, translate.CompletionStream(rid, model, include_usage),
         lambda text, finish: translate.completion(rid, model, created, text, finish),
     )
 
@@ -246,7 +250,7 @@ async def tokenize(gw: Gateway, request: Request) -> Response:
     else:
         text = req.content if req.content is not None else req.prompt
         assert text is not None
-        ids = gw.runtime.encode_text(text, add_special=req.add_special)
+        ids = gw.runtime.encode_text(text, add_bos=req.add_special)
     return json_response(p.TokenizeResponse(tokens=ids, count=len(ids), max_model_len=gw.runtime.ctx_len))
 
 

@@ -17,6 +17,7 @@ from msgspec import Meta, Struct
 
 Temperature = Annotated[float, Meta(ge=0.0, le=2.0)]
 Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
+TopP = Annotated[float, Meta(gt=0.0, le=1.0)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 PositiveInt = Annotated[int, Meta(ge=1)]
 TokenId = Annotated[int, Meta(ge=0)]
@@ -74,7 +75,7 @@ class _SamplingFields(Struct, kw_only=True):
     model: str | None = None
     max_tokens: PositiveInt | None = None
     temperature: Temperature | None = None
-    top_p: Probability | None = None
+    top_p: TopP | None = None
     top_k: TopK | None = None
     min_p: Probability | None = None
     presence_penalty: Penalty | None = None
@@ -113,7 +114,7 @@ class TokenizeRequest(Struct):
     content: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special: bool = False  # add the tokenizer's BOS (when it has one)
+    add_special: bool = False  # put the model's BOS in front (when it has one)
     add_generation_prompt: bool = True  # with `messages`
 
 
@@ -181,12 +182,13 @@ class ChatChunkChoice(Struct):
     logprobs: None = None
 
 
-class ChatCompletionChunk(Struct, omit_defaults=True):
+class ChatCompletionChunk(Struct, omit_defaults=True, kw_only=True):
+    # NOTE: no defaults on the fields that must always be sent (omit_defaults drops defaults)
     id: str
+    object: str  # "chat.completion.chunk"
     created: int
     model: str
     choices: list[ChatChunkChoice]
-    object: str = "chat.completion.chunk"
     usage: Usage | None = None  # only on the last chunk, with stream_options.include_usage
     slotserve: SlotserveInfo | None = None  # on the chunk that carries finish_reason
 
@@ -198,12 +200,12 @@ class CompletionChoice(Struct):
     logprobs: None = None
 
 
-class Completion(Struct, omit_defaults=True):
+class Completion(Struct, omit_defaults=True, kw_only=True):
     id: str
+    object: str  # "text_completion"
     created: int
     model: str
     choices: list[CompletionChoice]
-    object: str = "text_completion"
     usage: Usage | None = None
     slotserve: SlotserveInfo | None = None
 

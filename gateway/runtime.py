@@ -21,18 +21,24 @@ log = logging.getLogger("slotserve.gateway")
 
 
 class TokenizerLike(Protocol):
-    n_vocab: int
+    """What the routes need of `engine_ext.tokenizer.Tokenizer`."""
 
-    def encode(self, text: str, *args: Any, **kwargs: Any) -> list[int]: ...
+    n_vocab: int
+    add_bos_token: bool  # the model wants BOS in front of a raw (untemplated) prompt
+
+    def encode(self, text: str, *, add_bos: bool = False) -> list[int]: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
 
 class ChatTemplateLike(Protocol):
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+    """What the routes need of `engine_ext.chat.ChatTemplate`."""
+
+    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
                tools: list[dict[str, Any]] | None = None) -> str: ...
 
-    def system_prefix(self, messages: list[dict[str, Any]]) -> str | None: ...
+    def system_prefix(self, messages: list[dict[str, Any]], *,
+                      tools: list[dict[str, Any]] | None = None) -> str | None: ...
 
 
 class PromptError(ValueError):
@@ -61,9 +67,13 @@ class Runtime:
     def n_vocab(self) -> int:
         return int(self.tokenizer.n_vocab)
 
-    def encode_text(self, text: str, *, add_special: bool = False) -> list[int]:
+    def encode_text(self, text: str, *, add_bos: bool = False) -> list[int]:
         """Token ids of `text`; special-token spellings in it are parsed as special tokens."""
-        return list(self.tokenizer.encode(text, add_special=add_special))
+        return list(self.tokenizer.encode(text, add_bos=add_bos))
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A raw completion prompt: BOS in front when the model asks for it (`add_bos_token`)."""
+        return self.encode_text(text, add_bos=bool(getattr(self.tokenizer, "add_bos_token", False)))
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids))
@@ -80,8 +90,8 @@ class Runtime:
             raise PromptError("this model has no chat template; use /v1/completions")
         try:
             text = self.chat.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
-            prefix = self.chat.system_prefix(messages)
-        except Exception as exc:  # jinja2 TemplateError, raise_exception() in the template, ...
+            prefix = self.chat.system_prefix(messages, tools=tools)
+        except ValueError as exc:  # engine_ext.chat.ChatTemplateError: the template refused or failed
             raise PromptError(f"the chat template rejected these messages: {exc}") from None
         ids = self.encode_text(text)
         hint = None

@@ -124,7 +124,7 @@ def completion_prompt_ids(req: p.CompletionRequest, runtime: Runtime) -> list[in
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # OpenAI's batch form with a single prompt
     if isinstance(prompt, str):
-        ids = runtime.encode_text(prompt)
+        ids = runtime.encode_prompt(prompt)
     elif all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         ids = list(prompt)
         if any(t < 0 or t >= runtime.n_vocab for t in ids):
@@ -206,6 +206,7 @@ def chat_completion(request_id: str, model: str, created: int, text: str, finish
 def completion(request_id: str, model: str, created: int, text: str, finish: FinishEvent) -> p.Completion:
     return p.Completion(
         id=request_id,
+        object="text_completion",
         created=created,
         model=model,
         choices=[p.CompletionChoice(index=0, text=text, finish_reason=finish_reason(finish))],
@@ -229,7 +230,11 @@ class ChatStream(StreamFormat):
 
     def _chunk(self, delta: p.Delta, finish: str | None = None, **extra: Any) -> bytes:
         choice = p.ChatChunkChoice(index=0, delta=delta, finish_reason=finish)
-        return sse_data(_encode(p.ChatCompletionChunk(self.request_id, self.created, self.model, [choice], **extra)))
+        return sse_data(_encode(self._envelope([choice], **extra)))
+
+    def _envelope(self, choices: list[p.ChatChunkChoice], **extra: Any) -> p.ChatCompletionChunk:
+        return p.ChatCompletionChunk(id=self.request_id, object="chat.completion.chunk", created=self.created,
+                                     model=self.model, choices=choices, **extra)
 
     def opening(self) -> list[bytes]:
         return [self._chunk(p.Delta(role="assistant", content=""))]
@@ -244,7 +249,7 @@ class ChatStream(StreamFormat):
         out = [self.delta(text)] if text else []
         out.append(self._chunk(p.Delta(), finish_reason(finish), slotserve=slotserve_info(finish)))
         if self.include_usage:
-            out.append(sse_data(_encode(p.ChatCompletionChunk(self.request_id, self.created, self.model, [], usage=usage(finish)))))
+            out.append(sse_data(_encode(self._envelope([], usage=usage(finish)))))
         return out
 
 
@@ -259,7 +264,11 @@ class CompletionStream(StreamFormat):
 
     def _chunk(self, text: str, finish: str | None = None, **extra: Any) -> bytes:
         choice = p.CompletionChoice(index=0, text=text, finish_reason=finish)
-        return sse_data(_encode(p.Completion(self.request_id, self.created, self.model, [choice], **extra)))
+        return sse_data(_encode(self._envelope([choice], **extra)))
+
+    def _envelope(self, choices: list[p.CompletionChoice], **extra: Any) -> p.Completion:
+        return p.Completion(id=self.request_id, object="text_completion", created=self.created, model=self.model,
+                            choices=choices, **extra)
 
     def delta(self, text: str) -> bytes:
         return self._chunk(text)
@@ -271,5 +280,5 @@ class CompletionStream(StreamFormat):
         out = [self.delta(text)] if text else []
         out.append(self._chunk("", finish_reason(finish), slotserve=slotserve_info(finish)))
         if self.include_usage:
-            out.append(sse_data(_encode(p.Completion(self.request_id, self.created, self.model, [], usage=usage(finish)))))
+            out.append(sse_data(_encode(self._envelope([], usage=usage(finish)))))
         return out

@@ -1,0 +1,191 @@
+"""Stand-ins and helpers for the gateway tests: a byte tokenizer, a ChatML template, a Runtime
+over `FakeSlotPool` + the real Scheduler, an ASGI driver for disconnects, a live uvicorn thread.
+
+Byte tokenizer ids:  0..255 the bytes, 256 <|im_start|>, 257 <|im_end|> (eos), 258 <|endoftext|>.
+With FakeSlotPool's pseudo-random logits the greedy output is arbitrary bytes, so UTF-8 hold-back
+and U+FFFD handling are exercised by every test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import socket
+import threading
+import time
+from typing import Any, AsyncIterator, Iterator, Sequence
+
+import httpx
+
+from slotserve.gateway.app import create_app
+from slotserve.gateway.config import ServeConfig
+from slotserve.gateway.runtime import Runtime
+from slotserve.metrics import ServerMetrics
+from slotserve.scheduler.config import SchedulerConfig
+from slotserve.scheduler.fake_engine import FakeSlotPool
+from slotserve.scheduler.scheduler import Scheduler
+
+SPECIALS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+IM_START, IM_END, ENDOFTEXT = 256, 257, 258
+_SPECIAL_RE = re.compile("|".join(re.escape(s) for s in SPECIALS))
+
+
+class ByteTokenizer:
+    n_vocab = 259
+    eos_token_ids = (IM_END,)
+    add_bos_token = False
+    token_bytes: list[bytes] = [bytes([b]) for b in range(256)] + [s.encode() for s in SPECIALS]
+
+    def encode(self, text: str, *, add_bos: bool = False) -> list[int]:
+        ids: list[int] = [ENDOFTEXT] if add_bos else []
+        pos = 0
+        for m in _SPECIAL_RE.finditer(text):
+            ids.extend(text[pos : m.start()].encode())
+            ids.append(256 + SPECIALS.index(m.group()))
+            pos = m.end()
+        ids.extend(text[pos:].encode())
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return b"".join(self.token_bytes[i] for i in ids).decode("utf-8", errors="replace")
+
+
+class ChatML:
+    """The ChatML layout in plain Python (what the engine's jinja template renders)."""
+
+    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        if any(m["role"] not in ("system", "user", "assistant", "tool") for m in messages):
+            raise ValueError("unsupported role")
+        out = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        return out + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+    def system_prefix(self, messages: list[dict[str, Any]], *,
+                      tools: list[dict[str, Any]] | None = None) -> str | None:
+        if messages and messages[0]["role"] == "system":
+            return self.render(messages[:1], add_generation_prompt=False)
+        return None
+
+
+MODEL = "fake-model"
+
+
+def make_runtime(*, num_slots: int = 2, ctx_len: int = 512, max_queue: int = 8, reuse: bool = True,
+                 metrics: ServerMetrics | None = None) -> tuple[Runtime, FakeSlotPool]:
+    tok = ByteTokenizer()
+    pool = FakeSlotPool(num_slots, ctx_len, n_vocab=tok.n_vocab)
+    sched = Scheduler(
+        pool,
+        SchedulerConfig(max_queue=max_queue, reuse_enabled=reuse, segment_tokens=64, step_token_budget=64),
+        token_bytes=tok.token_bytes,
+        eos_token_ids=set(tok.eos_token_ids),
+        stats_sink=metrics.sink if metrics is not None else None,
+    )
+    runtime = Runtime(scheduler=sched, tokenizer=tok, chat=ChatML(), model_names=(MODEL, "alias"),
+                      ctx_len=ctx_len, num_slots=num_slots, kv_bytes=pool.kv_bytes, kernel_variant="fake",
+                      model_path="fake.gguf", created=1700000000)
+    return runtime, pool
+
+
+def serve_config(**overrides: Any) -> ServeConfig:
+    base: dict[str, Any] = {"max_tokens_limit": 64, "default_max_tokens": 16}
+    base.update(overrides)
+    return ServeConfig(**base)
+
+
+@contextlib.asynccontextmanager
+async def running_app(app: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """Run the app's lifespan and give an httpx client bound to it (no sockets)."""
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield client
+
+
+def sse_events(body: str) -> list[Any]:
+    """Parse an SSE body into JSON payloads (and the string "[DONE]"); asserts the framing."""
+    assert body.endswith("\n\n"), body[-50:]
+    events = []
+    for block in body.split("\n\n")[:-1]:
+        assert block.startswith("data: "), block
+        data = block[len("data: "):]
+        events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def chat_body(messages: list[dict[str, str]], **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": messages, "temperature": 0, **extra}
+
+
+class ASGIDriver:
+    """Call the ASGI app directly with a receive() we control, to model a client leaving."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def request(self, method: str, path: str, body: bytes,
+                      disconnect: asyncio.Event) -> tuple[list[dict[str, Any]], asyncio.Task[None]]:
+        """Start a request; returns (sent messages, task running the app). Setting `disconnect`
+        makes receive() report http.disconnect."""
+        sent: list[dict[str, Any]] = []
+        body_sent = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal body_sent
+            if not body_sent:
+                body_sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await disconnect.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {
+            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+            "method": method, "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
+            "query_string": b"", "headers": [(b"content-type", b"application/json"),
+                                             (b"content-length", str(len(body)).encode())],
+            "client": ("127.0.0.1", 1), "server": ("test", 80), "state": {},
+        }
+        task = asyncio.ensure_future(self.app(scope, receive, send))
+        return sent, task
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """The app under a real uvicorn server in a thread, on 127.0.0.1 and a free port."""
+
+    def __init__(self, app: Any, runtime: Runtime, config: ServeConfig):
+        from slotserve.gateway.server import DrainingServer, uvicorn_config
+
+        self.config = config
+        self.server = DrainingServer(uvicorn_config(app, config), runtime.scheduler, config.drain_grace_s)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.url = config.url
+
+    def __enter__(self) -> "LiveServer":
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@contextlib.contextmanager
+def live_server(app: Any, runtime: Runtime, config: ServeConfig) -> Iterator[LiveServer]:
+    with LiveServer(app, runtime, config) as server:
+        yield server

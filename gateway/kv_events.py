@@ -21,7 +21,7 @@ set of hashes of all full blocks live in any slot.
 
 Wire format (vLLM's `vllm.distributed.kv_events`, msgpack via msgspec array-like structs): one
 ZMQ multipart message per batch, [topic, seq as 8-byte big-endian unsigned, payload], payload =
-msgpack array [ts, [event, ...]] where each event is a tagged array:
+msgpack array [ts, [event, ...], data_parallel_rank (nil)] where each event is a tagged array:
 
     ["BlockStored", [hash, ...], parent_hash | nil, [token_id, ...], block_size, lora_id | nil, medium | nil]
     ["BlockRemoved", [hash, ...], medium | nil]

@@ -15,6 +15,7 @@ decoded by msgspec into the Structs of `protocol.py`; `translate.py` maps them t
     GET  /health                 no    liveness
     GET  /ready                  no    model loaded and not draining
     GET  /metrics                no    Prometheus text
+    (plus the routes routers call, from router_compat.py)
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from starlette.routing import Route
 from ..scheduler.request import Draining, GenerationRequest, PromptTooLong, QueueFull
 from ..scheduler.stats import SchedulerStats, StatsSink
 from . import protocol as p
-from . import translate
+from . import router_compat, translate
 from .config import ServeConfig
 from .errors import (
     APIError,
@@ -318,6 +319,7 @@ def create_app(runtime: Runtime, config: ServeConfig, *, metrics: MetricsExporte
         route("/ready", ready, ["GET"], protected=False),
         route("/metrics", metrics_text, ["GET"], protected=False),
     ]
+    routes += router_compat.routes(gw)  # /model_info, /server_info, /v1/*/render (scale-out routers)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

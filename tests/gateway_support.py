@@ -85,7 +85,7 @@ def make_runtime(*, num_slots: int = 2, ctx_len: int = 512, max_queue: int = 8, 
     )
     runtime = Runtime(scheduler=sched, tokenizer=tok, chat=ChatML(), model_names=(MODEL, "alias"),
                       ctx_len=ctx_len, num_slots=num_slots, kv_bytes=pool.kv_bytes, kernel_variant="fake",
-                      model_path="fake.gguf", created=1700000000)
+                      model_path="fake.gguf", created=1700000000, extra={"pool": pool})
     return runtime, pool
 
 

@@ -9,6 +9,7 @@ identical greedy text warm and cold. Also: SIGTERM-style drain on a live server,
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -105,43 +106,80 @@ def test_openai_client_against_the_fake_engine(fake_live: tuple[LiveServer, Any]
         check_cold_matches(cold_server, "fake-model", seen["turn2"], seen["warm_text"], 12)
 
 
-def test_drain_on_a_live_server(fake_live: tuple[LiveServer, Any]) -> None:
-    """Drain: /ready and new requests get 503, the running stream finishes, the server stops."""
-    server, runtime = fake_live
-    headers = {"Authorization": "Bearer k-123"}
-    body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 64, "ignore_eos": True,
-            "temperature": 0, "stream": True}
+def slow_engine(pool: Any, step_s: float) -> None:
+    """Make every forward of the fake engine take `step_s` (a stream stays in flight)."""
+    pool.forward_hook = lambda batch: time.sleep(step_s)
+
+
+def stream_in_thread(server: LiveServer, body: dict[str, Any]) -> tuple[threading.Thread, dict[str, Any], threading.Event]:
+    """POST a streaming chat in a thread; returns (thread, result dict with "lines", first-line event)."""
     got: dict[str, Any] = {}
     started = threading.Event()
 
-    def stream() -> None:
-        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, headers=headers, timeout=30) as r:
+    def run() -> None:
+        with httpx.stream("POST", server.url + "/v1/chat/completions", json=body,
+                          headers={"Authorization": "Bearer k-123"}, timeout=30) as r:
             lines = []
             for line in r.iter_lines():
-                lines.append(line)
-                started.set()
+                if line:
+                    lines.append(line)
+                    started.set()
             got["lines"] = lines
 
-    t = threading.Thread(target=stream)
+    t = threading.Thread(target=run)
     t.start()
-    assert started.wait(10)
-    server.server.request_drain()
+    return t, got, started
+
+
+def wait_draining(runtime: Any) -> None:
     deadline = time.monotonic() + 10
     while not runtime.scheduler.stats().draining:
-        assert time.monotonic() < deadline
+        assert time.monotonic() < deadline, "the drain did not start"
         time.sleep(0.01)
-    refused = None
-    try:
-        refused = httpx.post(server.url + "/v1/chat/completions", json=body, headers=headers, timeout=10)
-    except httpx.TransportError:
-        pass  # the drain may already be over and the listener closed
+
+
+def test_drain_finishes_running_requests_and_refuses_new_ones(fake_live: tuple[LiveServer, Any]) -> None:
+    """SIGTERM's drain: /ready and new requests get 503 while the running stream goes on to
+    [DONE]; then the server stops by itself."""
+    server, runtime = fake_live
+    slow_engine(runtime.extra["pool"], 0.03)
+    body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 60, "ignore_eos": True,
+            "temperature": 0, "stream": True}
+    t, got, started = stream_in_thread(server, body)
+    assert started.wait(10)
+    server.server.request_drain()
+    wait_draining(runtime)
+    ready = httpx.get(server.url + "/ready", timeout=10)
+    refused = httpx.post(server.url + "/v1/chat/completions", json=body,
+                         headers={"Authorization": "Bearer k-123"}, timeout=10)
+    assert t.is_alive(), "the stream must still be running while the drain refuses new work"
     t.join(30)
     server.thread.join(30)
-    assert not server.thread.is_alive()  # the server stopped by itself after draining
-    assert got["lines"][-2:] == ["data: [DONE]", ""] or got["lines"][-1] == "data: [DONE]"
-    if refused is not None:
-        assert refused.status_code == 503
-        assert refused.json()["error"]["code"] == "draining"
+    assert not server.thread.is_alive()  # stopped by itself once drained
+    assert ready.status_code == 503 and ready.json()["error"]["code"] == "draining"
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "draining"
+    assert got["lines"][-1] == "data: [DONE]"
+    finish = json.loads(got["lines"][-2][len("data: "):])
+    assert finish["choices"][0]["finish_reason"] == "length"  # it ran to max_tokens
+
+
+def test_drain_past_the_grace_period_cancels(fake_live: tuple[LiveServer, Any]) -> None:
+    server, runtime = fake_live
+    server.server.grace_s = 0.2
+    slow_engine(runtime.extra["pool"], 0.03)
+    body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 64, "ignore_eos": True,
+            "temperature": 0, "stream": True}
+    t, got, started = stream_in_thread(server, body)
+    assert started.wait(10)
+    server.server.request_drain()
+    t.join(30)
+    server.thread.join(30)
+    assert not server.thread.is_alive()
+    assert got["lines"][-1] == "data: [DONE]"
+    error = json.loads(got["lines"][-2][len("data: "):])
+    assert error["error"]["code"] == "cancelled"
+    held = [v for v in runtime.scheduler.slots() if v.request_id is not None]
+    assert held == []
 
 
 # ------------------------------------------------------------------ real engine

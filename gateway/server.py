@@ -27,10 +27,11 @@ log = logging.getLogger("slotserve.gateway")
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, scheduler: Any, grace_s: float):
+    def __init__(self, config: uvicorn.Config, scheduler: Any, grace_s: float, banner: str | None = None):
         super().__init__(config)
         self.scheduler = scheduler
         self.grace_s = grace_s
+        self.banner = banner  # printed once the socket is bound
         self.is_drain_requested = False
         self._drain_task: asyncio.Task[None] | None = None
 
@@ -42,6 +43,11 @@ class DrainingServer(uvicorn.Server):
             return
         log.info("received %s: draining (grace %.0fs)", signal.Signals(sig).name, self.grace_s)
         self.is_drain_requested = True
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and self.banner:
+            print(self.banner, flush=True)
 
     def request_drain(self) -> None:
         """Start the drain as a signal would (for tests and embedding; call on the loop)."""
@@ -100,8 +106,8 @@ def serve(config: ServeConfig) -> int:
     runtime = load_runtime(config, stats_sink=metrics.sink)
     metrics.registry.register(RouterCompatCollector(runtime.scheduler.stats, runtime.model_name))
     app = create_app(runtime, config, metrics=metrics)
-    server = DrainingServer(uvicorn_config(app, config), runtime.scheduler, config.drain_grace_s)
-    print(summary_line(runtime, config), flush=True)
+    server = DrainingServer(uvicorn_config(app, config), runtime.scheduler, config.drain_grace_s,
+                            banner=summary_line(runtime, config))
     server.run()
     if server.started or server.is_drain_requested:
         return 0

@@ -158,3 +158,26 @@ async def test_finished_stream_sends_no_cancel() -> None:
         await asyncio.wait_for(task, 10)
     assert spy.acked == []  # nothing to cancel: the request had finished
     assert sse_events(body_of(sent))[-1] == "[DONE]"
+
+
+async def test_disconnect_during_prefill_cancels_between_segments() -> None:
+    app, runtime, pool, spy = setup(num_slots=1)
+    pool.forward_hook = lambda batch: threading.Event().wait(0.02)  # each 64-token segment takes a while
+    driver = ASGIDriver(app)
+    gone = asyncio.Event()
+    long_prompt = [{"role": "user", "content": "word " * 80}]  # ~420 tokens: several prefill segments
+    body = json.dumps(chat_body(long_prompt, max_tokens=4, stream=True)).encode()
+    async with running_app(app) as client:
+        sent, task = await driver.request("POST", "/v1/chat/completions", body, gone)
+        await wait_until(lambda: any(v.state == "prefill" for v in runtime.scheduler.slots()))
+        gone.set()
+        await asyncio.wait_for(task, 10)
+        assert spy.acked == [True]
+        finish = spy.handles[0].finish
+        assert finish.reason is FinishReason.CANCELLED
+        assert finish.completion_tokens == 0
+        assert_slots_free(runtime)
+        pool.forward_hook = None
+        other = [{"role": "user", "content": "Something else entirely."}]
+        r = await client.post("/v1/chat/completions", json=chat_body(other, max_tokens=12))
+    assert r.json()["choices"][0]["message"]["content"] == await reference_text(other, 12)

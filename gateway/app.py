@@ -60,7 +60,6 @@ log = logging.getLogger("slotserve.gateway")
 
 T = TypeVar("T")
 _encoder = msgspec.json.Encoder()
-_decoders: dict[type, msgspec.json.Decoder] = {}
 
 
 class MetricsExporter(Protocol):
@@ -90,6 +89,7 @@ class Gateway:
         self.metrics = metrics
         self.is_serving = False  # set while the lifespan holds the scheduler
         self._api_key = config.api_key.encode() if config.api_key is not None else None
+        self._decoders: dict[type, msgspec.json.Decoder] = {}  # body Struct -> its decoder, built once
 
     # ---- checks shared by the routes
 
@@ -124,9 +124,9 @@ class Gateway:
             if size > limit:
                 raise body_too_large(limit)
             chunks.append(chunk)
-        decoder = _decoders.get(kind)
+        decoder = self._decoders.get(kind)
         if decoder is None:
-            decoder = _decoders[kind] = msgspec.json.Decoder(kind)
+            decoder = self._decoders[kind] = msgspec.json.Decoder(kind)
         try:
             return decoder.decode(b"".join(chunks))
         except msgspec.DecodeError as exc:

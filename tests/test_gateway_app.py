@@ -243,3 +243,44 @@ async def test_tokenize_and_detokenize_round_trip() -> None:
     assert special["tokens"] == [258, ord("a")]
     assert chat["tokens"] == runtime.encode_chat([USER1])[0]
     assert back == {"content": text, "prompt": text}
+
+
+async def test_prefix_hint_is_where_the_system_turn_ends() -> None:
+    app, runtime, _ = app_and_pool()
+    seen: list[Any] = []
+    submit = runtime.scheduler.submit
+    runtime.scheduler.submit = lambda req: (seen.append(req), submit(req))[1]
+    async with running_app(app) as client:
+        await client.post("/v1/chat/completions", json=chat_body([SYSTEM, USER1], max_tokens=2))
+        await client.post("/v1/chat/completions", json=chat_body([USER1], max_tokens=2))
+        await client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 2})
+    system_ids = ByteTokenizer().encode(f"<|im_start|>system\n{SYSTEM['content']}<|im_end|>\n")
+    with_system, without_system, completion = seen
+    assert with_system.prefix_hint == len(system_ids)
+    assert with_system.prompt_ids[: len(system_ids)] == system_ids
+    assert without_system.prefix_hint is None
+    assert completion.prefix_hint is None
+    assert with_system.params.temperature == 0.0 and with_system.params.max_tokens == 2
+
+
+def test_sampling_fields_map_onto_sampling_params() -> None:
+    import msgspec
+
+    from slotserve.gateway import protocol
+    from slotserve.gateway.translate import chat_request
+
+    runtime, _ = make_runtime()
+    body = chat_body([USER1], max_tokens=50, max_completion_tokens=7, top_k=-1, top_p=0.5, min_p=0.1, seed=-1,
+                     stop="END", stop_token_ids=[5], presence_penalty=0.5, frequency_penalty=-0.5, ignore_eos=True)
+    req = msgspec.json.decode(msgspec.json.encode(body), type=protocol.ChatCompletionRequest)
+    params = chat_request(req, serve_config(), runtime, "r1").params
+    assert params.max_tokens == 7  # max_completion_tokens wins over max_tokens
+    assert params.top_k == 0  # -1 means off
+    assert (params.top_p, params.min_p, params.temperature) == (0.5, 0.1, 0.0)
+    assert params.seed == 2**63 - 1  # folded into the non-negative range
+    assert params.stop == ("END",) and params.stop_token_ids == (5,)
+    assert (params.presence_penalty, params.frequency_penalty, params.ignore_eos) == (0.5, -0.5, True)
+    defaults = chat_request(msgspec.json.decode(b'{"messages":[{"role":"user","content":"x"}]}',
+                                                type=protocol.ChatCompletionRequest), serve_config(), runtime, "r2")
+    assert defaults.params.temperature == 1.0 and defaults.params.max_tokens == 16  # serve_config's default
+    assert defaults.request_id == "r2"

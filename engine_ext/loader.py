@@ -22,14 +22,14 @@ class ModelBundle:
     pool: Any  # slotserve.engine_ext.SlotPool (satisfies scheduler.interface.SlotPool)
 
 
-def open_model(path: str | os.PathLike[str], *, num_slots: int, ctx_len: int, threads: int | None = None,
+def open_model(path: str | os.PathLike[str] | ModelFile, *, num_slots: int, ctx_len: int, threads: int | None = None,
                kv_dtype: str = "f16") -> ModelBundle:
-    """Load and validate the GGUF at `path`, build its tokenizer and chat template, and allocate
+    """Load and validate the GGUF at `path` (or take an already loaded ModelFile), build its tokenizer and chat template, and allocate
     a SlotPool of `num_slots` slots of `ctx_len` tokens each (all KV memory allocated here).
     ValueError with the cause for a bad file or bad pool parameters."""
     from . import SlotPool  # the compiled engine; imported only when a pool is wanted
 
-    model_file = load_model_file(path)
+    model_file = path if isinstance(path, ModelFile) else load_model_file(path)
     tokenizer = Tokenizer.from_model_file(model_file)
     if tokenizer.n_vocab != model_file.config.n_vocab:
         raise ValueError(f"{model_file.path}: tokenizer has {tokenizer.n_vocab} tokens, the model "

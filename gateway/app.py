@@ -249,9 +249,13 @@ async def tokenize(gw: Gateway, request: Request) -> Response:
         except PromptError as exc:
             raise bad_request(str(exc), param="messages") from None
     else:
-        text = req.content if req.content is not None else req.prompt
-        assert text is not None
-        ids = gw.runtime.encode_text(text, add_bos=req.add_special)
+        add_bos = req.add_special if req.add_special is not None else req.add_special_tokens
+        if req.content is not None:
+            ids = gw.runtime.encode_text(req.content, add_bos=bool(add_bos))
+        else:
+            assert req.prompt is not None
+            ids = gw.runtime.encode_prompt(req.prompt) if add_bos is None else \
+                gw.runtime.encode_text(req.prompt, add_bos=add_bos)
     return json_response(p.TokenizeResponse(tokens=ids, count=len(ids), max_model_len=gw.runtime.ctx_len))
 
 

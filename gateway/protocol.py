@@ -114,7 +114,11 @@ class TokenizeRequest(Struct):
     content: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special: bool = False  # put the model's BOS in front (when it has one)
+    # BOS in front (when the model has one): llama.cpp's name, then vLLM's. When neither is given,
+    # `prompt` is tokenized as /v1/completions would (BOS if the model asks for it), `content`
+    # without BOS (llama.cpp's default).
+    add_special: bool | None = None
+    add_special_tokens: bool | None = None
     add_generation_prompt: bool = True  # with `messages`
 
 

@@ -234,6 +234,7 @@ async def test_tokenize_and_detokenize_round_trip() -> None:
         llama = (await client.post("/tokenize", json={"content": text})).json()
         vllm = (await client.post("/tokenize", json={"model": MODEL, "prompt": text})).json()
         special = (await client.post("/tokenize", json={"content": "a", "add_special": True})).json()
+        vllm_special = (await client.post("/tokenize", json={"prompt": "a", "add_special_tokens": True})).json()
         chat = (await client.post("/tokenize", json={"messages": [USER1]})).json()
         back = (await client.post("/detokenize", json={"tokens": llama["tokens"]})).json()
     assert llama["tokens"] == ByteTokenizer().encode(text)
@@ -241,6 +242,7 @@ async def test_tokenize_and_detokenize_round_trip() -> None:
     assert llama == vllm
     assert llama["count"] == len(llama["tokens"]) and llama["max_model_len"] == 512
     assert special["tokens"] == [258, ord("a")]
+    assert vllm_special["tokens"] == [258, ord("a")]
     assert chat["tokens"] == runtime.encode_chat([USER1])[0]
     assert back == {"content": text, "prompt": text}
 
@@ -284,3 +286,16 @@ def test_sampling_fields_map_onto_sampling_params() -> None:
                                                 type=protocol.ChatCompletionRequest), serve_config(), runtime, "r2")
     assert defaults.params.temperature == 1.0 and defaults.params.max_tokens == 16  # serve_config's default
     assert defaults.request_id == "r2"
+
+
+async def test_tokenize_prompt_counts_like_completions_for_a_bos_model() -> None:
+    """A model that wants BOS: /tokenize {"prompt"} gives exactly the ids /v1/completions prefills."""
+    app, runtime, _ = app_and_pool()
+    runtime.tokenizer.add_bos_token = True  # this instance only
+    async with running_app(app) as client:
+        tok = (await client.post("/tokenize", json={"prompt": "hello"})).json()
+        raw = (await client.post("/tokenize", json={"content": "hello"})).json()
+        comp = (await client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 1})).json()
+    assert tok["tokens"] == [258, *b"hello"]
+    assert raw["tokens"] == list(b"hello")
+    assert comp["usage"]["prompt_tokens"] == tok["count"]

@@ -550,7 +550,10 @@ class Scheduler:
                 c = common_prefix_len(seq.prompt, last)
                 if c >= cfg.min_checkpoint_tokens and c > d.reuse_len:
                     points.setdefault(c, CaptureRule.COMMON_PREFIX)
-        if cfg.capture_prompt_end and L >= cfg.min_checkpoint_tokens:
+        # NOTE: a prompt mostly reused from a live slot or checkpoint is not captured again at
+        # its end: its source still holds it, and capture-on-evict saves the slot when needed.
+        # A snapshot copies every row of the prompt, so this keeps captures to fresh work.
+        if cfg.capture_prompt_end and L >= cfg.min_checkpoint_tokens and L - d.reuse_len >= d.reuse_len:
             points.setdefault(L, CaptureRule.PROMPT_END)
         seq.capture_points = sorted(points.items())
 

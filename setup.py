@@ -29,4 +29,11 @@ extensions = [
     )
 ]
 
-setup(ext_modules=cythonize(extensions, language_level=3, compiler_directives={"boundscheck": False, "wraparound": False}))
+setup(
+    ext_modules=cythonize(
+        extensions,
+        include_path=["engine_ext"],
+        language_level=3,
+        compiler_directives={"boundscheck": False, "wraparound": False},
+    )
+)

@@ -1,3 +1,316 @@
-# placeholder, replaced by the engine
-def kernel_variant():
-    return "scalar"
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""The C engine behind Python: `Engine` owns the C memory (weights are borrowed from the model
+file's memory map, which it keeps alive); `KernelTable` exposes single kernels for tests.
+
+Design: this module converts and forwards; the contracts (validation, records, snapshots, the
+fault hook) live in pool.py. Every call into C that does real work releases the GIL.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from libc.stdint cimport int8_t, int32_t, uint8_t, uint16_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
+
+import numpy as np
+
+from kernels cimport *
+
+KERNEL_NAMES = ("auto", "scalar", "avx2")
+
+
+cdef const kernel_table *_select(str name) except NULL:
+    if name not in KERNEL_NAMES:
+        raise ValueError(f"unknown kernel variant {name!r}; choose one of {', '.join(KERNEL_NAMES)}")
+    cdef bytes raw = name.encode()
+    cdef const kernel_table *kt = kernels_select(raw)
+    if kt == NULL:
+        raise ValueError(f"kernel variant {name!r} is not supported by this CPU; use 'auto' or 'scalar'")
+    return kt
+
+
+def resolve_variant(str name) -> str:
+    """The kernel variant `name` ('auto', 'scalar', 'avx2') selects on this CPU."""
+    return _select(name).name.decode()
+
+
+def avx2_supported() -> bool:
+    return bool(kernels_avx2_supported())
+
+
+def row_bytes(int ggml_type, int k) -> int:
+    return ggml_row_bytes(ggml_type, k)
+
+
+cdef weight_t _weight(object ref) except *:
+    cdef const uint8_t[::1] raw = ref.data
+    cdef weight_t w
+    w.type = ref.ggml_type
+    w.n_in = ref.shape[0]
+    w.n_out = ref.shape[1] if len(ref.shape) > 1 else 1
+    w.data = &raw[0]
+    if <size_t>raw.shape[0] != ggml_row_bytes(w.type, w.n_in) * <size_t>w.n_out:
+        raise ValueError(f"tensor {ref.name!r}: {raw.shape[0]} bytes do not match its shape {ref.shape}")
+    return w
+
+
+cdef const float *_f32(object ref, int n) except NULL:
+    cdef const uint8_t[::1] raw = ref.data
+    if ref.ggml_type != GGML_TYPE_F32 or raw.shape[0] != 4 * n:
+        raise ValueError(f"tensor {ref.name!r}: expected {n} F32 values")
+    return <const float *>&raw[0]
+
+
+cdef class Engine:
+    """The forward pass and KV memory for `num_slots` slots of `ctx_len` tokens.
+
+    Not thread-safe: the caller serialises calls (pool.SlotPool holds a lock)."""
+
+    cdef engine *e
+    cdef object model_file  # keeps the weights' memory map alive
+    cdef readonly int num_slots, ctx_len, n_vocab, n_threads, max_batch_tokens
+    cdef readonly size_t kv_bytes, kv_row_bytes
+    cdef readonly str kernel_variant, kv_dtype
+
+    def __cinit__(self, model_file, int num_slots, int ctx_len, int threads, str kv_dtype,
+                  int max_batch_tokens, str kernels):
+        self.e = NULL
+        if kv_dtype not in ("f16", "f32"):
+            raise ValueError(f"kv_dtype must be 'f16' or 'f32', got {kv_dtype!r}")
+        cdef const kernel_table *kt = _select(kernels)
+        cfg = model_file.config
+        cdef model_desc m
+        m.n_layers = cfg.n_layers
+        m.dim = cfg.dim
+        m.n_heads = cfg.n_heads
+        m.n_kv_heads = cfg.n_kv_heads
+        m.head_dim = cfg.head_dim
+        m.ffn_dim = cfg.ffn_dim
+        m.n_vocab = cfg.n_vocab
+        m.rope_base = cfg.rope_base
+        m.rms_eps = cfg.rms_eps
+        t = model_file.tensors
+        m.token_embd = _weight(t["token_embd.weight"])
+        m.output = _weight(t["token_embd.weight" if cfg.tied_output else "output.weight"])
+        m.output_norm = _f32(t["output_norm.weight"], cfg.dim)
+        cdef layer_weights *layers = <layer_weights *>malloc(sizeof(layer_weights) * cfg.n_layers)
+        if layers == NULL:
+            raise MemoryError()
+        cdef int status = ENGINE_OK
+        cdef int kv_f16 = kv_dtype == "f16"
+        try:
+            for i in range(cfg.n_layers):
+                p = f"blk.{i}."
+                layers[i].attn_norm = _f32(t[p + "attn_norm.weight"], cfg.dim)
+                layers[i].attn_q = _weight(t[p + "attn_q.weight"])
+                layers[i].attn_k = _weight(t[p + "attn_k.weight"])
+                layers[i].attn_v = _weight(t[p + "attn_v.weight"])
+                layers[i].attn_output = _weight(t[p + "attn_output.weight"])
+                layers[i].ffn_norm = _f32(t[p + "ffn_norm.weight"], cfg.dim)
+                layers[i].ffn_gate = _weight(t[p + "ffn_gate.weight"])
+                layers[i].ffn_up = _weight(t[p + "ffn_up.weight"])
+                layers[i].ffn_down = _weight(t[p + "ffn_down.weight"])
+            m.layers = layers
+            with nogil:
+                self.e = engine_create(&m, kt, num_slots, ctx_len, kv_f16, max_batch_tokens, threads, &status)
+        finally:
+            free(layers)
+        if self.e == NULL:
+            if status == ENGINE_ENOMEM:
+                raise MemoryError(f"cannot allocate KV and buffers for {num_slots} slots x {ctx_len} tokens")
+            raise ValueError("the engine rejected the model or its arguments (shapes or types unsupported)")
+        self.model_file = model_file
+        self.num_slots = num_slots
+        self.ctx_len = ctx_len
+        self.n_vocab = cfg.n_vocab
+        self.n_threads = engine_n_threads(self.e)
+        self.max_batch_tokens = max_batch_tokens
+        self.kv_bytes = engine_kv_bytes(self.e)
+        self.kv_row_bytes = engine_kv_row_bytes(self.e)
+        self.kernel_variant = kt.name.decode()
+        self.kv_dtype = kv_dtype
+
+    def __dealloc__(self):
+        if self.e != NULL:
+            engine_destroy(self.e)
+            self.e = NULL
+
+    def forward(self, const int32_t[:, ::1] items, const int32_t[::1] tokens, float[:, ::1] logits,
+                int fault_layer=-1):
+        """items: int32 [n, 4] (slot, start_pos, n_tokens, want_logits), validated by the caller;
+        tokens: the items' ids concatenated; logits: float32 [n_want, n_vocab] written in place.
+        Returns the engine status (0 ok, ENGINE_EFAULT when the test fault fired)."""
+        cdef int n = items.shape[0], i, off = 0, status
+        if items.shape[1] != 4 or logits.shape[1] != self.n_vocab:
+            raise ValueError("forward: bad array shapes")
+        cdef engine_item *its = <engine_item *>malloc(sizeof(engine_item) * max(n, 1))
+        if its == NULL:
+            raise MemoryError()
+        cdef float *out = &logits[0, 0] if logits.shape[0] > 0 else NULL
+        try:
+            for i in range(n):
+                its[i].slot = items[i, 0]
+                its[i].start_pos = items[i, 1]
+                its[i].n_tokens = items[i, 2]
+                its[i].want_logits = items[i, 3]
+                if off + items[i, 2] > tokens.shape[0]:
+                    raise ValueError("forward: token array shorter than the items")
+                its[i].tokens = &tokens[off]
+                off += items[i, 2]
+            with nogil:
+                status = engine_forward(self.e, its, n, out, fault_layer)
+        finally:
+            free(its)
+        if status == ENGINE_EINVAL:
+            raise ValueError("forward: the engine rejected the batch (slot, position or token id out of range)")
+        return status
+
+    def kv_snapshot(self, int slot, int n, bytes head) -> bytes:
+        """bytes: `head` followed by the first n KV rows of `slot` (engine_kv_read order)."""
+        self._check(slot, n)
+        cdef Py_ssize_t hlen = len(head)
+        cdef size_t kv_len = <size_t>n * self.kv_row_bytes
+        out = PyBytes_FromStringAndSize(NULL, hlen + kv_len)
+        cdef char *dst = PyBytes_AS_STRING(out)
+        memcpy(dst, <const char *>head, hlen)
+        with nogil:
+            engine_kv_read(self.e, slot, n, dst + hlen)
+        return out
+
+    def kv_restore(self, int slot, int n, const uint8_t[::1] kv):
+        """Overwrite the first n KV rows of `slot` from bytes laid out as kv_snapshot writes them."""
+        self._check(slot, n)
+        if <size_t>kv.shape[0] != <size_t>n * self.kv_row_bytes:
+            raise ValueError("kv_restore: wrong KV byte count")
+        if n == 0:
+            return
+        with nogil:
+            engine_kv_write(self.e, slot, n, &kv[0])
+
+    def kv_copy(self, int src, int dst, int n):
+        self._check(src, n)
+        self._check(dst, n)
+        with nogil:
+            engine_kv_copy(self.e, src, dst, n)
+
+    cdef _check(self, int slot, int n):
+        if not (0 <= slot < self.num_slots and 0 <= n <= self.ctx_len):
+            raise ValueError(f"slot {slot} / length {n} out of range")
+
+
+cdef class KernelTable:
+    """One kernel variant, callable kernel by kernel on NumPy arrays (for tests)."""
+
+    cdef const kernel_table *kt
+    cdef readonly str name
+
+    def __cinit__(self, str variant):
+        self.kt = _select(variant)
+        self.name = self.kt.name.decode()
+
+    def quantize_q8a(self, const float[:, ::1] x):
+        """x float32 [n, k] -> (qs int8 [n, k], d float32 [n, k/32], s float32 [n, k/32])."""
+        cdef int n = x.shape[0], k = x.shape[1], nb = k // QK, r
+        if k % QK:
+            raise ValueError("k must be a multiple of 32")
+        qs = np.empty((n, k), np.int8)
+        d = np.empty((n, nb), np.float32)
+        s = np.empty((n, nb), np.float32)
+        cdef int8_t[:, ::1] qv = qs
+        cdef float[:, ::1] dv = d, sv = s
+        for r in range(n):
+            self.kt.quantize_q8a(&qv[r, 0], &dv[r, 0], &sv[r, 0], &x[r, 0], k)
+        return qs, d, s
+
+    def dequantize_row(self, int ggml_type, const uint8_t[::1] raw, int k):
+        if raw.shape[0] != ggml_row_bytes(ggml_type, k) or ggml_row_bytes(ggml_type, k) == 0:
+            raise ValueError("row bytes do not match type and k")
+        out = np.empty(k, np.float32)
+        cdef float[::1] ov = out
+        self.kt.dequantize_row[ggml_type](&ov[0], &raw[0], k)
+        return out
+
+    def gemm(self, int ggml_type, const uint8_t[::1] w, int n_out, const float[:, ::1] x,
+             quantized=None, y=None, int o0=0, int o1=-1):
+        """Y[r, o] = W[o] . X[r] for o in [o0, o1); quantized = quantize_q8a(x) output for block
+        weights; y (float32 [n, n_out]) given: accumulate into it."""
+        cdef int n = x.shape[0], k = x.shape[1]
+        if o1 < 0:
+            o1 = n_out
+        if w.shape[0] != ggml_row_bytes(ggml_type, k) * n_out:
+            raise ValueError("weight bytes do not match type, k and n_out")
+        cdef act_rows a
+        a.f = &x[0, 0]
+        a.k = k
+        a.qs = NULL
+        a.d = NULL
+        a.s = NULL
+        cdef const int8_t[:, ::1] qv
+        cdef const float[:, ::1] dv, sv
+        if quantized is not None:
+            qv, dv, sv = quantized
+            a.qs = &qv[0, 0]
+            a.d = &dv[0, 0]
+            a.s = &sv[0, 0]
+        elif ggml_type not in (GGML_TYPE_F32, GGML_TYPE_F16):
+            raise ValueError("block weights need the quantized activations")
+        cdef int accumulate = y is not None
+        out = np.zeros((n, n_out), np.float32) if y is None else y
+        cdef float[:, ::1] ov = out
+        with nogil:
+            self.kt.gemm[ggml_type](&ov[0, 0], n_out, &w[0], o0, o1, &a, n, accumulate)
+        return out
+
+    def attention(self, const float[:, ::1] q, k, v, int pos0, int group, int head_dim, float scale):
+        """q float32 [n_q, group*head_dim]; k, v [>= pos0+n_q, head_dim] float16 or float32."""
+        cdef int n_q = q.shape[0], kv_f16 = k.dtype == np.float16
+        if n_q * group > ATTN_MAX_ROWS or q.shape[1] != group * head_dim:
+            raise ValueError("bad attention shapes")
+        kc = np.ascontiguousarray(k).view(np.uint16 if kv_f16 else np.float32)
+        vc = np.ascontiguousarray(v).view(np.uint16 if kv_f16 else np.float32)
+        if kc.shape[0] < pos0 + n_q or vc.shape != kc.shape or kc.shape[1] != head_dim:
+            raise ValueError("bad key/value shapes")
+        cdef const uint8_t[::1] kb = kc.reshape(-1).view(np.uint8), vb = vc.reshape(-1).view(np.uint8)
+        out = np.zeros((n_q, group * head_dim), np.float32)
+        scratch = np.zeros(attn_scratch_floats(kc.shape[0], head_dim), np.float32)
+        cdef float[:, ::1] ov = out
+        cdef float[::1] sv = scratch
+        with nogil:
+            self.kt.attention(&ov[0, 0], group * head_dim, &q[0, 0], group * head_dim, &kb[0], &vb[0],
+                              kv_f16, pos0, n_q, group, head_dim, scale, &sv[0])
+        return out
+
+    def rmsnorm(self, const float[::1] x, const float[::1] w, float eps):
+        out = np.empty(x.shape[0], np.float32)
+        cdef float[::1] ov = out
+        self.kt.rmsnorm(&ov[0], &x[0], &w[0], x.shape[0], eps)
+        return out
+
+    def rope(self, const float[::1] x, int n_heads, int head_dim, const float[::1] cos_sin):
+        out = np.array(x, np.float32)
+        cdef float[::1] ov = out
+        self.kt.rope(&ov[0], n_heads, head_dim, &cos_sin[0])
+        return out
+
+    def silu_mul(self, const float[::1] g, const float[::1] u):
+        out = np.empty(g.shape[0], np.float32)
+        cdef float[::1] ov = out
+        self.kt.silu_mul(&ov[0], &g[0], &u[0], g.shape[0])
+        return out
+
+    def exp(self, const float[::1] x):
+        out = np.empty(x.shape[0], np.float32)
+        cdef float[::1] ov = out
+        self.kt.exp(&ov[0], &x[0], x.shape[0])
+        return out
+
+    def f32_to_f16(self, const float[::1] x):
+        out = np.empty(x.shape[0], np.uint16)
+        cdef uint16_t[::1] ov = out
+        self.kt.f32_to_f16(&ov[0], &x[0], x.shape[0])
+        return out
+
+    def f16_to_f32(self, const uint16_t[::1] h):
+        out = np.empty(h.shape[0], np.float32)
+        cdef float[::1] ov = out
+        self.kt.f16_to_f32(&ov[0], &h[0], h.shape[0])
+        return out

@@ -1,1 +1,82 @@
-int slotserve_placeholder(void) { return 0; }
+/* Kernel variant tables and their selection from cpuid.
+ *
+ * `kernels_select(NULL)` returns the best table this CPU runs; a name forces one ("scalar" is
+ * the portable reference, also called "generic"). The engine resolves the SLOTSERVE_KERNELS
+ * environment variable (auto | scalar | avx2) in Python and passes the name here.
+ */
+#include <string.h>
+
+#include "kernels.h"
+
+static const kernel_table generic_table = {
+    .name = "scalar",
+    .quantize_q8a = quantize_q8a_generic,
+    .dequantize_row = {
+        [GGML_TYPE_F32] = dequantize_row_f32_generic,
+        [GGML_TYPE_F16] = dequantize_row_f16_generic,
+        [GGML_TYPE_Q8_0] = dequantize_row_q8_0_generic,
+        [GGML_TYPE_Q4_0] = dequantize_row_q4_0_generic,
+        [GGML_TYPE_Q4_1] = dequantize_row_q4_1_generic,
+    },
+    .gemm = {
+        [GGML_TYPE_F32] = gemm_f32_generic,
+        [GGML_TYPE_F16] = gemm_f16_generic,
+        [GGML_TYPE_Q8_0] = gemm_q8_0_generic,
+        [GGML_TYPE_Q4_0] = gemm_q4_0_generic,
+        [GGML_TYPE_Q4_1] = gemm_q4_1_generic,
+    },
+    .attention = attention_generic,
+    .rmsnorm = rmsnorm_generic,
+    .rope = rope_generic,
+    .silu_mul = silu_mul_generic,
+    .exp = exp_generic,
+    .f32_to_f16 = f32_to_f16_generic,
+    .f16_to_f32 = f16_to_f32_generic,
+};
+
+#if defined(__x86_64__) || defined(__i386__)
+static const kernel_table avx2_table = {
+    .name = "avx2",
+    .quantize_q8a = quantize_q8a_avx2,
+    .dequantize_row = {
+        [GGML_TYPE_F32] = dequantize_row_f32_generic,
+        [GGML_TYPE_F16] = dequantize_row_f16_avx2,
+        [GGML_TYPE_Q8_0] = dequantize_row_q8_0_avx2,
+        [GGML_TYPE_Q4_0] = dequantize_row_q4_0_avx2,
+        [GGML_TYPE_Q4_1] = dequantize_row_q4_1_avx2,
+    },
+    .gemm = {
+        [GGML_TYPE_F32] = gemm_f32_avx2,
+        [GGML_TYPE_F16] = gemm_f16_avx2,
+        [GGML_TYPE_Q8_0] = gemm_q8_0_avx2,
+        [GGML_TYPE_Q4_0] = gemm_q4_0_avx2,
+        [GGML_TYPE_Q4_1] = gemm_q4_1_avx2,
+    },
+    .attention = attention_avx2,
+    .rmsnorm = rmsnorm_avx2,
+    .rope = rope_avx2,
+    .silu_mul = silu_mul_avx2,
+    .exp = exp_avx2,
+    .f32_to_f16 = f32_to_f16_avx2,
+    .f16_to_f32 = f16_to_f32_avx2,
+};
+#endif
+
+int kernels_avx2_supported(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+#else
+    return 0;
+#endif
+}
+
+const kernel_table *kernels_select(const char *name) {
+    int want_auto = name == NULL || strcmp(name, "auto") == 0;
+    if (!want_auto && (strcmp(name, "scalar") == 0 || strcmp(name, "generic") == 0)) return &generic_table;
+#if defined(__x86_64__) || defined(__i386__)
+    if ((want_auto || strcmp(name, "avx2") == 0) && kernels_avx2_supported()) return &avx2_table;
+#endif
+    return want_auto ? &generic_table : NULL;
+}

@@ -1,0 +1,474 @@
+/* The llama forward pass over a pool of KV slots.
+ *
+ * Design: a forward call is cut into steps of at most max_tokens rows; a step holds segments
+ * (consecutive tokens of one slot) from any number of slots, so one step streams every weight
+ * matrix once for all of its rows. All threads of the pool run the whole step (SPMD), each
+ * taking its share of every phase, with a barrier between phases:
+ *
+ *   embed + rope angles (rows)
+ *   per layer: norm+quantize (rows) | q,k,v matmuls (output rows, dynamic)
+ *              | rope + KV store (rows) | attention (segment x kv head x query tile, dynamic)
+ *              | quantize (rows) | output matmul += residual | norm+quantize | gate,up matmuls
+ *              | silu*up + quantize (rows) | down matmul += residual
+ *   logits: final norm+quantize of the requested rows only | output matmul (vocab, dynamic)
+ *
+ * Which thread computes a row or an output never changes the arithmetic (kernels.h NOTE), so
+ * results do not depend on the thread count or on dynamic scheduling.
+ *
+ * KV memory, one block per slot, head-major so attention streams contiguous rows:
+ *
+ *   kv = [slot][layer][0 = k, 1 = v][kv head][ctx_len][head_dim]   (f16 or f32 elements)
+ *
+ * Position p of a slot lives at row p of each (layer, k/v, head) plane; a slot's first n
+ * tokens are rows 0..n-1 of every plane (what truncate/copy/snapshot rely on).
+ */
+#include "engine.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "threadpool.h"
+
+#define MIN_GEMM_CHUNK 16       /* fewest output rows in one dynamic matmul chunk */
+#define CHUNKS_PER_THREAD 8     /* dynamic matmul chunks per thread (load balance) */
+#define MAX_ROW_LEN (QK * 1024) /* longest weight row the SIMD kernels take */
+#define DYNAMIC_PHASES_PER_LAYER 5 /* q/k/v, attention, output, gate/up, down */
+
+typedef struct {
+    int slot;
+    int pos0;      /* absolute position of the segment's first row */
+    int n;         /* rows */
+    int row0;      /* first row in the step buffers */
+} step_seg;
+
+typedef struct {
+    int seg, kv_head, q0, n_q; /* attention of rows q0 .. q0+n_q-1 of segment seg */
+} attn_unit;
+
+typedef struct {
+    const weight_t *w;
+    float *y;      /* [n_rows][ldy] */
+    int ldy;
+    int accumulate;
+} mm_job;
+
+struct engine {
+    model_desc m;             /* m.layers points at `layers` */
+    layer_weights *layers;    /* [n_layers] (owned copy) */
+    const kernel_table *kt;
+    threadpool *tp;
+    int num_slots, ctx_len, kv_f16, max_tokens;
+    int q_dim, kv_dim, max_k, group;
+    size_t kv_elt;            /* bytes per KV element: 2 (f16) or 4 (f32) */
+    void *kv;                 /* [num_slots][n_layers][2][n_kv_heads][ctx_len][head_dim] */
+    size_t kv_bytes;
+    double *inv_freq;         /* [head_dim/2]: rope_base^(-2i/head_dim) */
+
+    /* step buffers; T = max_tokens */
+    float *x;                 /* [T][dim] residual stream */
+    float *xb;                /* [T][max_k] float matmul input, row stride = current k */
+    float *q, *k, *v;         /* [T][q_dim], [T][kv_dim], [T][kv_dim] */
+    float *gate, *up;         /* [T][ffn_dim] */
+    int8_t *aqs;              /* [T][max_k] quantized matmul input */
+    float *ad, *as;           /* [T][max_k/QK] block scales and sums */
+    float *rope_cs;           /* [T][head_dim/2][2] cos, sin */
+    int32_t *tokens;          /* [T] */
+    int *row_pos;             /* [T] absolute position of each row */
+    int *row_slot;            /* [T] slot of each row */
+    step_seg *segs;           /* [T] */
+    attn_unit *units;         /* [max_units] */
+    int max_units;
+    int *logit_src;           /* [T] step row whose logits each logits row gets */
+    float *attn_scratch;      /* [n_threads][attn_floats] */
+    size_t attn_floats;
+    atomic_int *counters;     /* [n_counters] dynamic work counters, one per phase */
+    int n_counters;
+
+    /* the current step */
+    int n_rows, n_segs, n_units, n_logits;
+    float *logits_out;        /* [n_logits][n_vocab] */
+    int fault_layer;
+};
+
+static int is_block_type(int type) {
+    return type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1;
+}
+
+static void *xalloc(size_t n, int *ok) {
+    void *p = calloc(n ? n : 1, 1);
+    if (!p) *ok = 0;
+    return p;
+}
+
+static int weight_ok(const weight_t *w, int n_in, int n_out) {
+    if (!w->data || w->n_in != n_in || w->n_out != n_out) return 0;
+    if (ggml_row_bytes(w->type, n_in) == 0) return 0;
+    if (is_block_type(w->type) && (n_in % QK != 0 || n_in > MAX_ROW_LEN)) return 0;
+    return 1;
+}
+
+static int model_ok(const model_desc *m) {
+    if (m->n_layers < 1 || m->dim < 1 || m->n_heads < 1 || m->n_kv_heads < 1 || m->head_dim < 2 ||
+        m->head_dim % 2 || m->n_heads % m->n_kv_heads || m->ffn_dim < 1 || m->n_vocab < 1 ||
+        !m->layers || !m->output_norm)
+        return 0;
+    if (m->n_heads / m->n_kv_heads > ATTN_MAX_ROWS) return 0;
+    int q_dim = m->n_heads * m->head_dim, kv_dim = m->n_kv_heads * m->head_dim;
+    if (!m->token_embd.data || m->token_embd.n_in != m->dim || m->token_embd.n_out != m->n_vocab ||
+        ggml_row_bytes(m->token_embd.type, m->dim) == 0 || !weight_ok(&m->output, m->dim, m->n_vocab))
+        return 0;
+    for (int l = 0; l < m->n_layers; l++) {
+        const layer_weights *L = &m->layers[l];
+        if (!L->attn_norm || !L->ffn_norm || !weight_ok(&L->attn_q, m->dim, q_dim) ||
+            !weight_ok(&L->attn_k, m->dim, kv_dim) || !weight_ok(&L->attn_v, m->dim, kv_dim) ||
+            !weight_ok(&L->attn_output, q_dim, m->dim) || !weight_ok(&L->ffn_gate, m->dim, m->ffn_dim) ||
+            !weight_ok(&L->ffn_up, m->dim, m->ffn_dim) || !weight_ok(&L->ffn_down, m->ffn_dim, m->dim))
+            return 0;
+    }
+    return 1;
+}
+
+engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots, int ctx_len,
+                      int kv_f16, int max_tokens, int n_threads, int *status) {
+    *status = ENGINE_EINVAL;
+    if (!m || !kt || num_slots < 1 || ctx_len < 1 || max_tokens < 1 || n_threads < 1 || !model_ok(m))
+        return NULL;
+    *status = ENGINE_ENOMEM;
+    engine *e = calloc(1, sizeof(*e));
+    if (!e) return NULL;
+    int ok = 1;
+    e->m = *m;
+    e->layers = xalloc(sizeof(layer_weights) * m->n_layers, &ok);
+    if (ok) memcpy(e->layers, m->layers, sizeof(layer_weights) * m->n_layers);
+    e->m.layers = e->layers;
+    e->kt = kt;
+    e->num_slots = num_slots;
+    e->ctx_len = ctx_len;
+    e->kv_f16 = kv_f16 ? 1 : 0;
+    e->max_tokens = max_tokens;
+    e->q_dim = m->n_heads * m->head_dim;
+    e->kv_dim = m->n_kv_heads * m->head_dim;
+    e->group = m->n_heads / m->n_kv_heads;
+    int max_k = m->dim > e->q_dim ? m->dim : e->q_dim;
+    e->max_k = max_k > m->ffn_dim ? max_k : m->ffn_dim;
+    e->kv_elt = e->kv_f16 ? 2 : 4;
+    e->kv_bytes = (size_t)num_slots * m->n_layers * 2 * e->kv_dim * (size_t)ctx_len * e->kv_elt;
+    /* NOTE: calloc of this size maps zero pages lazily: the memory is reserved up front and
+     * becomes resident as slots fill. */
+    e->kv = xalloc(e->kv_bytes, &ok);
+    e->inv_freq = xalloc(sizeof(double) * (m->head_dim / 2), &ok);
+    if (ok)
+        for (int i = 0; i < m->head_dim / 2; i++) e->inv_freq[i] = pow(m->rope_base, -2.0 * i / m->head_dim);
+
+    size_t T = (size_t)max_tokens;
+    e->x = xalloc(sizeof(float) * T * m->dim, &ok);
+    e->xb = xalloc(sizeof(float) * T * e->max_k, &ok);
+    e->q = xalloc(sizeof(float) * T * e->q_dim, &ok);
+    e->k = xalloc(sizeof(float) * T * e->kv_dim, &ok);
+    e->v = xalloc(sizeof(float) * T * e->kv_dim, &ok);
+    e->gate = xalloc(sizeof(float) * T * m->ffn_dim, &ok);
+    e->up = xalloc(sizeof(float) * T * m->ffn_dim, &ok);
+    e->aqs = xalloc(T * e->max_k, &ok);
+    e->ad = xalloc(sizeof(float) * T * (e->max_k / QK + 1), &ok);
+    e->as = xalloc(sizeof(float) * T * (e->max_k / QK + 1), &ok);
+    e->rope_cs = xalloc(sizeof(float) * T * m->head_dim, &ok);
+    e->tokens = xalloc(sizeof(int32_t) * T, &ok);
+    e->row_pos = xalloc(sizeof(int) * T, &ok);
+    e->row_slot = xalloc(sizeof(int) * T, &ok);
+    e->segs = xalloc(sizeof(step_seg) * T, &ok);
+    int q_tile = ATTN_MAX_ROWS / e->group;
+    /* each segment of n rows makes n_kv * ceil(n / q_tile) units; sum over segments <= this */
+    e->max_units = m->n_kv_heads * (max_tokens / q_tile + max_tokens);
+    e->units = xalloc(sizeof(attn_unit) * e->max_units, &ok);
+    e->logit_src = xalloc(sizeof(int) * T, &ok);
+    e->attn_floats = (attn_scratch_floats(ctx_len, m->head_dim) + 15) & ~(size_t)15;
+    e->attn_scratch = xalloc(sizeof(float) * e->attn_floats * n_threads, &ok);
+    e->n_counters = DYNAMIC_PHASES_PER_LAYER * m->n_layers + 1; /* + logits */
+    e->counters = xalloc(sizeof(atomic_int) * e->n_counters, &ok);
+    if (ok) {
+        e->tp = threadpool_create(n_threads);
+        if (!e->tp) ok = 0;
+    }
+    if (!ok) {
+        engine_destroy(e);
+        return NULL;
+    }
+    *status = ENGINE_OK;
+    return e;
+}
+
+void engine_destroy(engine *e) {
+    if (!e) return;
+    threadpool_destroy(e->tp);
+    void *bufs[] = {e->layers, e->kv, e->inv_freq, e->x, e->xb, e->q, e->k, e->v, e->gate, e->up,
+                    e->aqs, e->ad, e->as, e->rope_cs, e->tokens, e->row_pos, e->row_slot, e->segs,
+                    e->units, e->logit_src, e->attn_scratch, (void *)e->counters};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free(bufs[i]);
+    free(e);
+}
+
+size_t engine_kv_bytes(const engine *e) { return e->kv_bytes; }
+int engine_n_threads(const engine *e) { return threadpool_size(e->tp); }
+
+/* ---- KV planes --------------------------------------------------------------------------- */
+
+static inline char *kv_plane(const engine *e, int slot, int layer, int which, int head) {
+    size_t idx = (((size_t)slot * e->m.n_layers + layer) * 2 + which) * e->m.n_kv_heads + head;
+    return (char *)e->kv + idx * (size_t)e->ctx_len * e->m.head_dim * e->kv_elt;
+}
+
+size_t engine_kv_row_bytes(const engine *e) {
+    return (size_t)e->m.n_layers * 2 * e->kv_dim * e->kv_elt;
+}
+
+void engine_kv_read(const engine *e, int slot, int n, void *dst) {
+    size_t plane = (size_t)n * e->m.head_dim * e->kv_elt;
+    char *out = dst;
+    for (int l = 0; l < e->m.n_layers; l++)
+        for (int w = 0; w < 2; w++)
+            for (int h = 0; h < e->m.n_kv_heads; h++, out += plane) memcpy(out, kv_plane(e, slot, l, w, h), plane);
+}
+
+void engine_kv_write(engine *e, int slot, int n, const void *src) {
+    size_t plane = (size_t)n * e->m.head_dim * e->kv_elt;
+    const char *in = src;
+    for (int l = 0; l < e->m.n_layers; l++)
+        for (int w = 0; w < 2; w++)
+            for (int h = 0; h < e->m.n_kv_heads; h++, in += plane) memcpy(kv_plane(e, slot, l, w, h), in, plane);
+}
+
+void engine_kv_copy(engine *e, int src, int dst, int n) {
+    if (src == dst) return;
+    size_t plane = (size_t)n * e->m.head_dim * e->kv_elt;
+    for (int l = 0; l < e->m.n_layers; l++)
+        for (int w = 0; w < 2; w++)
+            for (int h = 0; h < e->m.n_kv_heads; h++)
+                memcpy(kv_plane(e, dst, l, w, h), kv_plane(e, src, l, w, h), plane);
+}
+
+/* ---- one step ---------------------------------------------------------------------------- */
+
+static inline void row_range(int n, int ith, int nth, int *r0, int *r1) {
+    *r0 = (int)((long)n * ith / nth);
+    *r1 = (int)((long)n * (ith + 1) / nth);
+}
+
+/* Rows r0..r1 of the float matmul input `in` [n][k] -> the quantized input, when a weight of
+ * the next matmul phase has a block type (float weights read `in` directly). */
+static void quantize_rows(engine *e, const float *in, int k, int r0, int r1, int needed) {
+    if (!needed) return;
+    for (int r = r0; r < r1; r++)
+        e->kt->quantize_q8a(e->aqs + (size_t)r * k, e->ad + (size_t)r * (k / QK),
+                            e->as + (size_t)r * (k / QK), in + (size_t)r * k, k);
+}
+
+static act_rows input_view(const engine *e, const float *f, int k) {
+    act_rows a = {f, e->aqs, e->ad, e->as, k};
+    return a;
+}
+
+static void matmul_phase(engine *e, atomic_int *counter, const mm_job *jobs, int n_jobs,
+                         const act_rows *x, int n_rows, int nth) {
+    int total = 0;
+    for (int j = 0; j < n_jobs; j++) total += jobs[j].w->n_out;
+    int chunk = (total / (nth * CHUNKS_PER_THREAD) + 7) & ~7;
+    if (chunk < MIN_GEMM_CHUNK) chunk = MIN_GEMM_CHUNK;
+    for (;;) {
+        int u = atomic_fetch_add(counter, 1);
+        int j = 0;
+        for (; j < n_jobs; j++) {
+            int units = (jobs[j].w->n_out + chunk - 1) / chunk;
+            if (u < units) break;
+            u -= units;
+        }
+        if (j == n_jobs) return;
+        const weight_t *w = jobs[j].w;
+        int o0 = u * chunk, o1 = o0 + chunk < w->n_out ? o0 + chunk : w->n_out;
+        e->kt->gemm[w->type](jobs[j].y, jobs[j].ldy, w->data, o0, o1, x, n_rows, jobs[j].accumulate);
+    }
+}
+
+static void attention_phase(engine *e, atomic_int *counter, int layer, int ith) {
+    const model_desc *m = &e->m;
+    float *scratch = e->attn_scratch + (size_t)ith * e->attn_floats;
+    const float scale = 1.0f / sqrtf((float)m->head_dim);
+    for (;;) {
+        int u = atomic_fetch_add(counter, 1);
+        if (u >= e->n_units) return;
+        const attn_unit *au = &e->units[u];
+        const step_seg *sg = &e->segs[au->seg];
+        int row = sg->row0 + au->q0;
+        int col = au->kv_head * e->group * m->head_dim;
+        e->kt->attention(e->xb + (size_t)row * e->q_dim + col, e->q_dim,
+                         e->q + (size_t)row * e->q_dim + col, e->q_dim,
+                         kv_plane(e, sg->slot, layer, 0, au->kv_head),
+                         kv_plane(e, sg->slot, layer, 1, au->kv_head), e->kv_f16,
+                         sg->pos0 + au->q0, au->n_q, e->group, m->head_dim, scale, scratch);
+    }
+}
+
+static void step_worker(void *ctx, int ith, int nth) {
+    engine *e = ctx;
+    const model_desc *m = &e->m;
+    const kernel_table *kt = e->kt;
+    const int T = e->n_rows, dim = m->dim, hd = m->head_dim;
+    int r0, r1, phase = 0;
+    row_range(T, ith, nth, &r0, &r1);
+
+    /* embed rows; rope angles of each row's position */
+    size_t embd_row = ggml_row_bytes(m->token_embd.type, dim);
+    for (int r = r0; r < r1; r++) {
+        kt->dequantize_row[m->token_embd.type](e->x + (size_t)r * dim,
+                                               (const char *)m->token_embd.data + (size_t)e->tokens[r] * embd_row, dim);
+        float *cs = e->rope_cs + (size_t)r * hd;
+        for (int i = 0; i < hd / 2; i++) {
+            double theta = (double)e->row_pos[r] * e->inv_freq[i];
+            cs[2 * i] = (float)cos(theta);
+            cs[2 * i + 1] = (float)sin(theta);
+        }
+    }
+    threadpool_barrier(e->tp);
+
+    for (int l = 0; l < m->n_layers; l++) {
+        const layer_weights *L = &m->layers[l];
+        /* attention block */
+        for (int r = r0; r < r1; r++) kt->rmsnorm(e->xb + (size_t)r * dim, e->x + (size_t)r * dim, L->attn_norm, dim, m->rms_eps);
+        quantize_rows(e, e->xb, dim, r0, r1,
+                           is_block_type(L->attn_q.type) || is_block_type(L->attn_k.type) || is_block_type(L->attn_v.type));
+        threadpool_barrier(e->tp);
+        {
+            mm_job jobs[3] = {{&L->attn_q, e->q, e->q_dim, 0}, {&L->attn_k, e->k, e->kv_dim, 0}, {&L->attn_v, e->v, e->kv_dim, 0}};
+            act_rows in = input_view(e, e->xb, dim);
+            matmul_phase(e, &e->counters[phase++], jobs, 3, &in, T, nth);
+        }
+        threadpool_barrier(e->tp);
+        for (int r = r0; r < r1; r++) {
+            kt->rope(e->q + (size_t)r * e->q_dim, m->n_heads, hd, e->rope_cs + (size_t)r * hd);
+            kt->rope(e->k + (size_t)r * e->kv_dim, m->n_kv_heads, hd, e->rope_cs + (size_t)r * hd);
+            for (int h = 0; h < m->n_kv_heads; h++) {
+                const float *kr = e->k + (size_t)r * e->kv_dim + h * hd, *vr = e->v + (size_t)r * e->kv_dim + h * hd;
+                char *kd = kv_plane(e, e->row_slot[r], l, 0, h) + (size_t)e->row_pos[r] * hd * e->kv_elt;
+                char *vd = kv_plane(e, e->row_slot[r], l, 1, h) + (size_t)e->row_pos[r] * hd * e->kv_elt;
+                if (e->kv_f16) {
+                    kt->f32_to_f16((uint16_t *)kd, kr, hd);
+                    kt->f32_to_f16((uint16_t *)vd, vr, hd);
+                } else {
+                    memcpy(kd, kr, sizeof(float) * hd);
+                    memcpy(vd, vr, sizeof(float) * hd);
+                }
+            }
+        }
+        threadpool_barrier(e->tp);
+        if (l == e->fault_layer) return; /* test hook: every thread leaves at the same point */
+        attention_phase(e, &e->counters[phase++], l, ith);
+        threadpool_barrier(e->tp);
+        quantize_rows(e, e->xb, e->q_dim, r0, r1, is_block_type(L->attn_output.type));
+        threadpool_barrier(e->tp);
+        {
+            mm_job job = {&L->attn_output, e->x, dim, 1};
+            act_rows in = input_view(e, e->xb, e->q_dim);
+            matmul_phase(e, &e->counters[phase++], &job, 1, &in, T, nth);
+        }
+        threadpool_barrier(e->tp);
+        /* feed-forward block */
+        for (int r = r0; r < r1; r++) kt->rmsnorm(e->xb + (size_t)r * dim, e->x + (size_t)r * dim, L->ffn_norm, dim, m->rms_eps);
+        quantize_rows(e, e->xb, dim, r0, r1, is_block_type(L->ffn_gate.type) || is_block_type(L->ffn_up.type));
+        threadpool_barrier(e->tp);
+        {
+            mm_job jobs[2] = {{&L->ffn_gate, e->gate, m->ffn_dim, 0}, {&L->ffn_up, e->up, m->ffn_dim, 0}};
+            act_rows in = input_view(e, e->xb, dim);
+            matmul_phase(e, &e->counters[phase++], jobs, 2, &in, T, nth);
+        }
+        threadpool_barrier(e->tp);
+        for (int r = r0; r < r1; r++)
+            kt->silu_mul(e->gate + (size_t)r * m->ffn_dim, e->gate + (size_t)r * m->ffn_dim, e->up + (size_t)r * m->ffn_dim, m->ffn_dim);
+        quantize_rows(e, e->gate, m->ffn_dim, r0, r1, is_block_type(L->ffn_down.type));
+        threadpool_barrier(e->tp);
+        {
+            mm_job job = {&L->ffn_down, e->x, dim, 1};
+            act_rows in = input_view(e, e->gate, m->ffn_dim);
+            matmul_phase(e, &e->counters[phase++], &job, 1, &in, T, nth);
+        }
+        threadpool_barrier(e->tp);
+    }
+
+    if (e->n_logits == 0) return;
+    int l0, l1;
+    row_range(e->n_logits, ith, nth, &l0, &l1);
+    for (int i = l0; i < l1; i++)
+        kt->rmsnorm(e->xb + (size_t)i * dim, e->x + (size_t)e->logit_src[i] * dim, m->output_norm, dim, m->rms_eps);
+    quantize_rows(e, e->xb, dim, l0, l1, is_block_type(m->output.type));
+    threadpool_barrier(e->tp);
+    mm_job job = {&m->output, e->logits_out, m->n_vocab, 0};
+    act_rows in = input_view(e, e->xb, dim);
+    matmul_phase(e, &e->counters[phase++], &job, 1, &in, e->n_logits, nth);
+}
+
+/* Fill the step's attention units: segment x kv head x query tile, latest tiles first (they
+ * see the most keys) so dynamic scheduling ends balanced. */
+static void plan_attention(engine *e) {
+    int q_tile = ATTN_MAX_ROWS / e->group;
+    e->n_units = 0;
+    for (int s = 0; s < e->n_segs; s++) {
+        int n_tiles = (e->segs[s].n + q_tile - 1) / q_tile;
+        for (int t = n_tiles - 1; t >= 0; t--)
+            for (int h = 0; h < e->m.n_kv_heads; h++) {
+                attn_unit *u = &e->units[e->n_units++];
+                u->seg = s;
+                u->kv_head = h;
+                u->q0 = t * q_tile;
+                u->n_q = e->segs[s].n - u->q0 < q_tile ? e->segs[s].n - u->q0 : q_tile;
+            }
+    }
+}
+
+int engine_forward(engine *e, const engine_item *items, int n_items, float *logits, int fault_layer) {
+    for (int i = 0; i < n_items; i++) {
+        const engine_item *it = &items[i];
+        if (it->slot < 0 || it->slot >= e->num_slots || it->n_tokens < 1 || it->start_pos < 0 ||
+            it->start_pos + it->n_tokens > e->ctx_len)
+            return ENGINE_EINVAL;
+        for (int j = 0; j < it->n_tokens; j++)
+            if (it->tokens[j] < 0 || it->tokens[j] >= e->m.n_vocab) return ENGINE_EINVAL;
+    }
+    int item = 0, offset = 0, logit_base = 0;
+    int first_step = 1;
+    while (item < n_items) {
+        /* gather the next step: up to max_tokens rows, whole segments where they fit */
+        e->n_rows = e->n_segs = e->n_logits = 0;
+        while (item < n_items && e->n_rows < e->max_tokens) {
+            const engine_item *it = &items[item];
+            int take = it->n_tokens - offset;
+            if (take > e->max_tokens - e->n_rows) take = e->max_tokens - e->n_rows;
+            step_seg *sg = &e->segs[e->n_segs++];
+            sg->slot = it->slot;
+            sg->pos0 = it->start_pos + offset;
+            sg->n = take;
+            sg->row0 = e->n_rows;
+            for (int j = 0; j < take; j++) {
+                int r = e->n_rows + j;
+                e->tokens[r] = it->tokens[offset + j];
+                e->row_pos[r] = sg->pos0 + j;
+                e->row_slot[r] = it->slot;
+            }
+            e->n_rows += take;
+            offset += take;
+            if (offset == it->n_tokens) {
+                if (it->want_logits) e->logit_src[e->n_logits++] = e->n_rows - 1;
+                item++;
+                offset = 0;
+            }
+        }
+        plan_attention(e);
+        e->logits_out = logits + (size_t)logit_base * e->m.n_vocab;
+        e->fault_layer = first_step ? fault_layer : -1;
+        for (int c = 0; c < e->n_counters; c++) atomic_store(&e->counters[c], 0);
+        threadpool_run(e->tp, step_worker, e);
+        if (e->fault_layer >= 0 && e->fault_layer < e->m.n_layers) return ENGINE_EFAULT;
+        logit_base += e->n_logits;
+        first_step = 0;
+    }
+    return ENGINE_OK;
+}

@@ -1,0 +1,78 @@
+/* The llama forward pass over a pool of KV slots (see engine.c for the design). */
+#ifndef SLOTSERVE_ENGINE_H
+#define SLOTSERVE_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels.h"
+
+/* Status codes (C never exits; Cython turns these into exceptions). */
+enum {
+    ENGINE_OK = 0,
+    ENGINE_ENOMEM = -1,     /* an allocation failed */
+    ENGINE_EINVAL = -2,     /* a bad argument (the Python layer validates first) */
+    ENGINE_EFAULT = -3,     /* the injected test fault fired */
+};
+
+/* A weight matrix: n_out rows of n_in elements, in ggml `type`, borrowed from the model file. */
+typedef struct {
+    int type;
+    int n_in;               /* row length (matmul input width) */
+    int n_out;              /* rows (matmul output width) */
+    const void *data;       /* [n_out][ggml_row_bytes(type, n_in)] */
+} weight_t;
+
+typedef struct {
+    const float *attn_norm; /* [dim] */
+    weight_t attn_q;        /* dim -> n_heads * head_dim */
+    weight_t attn_k;        /* dim -> n_kv_heads * head_dim */
+    weight_t attn_v;        /* dim -> n_kv_heads * head_dim */
+    weight_t attn_output;   /* n_heads * head_dim -> dim */
+    const float *ffn_norm;  /* [dim] */
+    weight_t ffn_gate;      /* dim -> ffn_dim */
+    weight_t ffn_up;        /* dim -> ffn_dim */
+    weight_t ffn_down;      /* ffn_dim -> dim */
+} layer_weights;
+
+typedef struct {
+    int n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, n_vocab;
+    double rope_base;
+    float rms_eps;
+    weight_t token_embd;    /* dim x n_vocab: row t is token t's embedding */
+    weight_t output;        /* dim -> n_vocab (token_embd when the output is tied) */
+    const float *output_norm; /* [dim] */
+    layer_weights *layers;  /* [n_layers], borrowed for the duration of engine_create */
+} model_desc;
+
+/* One slot's share of a forward call (validated by the caller). */
+typedef struct {
+    int slot;
+    int start_pos;          /* absolute position of tokens[0] */
+    int n_tokens;           /* >= 1 */
+    int want_logits;        /* logits of the last token */
+    const int32_t *tokens;  /* [n_tokens] */
+} engine_item;
+
+typedef struct engine engine;
+
+/* Allocates KV for num_slots x ctx_len tokens and all step buffers for max_tokens rows.
+ * *status gets ENGINE_OK or the failure; the model's weights must outlive the engine. */
+engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots, int ctx_len,
+                      int kv_f16, int max_tokens, int n_threads, int *status);
+void engine_destroy(engine *e);
+size_t engine_kv_bytes(const engine *e);
+int engine_n_threads(const engine *e);
+
+/* Runs every item (split into steps of at most max_tokens rows) and writes one logits row per
+ * item with want_logits, in item order, into logits [k][n_vocab]. fault_layer >= 0 makes the
+ * first step fail after that layer wrote its KV rows (test hook). Returns a status. */
+int engine_forward(engine *e, const engine_item *items, int n_items, float *logits, int fault_layer);
+
+/* KV rows of a slot, serialised as [n_layers][2 (k, v)][n_kv_heads][n][head_dim] elements. */
+size_t engine_kv_row_bytes(const engine *e); /* bytes per token */
+void engine_kv_read(const engine *e, int slot, int n, void *dst);
+void engine_kv_write(engine *e, int slot, int n, const void *src);
+void engine_kv_copy(engine *e, int src, int dst, int n);
+
+#endif

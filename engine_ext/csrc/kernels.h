@@ -1,0 +1,140 @@
+/* Kernel contracts: block formats, activation rows, and the table of kernel variants.
+ *
+ * Design: every kernel has a portable `*_generic` reference (quant.c, matmul.c, attention.c,
+ * norm.c, rope.c, elementwise.c) and, where it pays, a SIMD variant (arch/x86_avx2.c).
+ * dispatch.c fills one `kernel_table` per variant; the engine calls kernels only through a table,
+ * so one build serves CPUs with and without AVX2.
+ *
+ * NOTE: row independence. Every kernel computes each output row with the same sequence of
+ * floating-point operations whatever else is in the call (other rows, the tile a row lands in,
+ * the thread that runs it). Batching, chunking and thread count therefore never change a row's
+ * numbers, which is what makes a warm (reused) slot bit-identical to a cold one.
+ */
+#ifndef SLOTSERVE_KERNELS_H
+#define SLOTSERVE_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ggml tensor type ids (the subset the engine implements). */
+enum {
+    GGML_TYPE_F32 = 0,
+    GGML_TYPE_F16 = 1,
+    GGML_TYPE_Q4_0 = 2,
+    GGML_TYPE_Q4_1 = 3,
+    GGML_TYPE_Q8_0 = 8,
+    GGML_TYPE_COUNT = 9,
+};
+
+#define QK 32 /* elements per quantization block (every block format here) */
+
+/* ggml block layouts, byte-exact with the GGUF file. Values: Q8_0 d*q; Q4_0 d*(nib-8);
+ * Q4_1 d*nib + m. Nibbles: qs[j] & 15 is element j, qs[j] >> 4 is element j + 16. */
+typedef struct { uint16_t d; int8_t qs[QK]; } block_q8_0;                 /* 34 bytes */
+typedef struct { uint16_t d; uint8_t qs[QK / 2]; } block_q4_0;            /* 18 bytes */
+typedef struct { uint16_t d; uint16_t m; uint8_t qs[QK / 2]; } block_q4_1; /* 20 bytes */
+
+/* Activation rows as the matmuls read them. `f` is used by float weights (F32/F16); the
+ * quantized form (8-bit blocks of 32, one float scale and one float block sum per block) by
+ * block weights. Either part may be NULL when no weight of the call needs it. */
+typedef struct {
+    const float *f;     /* [n_rows, k] float rows */
+    const int8_t *qs;   /* [n_rows, k] quantized values: x ~= d[b] * qs */
+    const float *d;     /* [n_rows, k/QK] block scales */
+    const float *s;     /* [n_rows, k/QK] block sums: d[b] * sum(qs of block b) */
+    int k;              /* row length */
+} act_rows;
+
+/* Y[r, o] (+)= dot(W row o, X row r) for r in [0, n_rows), o in [o0, o1).
+ * y: [n_rows, ldy] floats; w: the weight matrix's raw bytes (row o at o * row_bytes);
+ * accumulate != 0 adds to y instead of overwriting it. */
+typedef void (*gemm_fn)(float *y, int ldy, const void *w, int o0, int o1, const act_rows *x,
+                        int n_rows, int accumulate);
+
+/* Attention of n_q consecutive query positions (pos0 .. pos0+n_q-1) of one slot against that
+ * slot's cached keys/values of ONE kv head, for the `group` query heads sharing it.
+ * out: [n_q, ldo] (head g of query i at out + i*ldo + g*head_dim);
+ * q: [n_q, ldq] (same indexing); k, v: [>= pos0+n_q, head_dim] f16 (uint16) or f32 rows;
+ * query i attends keys 0 .. pos0+i; n_q * group <= ATTN_MAX_ROWS.
+ * scratch: attn_scratch_floats(ctx_len, head_dim) floats. */
+typedef void (*attention_fn)(float *out, int ldo, const float *q, int ldq, const void *k,
+                             const void *v, int kv_f16, int pos0, int n_q, int group,
+                             int head_dim, float scale, float *scratch);
+
+/* Largest n_q * group an attention call may take (callers tile queries to fit). */
+#define ATTN_MAX_ROWS 64
+
+size_t attn_scratch_floats(int ctx_len, int head_dim);
+
+typedef struct {
+    const char *name;
+    /* x ~= qs * d per block; k % QK == 0. qs: [k], d, s: [k/QK]. */
+    void (*quantize_q8a)(int8_t *qs, float *d, float *s, const float *x, int k);
+    /* y[0..k) = decoded row of a weight of the given type. */
+    void (*dequantize_row[GGML_TYPE_COUNT])(float *y, const void *x, int k);
+    gemm_fn gemm[GGML_TYPE_COUNT];
+    attention_fn attention;
+    /* out = x / sqrt(mean(x^2) + eps) * w over n elements. */
+    void (*rmsnorm)(float *out, const float *x, const float *w, int n, float eps);
+    /* Rotate adjacent pairs (x[2i], x[2i+1]) of each of n_heads heads by angle i:
+     * cos_sin: [head_dim/2][2] (cos, sin) for this token's position. */
+    void (*rope)(float *x, int n_heads, int head_dim, const float *cos_sin);
+    /* out = silu(g) * u over n elements. */
+    void (*silu_mul)(float *out, const float *g, const float *u, int n);
+    /* y = exp(x) over n elements (the exponential attention and silu use). */
+    void (*exp)(float *y, const float *x, int n);
+    /* y (f16 bits) = round-to-nearest-even(x); and back. */
+    void (*f32_to_f16)(uint16_t *y, const float *x, int n);
+    void (*f16_to_f32)(float *y, const uint16_t *x, int n);
+} kernel_table;
+
+/* dispatch.c: the table called `name` ("generic"/"scalar", "avx2") or, for NULL/"auto", the
+ * best the CPU supports. NULL if unknown or not supported by this CPU. */
+const kernel_table *kernels_select(const char *name);
+int kernels_avx2_supported(void);
+
+/* Bytes of one row of k elements in a weight type; 0 for an unsupported type. */
+size_t ggml_row_bytes(int type, int k);
+
+/* Generic (portable) kernels. */
+void quantize_q8a_generic(int8_t *qs, float *d, float *s, const float *x, int k);
+void dequantize_row_f32_generic(float *y, const void *x, int k);
+void dequantize_row_f16_generic(float *y, const void *x, int k);
+void dequantize_row_q8_0_generic(float *y, const void *x, int k);
+void dequantize_row_q4_0_generic(float *y, const void *x, int k);
+void dequantize_row_q4_1_generic(float *y, const void *x, int k);
+void gemm_f32_generic(float *y, int ldy, const void *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_f16_generic(float *y, int ldy, const void *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q8_0_generic(float *y, int ldy, const void *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q4_0_generic(float *y, int ldy, const void *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q4_1_generic(float *y, int ldy, const void *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void attention_generic(float *out, int ldo, const float *q, int ldq, const void *k, const void *v,
+                       int kv_f16, int pos0, int n_q, int group, int head_dim, float scale, float *scratch);
+void rmsnorm_generic(float *out, const float *x, const float *w, int n, float eps);
+void rope_generic(float *x, int n_heads, int head_dim, const float *cos_sin);
+void silu_mul_generic(float *out, const float *g, const float *u, int n);
+void exp_generic(float *y, const float *x, int n);
+void f32_to_f16_generic(uint16_t *y, const float *x, int n);
+void f16_to_f32_generic(float *y, const uint16_t *x, int n);
+
+/* AVX2/FMA/F16C kernels (arch/x86_avx2.c); only called when the CPU has them. */
+void quantize_q8a_avx2(int8_t *qs, float *d, float *s, const float *x, int k);
+void dequantize_row_f16_avx2(float *y, const void *x, int k);
+void dequantize_row_q8_0_avx2(float *y, const void *x, int k);
+void dequantize_row_q4_0_avx2(float *y, const void *x, int k);
+void dequantize_row_q4_1_avx2(float *y, const void *x, int k);
+void gemm_f32_avx2(float *y, int ldy, const void *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_f16_avx2(float *y, int ldy, const void *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q8_0_avx2(float *y, int ldy, const void *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q4_0_avx2(float *y, int ldy, const void *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q4_1_avx2(float *y, int ldy, const void *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void attention_avx2(float *out, int ldo, const float *q, int ldq, const void *k, const void *v,
+                    int kv_f16, int pos0, int n_q, int group, int head_dim, float scale, float *scratch);
+void rmsnorm_avx2(float *out, const float *x, const float *w, int n, float eps);
+void rope_avx2(float *x, int n_heads, int head_dim, const float *cos_sin);
+void silu_mul_avx2(float *out, const float *g, const float *u, int n);
+void exp_avx2(float *y, const float *x, int n);
+void f32_to_f16_avx2(uint16_t *y, const float *x, int n);
+void f16_to_f32_avx2(float *y, const uint16_t *x, int n);
+
+#endif

@@ -1,0 +1,87 @@
+/* Block formats: row sizes, decoding of weight rows, and 8-bit activation quantization. */
+#include <math.h>
+
+#include "fp16.h"
+#include "kernels.h"
+
+size_t ggml_row_bytes(int type, int k) {
+    switch (type) {
+    case GGML_TYPE_F32: return (size_t)k * 4;
+    case GGML_TYPE_F16: return (size_t)k * 2;
+    case GGML_TYPE_Q8_0: return (size_t)(k / QK) * sizeof(block_q8_0);
+    case GGML_TYPE_Q4_0: return (size_t)(k / QK) * sizeof(block_q4_0);
+    case GGML_TYPE_Q4_1: return (size_t)(k / QK) * sizeof(block_q4_1);
+    default: return 0;
+    }
+}
+
+/* Per block of 32: d = max|x| / 127, qs = round_nearest_even(x / d), s = d * sum(qs).
+ * NOTE: the SIMD variants reproduce these exact float operations (x * (1/d), then rounding to
+ * nearest even), so every variant quantizes a row to identical bytes. */
+void quantize_q8a_generic(int8_t *qs, float *d, float *s, const float *x, int k) {
+    for (int b = 0; b < k / QK; b++) {
+        const float *xb = x + b * QK;
+        float amax = 0.0f;
+        for (int j = 0; j < QK; j++) {
+            float a = fabsf(xb[j]);
+            amax = a > amax ? a : amax;
+        }
+        float db = amax / 127.0f;
+        float id = db != 0.0f ? 1.0f / db : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < QK; j++) {
+            int q = (int)nearbyintf(xb[j] * id);
+            qs[b * QK + j] = (int8_t)q;
+            sum += q;
+        }
+        d[b] = db;
+        s[b] = db * (float)sum;
+    }
+}
+
+void dequantize_row_f32_generic(float *y, const void *x, int k) {
+    memcpy(y, x, (size_t)k * sizeof(float));
+}
+
+void dequantize_row_f16_generic(float *y, const void *x, int k) {
+    const uint16_t *h = (const uint16_t *)x;
+    for (int i = 0; i < k; i++) y[i] = fp16_to_f32(h[i]);
+}
+
+void dequantize_row_q8_0_generic(float *y, const void *x, int k) {
+    const block_q8_0 *blk = (const block_q8_0 *)x;
+    for (int b = 0; b < k / QK; b++) {
+        float d = fp16_to_f32(blk[b].d);
+        for (int j = 0; j < QK; j++) y[b * QK + j] = d * (float)blk[b].qs[j];
+    }
+}
+
+void dequantize_row_q4_0_generic(float *y, const void *x, int k) {
+    const block_q4_0 *blk = (const block_q4_0 *)x;
+    for (int b = 0; b < k / QK; b++) {
+        float d = fp16_to_f32(blk[b].d);
+        for (int j = 0; j < QK / 2; j++) {
+            y[b * QK + j] = d * (float)((blk[b].qs[j] & 15) - 8);
+            y[b * QK + j + QK / 2] = d * (float)((blk[b].qs[j] >> 4) - 8);
+        }
+    }
+}
+
+void dequantize_row_q4_1_generic(float *y, const void *x, int k) {
+    const block_q4_1 *blk = (const block_q4_1 *)x;
+    for (int b = 0; b < k / QK; b++) {
+        float d = fp16_to_f32(blk[b].d), m = fp16_to_f32(blk[b].m);
+        for (int j = 0; j < QK / 2; j++) {
+            y[b * QK + j] = d * (float)(blk[b].qs[j] & 15) + m;
+            y[b * QK + j + QK / 2] = d * (float)(blk[b].qs[j] >> 4) + m;
+        }
+    }
+}
+
+void f32_to_f16_generic(uint16_t *y, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] = fp32_to_f16(x[i]);
+}
+
+void f16_to_f32_generic(float *y, const uint16_t *x, int n) {
+    for (int i = 0; i < n; i++) y[i] = fp16_to_f32(x[i]);
+}

@@ -1,0 +1,100 @@
+# Declarations of the C kernels and engine (engine_ext/csrc); no code.
+from libc.stdint cimport int8_t, int32_t, uint16_t
+
+
+cdef extern from "kernels.h" nogil:
+    enum:
+        GGML_TYPE_F32
+        GGML_TYPE_F16
+        GGML_TYPE_Q4_0
+        GGML_TYPE_Q4_1
+        GGML_TYPE_Q8_0
+        GGML_TYPE_COUNT
+        QK
+        ATTN_MAX_ROWS
+
+    ctypedef struct act_rows:
+        const float *f
+        const int8_t *qs
+        const float *d
+        const float *s
+        int k
+
+    ctypedef void (*gemm_fn)(float *y, int ldy, const void *w, int o0, int o1, const act_rows *x,
+                             int n_rows, int accumulate)
+    ctypedef void (*attention_fn)(float *out, int ldo, const float *q, int ldq, const void *k,
+                                  const void *v, int kv_f16, int pos0, int n_q, int group,
+                                  int head_dim, float scale, float *scratch)
+
+    ctypedef struct kernel_table:
+        const char *name
+        void (*quantize_q8a)(int8_t *qs, float *d, float *s, const float *x, int k)
+        void (*dequantize_row[GGML_TYPE_COUNT])(float *y, const void *x, int k)
+        gemm_fn gemm[GGML_TYPE_COUNT]
+        attention_fn attention
+        void (*rmsnorm)(float *out, const float *x, const float *w, int n, float eps)
+        void (*rope)(float *x, int n_heads, int head_dim, const float *cos_sin)
+        void (*silu_mul)(float *out, const float *g, const float *u, int n)
+        void (*exp)(float *y, const float *x, int n)
+        void (*f32_to_f16)(uint16_t *y, const float *x, int n)
+        void (*f16_to_f32)(float *y, const uint16_t *x, int n)
+
+    const kernel_table *kernels_select(const char *name)
+    int kernels_avx2_supported()
+    size_t ggml_row_bytes(int type, int k)
+    size_t attn_scratch_floats(int ctx_len, int head_dim)
+
+
+cdef extern from "engine.h" nogil:
+    enum:
+        ENGINE_OK
+        ENGINE_ENOMEM
+        ENGINE_EINVAL
+        ENGINE_EFAULT
+
+    ctypedef struct weight_t:
+        int type
+        int n_in
+        int n_out
+        const void *data
+
+    ctypedef struct layer_weights:
+        const float *attn_norm
+        weight_t attn_q
+        weight_t attn_k
+        weight_t attn_v
+        weight_t attn_output
+        const float *ffn_norm
+        weight_t ffn_gate
+        weight_t ffn_up
+        weight_t ffn_down
+
+    ctypedef struct model_desc:
+        int n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, n_vocab
+        double rope_base
+        float rms_eps
+        weight_t token_embd
+        weight_t output
+        const float *output_norm
+        layer_weights *layers
+
+    ctypedef struct engine_item:
+        int slot
+        int start_pos
+        int n_tokens
+        int want_logits
+        const int32_t *tokens
+
+    ctypedef struct engine:
+        pass
+
+    engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots, int ctx_len,
+                          int kv_f16, int max_tokens, int n_threads, int *status)
+    void engine_destroy(engine *e)
+    size_t engine_kv_bytes(const engine *e)
+    int engine_n_threads(const engine *e)
+    int engine_forward(engine *e, const engine_item *items, int n_items, float *logits, int fault_layer)
+    size_t engine_kv_row_bytes(const engine *e)
+    void engine_kv_read(const engine *e, int slot, int n, void *dst)
+    void engine_kv_write(engine *e, int slot, int n, const void *src)
+    void engine_kv_copy(engine *e, int src, int dst, int n)

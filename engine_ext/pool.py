@@ -1,0 +1,307 @@
+"""SlotPool: the engine as the scheduler sees it (scheduler/interface.py), on the C engine.
+
+Design: `_engine.Engine` owns the C memory (KV for every slot, step buffers, threads) and runs
+the forward pass with the GIL released; this class owns the contracts: argument validation
+(ValueError before anything changes), the per-slot record of token ids, the taint rule on a
+failed step, the snapshot format and the test fault hook. One lock serialises calls.
+
+Snapshot layout (little-endian):
+
+    +-------------------- header (HEADER: struct, then the fingerprint) --------------------+
+    | magic b"SSKVSNAP" | layout u32 | kv dtype u32 (1 f16, 2 f32) | n_layers | n_kv_heads |
+    | head_dim | n_vocab | n tokens | fingerprint length (all u32) | fingerprint utf-8      |
+    +---------------------------------------------------------------------------------------+
+    | token ids int32 [n]                                                                   |
+    | KV rows [n_layers][2 (k, v)][n_kv_heads][n][head_dim] (f16 or f32)                    |
+    | crc32 u32 of everything before it                                                     |
+    +---------------------------------------------------------------------------------------+
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import threading
+import zlib
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import _engine
+from .gguf_file import ModelFile, load_model_file
+
+LAYOUT_VERSION = 1  # bump whenever the KV layout or the snapshot format changes
+SNAP_MAGIC = b"SSKVSNAP"
+HEADER = struct.Struct("<8s8I")
+KV_DTYPE_CODES = {"f16": 1, "f32": 2}
+KERNELS_ENV = "SLOTSERVE_KERNELS"  # auto | scalar | avx2: which kernel variant pools use
+
+_ENGINE_FAULT = -3  # engine.h ENGINE_EFAULT
+
+
+class ComputeError(RuntimeError):
+    """A forward step failed inside the engine; the batch's slots were emptied (tainted)."""
+
+
+def kernel_variant(kernels: str | None = None) -> str:
+    """The kernel variant pools use: `kernels` if given, else $SLOTSERVE_KERNELS, else "auto",
+    resolved against this CPU ("avx2" or "scalar"). ValueError for an unknown or unsupported
+    name (the message lists the valid ones)."""
+    name = kernels if kernels is not None else os.environ.get(KERNELS_ENV, "auto") or "auto"
+    try:
+        return _engine.resolve_variant(name.strip().lower())
+    except ValueError as exc:
+        source = "kernels=" if kernels is not None else f"${KERNELS_ENV}="
+        raise ValueError(f"{source}{name!r}: {exc}") from None
+
+
+def _default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _weights_digest(model: ModelFile) -> str:
+    """A cheap digest of the weight bytes (start, middle and end of every tensor), so two models
+    with identical metadata and shapes but different weights get different fingerprints."""
+    h = hashlib.blake2b(digest_size=8)
+    for name in sorted(model.tensors):
+        data = model.tensors[name].data
+        n = data.shape[0]
+        for start in (0, max(0, n // 2 - 2048), max(0, n - 4096)):
+            h.update(data[start : start + 4096])
+    return h.hexdigest()
+
+
+class SlotPool:
+    """num_slots KV slots of ctx_len tokens on one model (see scheduler/interface.py).
+
+    Arguments: model (a ModelFile or a GGUF path), num_slots >= 1, ctx_len >= 1; threads
+    (default: the CPUs this process may use), kv_dtype "f16" (default) or "f32",
+    max_batch_tokens (rows of one internal step; longer forwards run in several steps; the
+    results are identical), kernels (None: $SLOTSERVE_KERNELS or auto).
+    All KV memory is allocated here and reported as kv_bytes.
+    """
+
+    can_truncate = True
+    can_copy = True
+    can_snapshot = True
+
+    def __init__(
+        self,
+        model: ModelFile | str | os.PathLike[str],
+        num_slots: int,
+        ctx_len: int,
+        *,
+        threads: int | None = None,
+        kv_dtype: str = "f16",
+        max_batch_tokens: int = 512,
+        kernels: str | None = None,
+    ) -> None:
+        if not isinstance(model, ModelFile):
+            model = load_model_file(Path(model))
+        for name, value, low in (("num_slots", num_slots, 1), ("ctx_len", ctx_len, 1),
+                                 ("max_batch_tokens", max_batch_tokens, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if threads is None:
+            threads = _default_threads()
+        if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 256:
+            raise ValueError(f"threads must be an integer in 1..256, got {threads!r}")
+        if kv_dtype not in KV_DTYPE_CODES:
+            raise ValueError(f"kv_dtype must be one of {sorted(KV_DTYPE_CODES)}, got {kv_dtype!r}")
+        variant = kernel_variant(kernels)
+        self._model = model
+        self._cfg = model.config
+        self._engine = _engine.Engine(model, num_slots, ctx_len, threads, kv_dtype, max_batch_tokens, variant)
+        self.num_slots = num_slots
+        self.ctx_len = ctx_len
+        self.n_vocab = self._cfg.n_vocab
+        self.kv_dtype = kv_dtype
+        self.kv_bytes = int(self._engine.kv_bytes)
+        self.kernel_variant = self._engine.kernel_variant
+        self.n_threads = int(self._engine.n_threads)
+        self.max_batch_tokens = max_batch_tokens
+        self.fingerprint = (f"{model.fingerprint}-{_weights_digest(model)}"
+                            f"/kv={kv_dtype}/layout={LAYOUT_VERSION}")
+        self._records = np.zeros((num_slots, ctx_len), np.int32)  # [slot][pos] token ids
+        self._lens = [0] * num_slots  # tokens held per slot
+        self._faults: set[int] = set()  # slots whose next forward fails (test hook)
+        self._lock = threading.Lock()
+
+    # -- inspection ------------------------------------------------------------------------
+
+    def slot_len(self, slot: int) -> int:
+        return self._lens[self._slot(slot)]
+
+    def record(self, slot: int) -> np.ndarray:
+        slot = self._slot(slot)
+        out = self._records[slot, : self._lens[slot]].copy()
+        out.setflags(write=False)
+        return out
+
+    def check_integrity(self) -> None:
+        """Assert the pool's invariants (for tests)."""
+        assert len(self._lens) == self.num_slots
+        assert all(0 <= n <= self.ctx_len for n in self._lens)
+        assert all(0 <= s < self.num_slots for s in self._faults)
+
+    # -- compute ---------------------------------------------------------------------------
+
+    def forward(self, batch: Sequence[Any]) -> np.ndarray:
+        """See scheduler.interface.SlotPool.forward. Items are BatchItem-like objects (slot,
+        tokens, start_pos, want_logits) or 4-tuples in that order."""
+        with self._lock:
+            items = self._parse_batch(batch)
+            meta = np.array([(s, p, len(t), w) for s, t, p, w in items], dtype=np.int32).reshape(-1, 4)
+            tokens = np.concatenate([t for _, t, _, _ in items])
+            logits = np.empty((sum(w for *_, w in items), self.n_vocab), np.float32)
+            slots = [s for s, _, _, _ in items]
+            fault = any(s in self._faults for s in slots)
+            self._faults.difference_update(slots)
+            try:
+                status = self._engine.forward(meta, tokens, logits, 0 if fault else -1)
+                if status == _ENGINE_FAULT:
+                    raise ComputeError(f"injected fault in a forward step over slots {slots}")
+                if status != 0:
+                    raise ComputeError(f"engine status {status} in a forward step over slots {slots}")
+            except BaseException:
+                for s in slots:  # KV rows of these slots may be half-written
+                    self._lens[s] = 0
+                raise
+            for s, t, p, _ in items:
+                self._records[s, p : p + len(t)] = t
+                self._lens[s] = p + len(t)
+        return logits
+
+    def _parse_batch(self, batch: Sequence[Any]) -> list[tuple[int, np.ndarray, int, bool]]:
+        if batch is None or len(batch) == 0:
+            raise ValueError("forward: empty batch; pass at least one item")
+        items, seen = [], set()
+        for i, item in enumerate(batch):
+            if isinstance(item, tuple) and len(item) == 4:
+                slot, tokens, start_pos, want = item
+            else:
+                try:
+                    slot, tokens, start_pos, want = item.slot, item.tokens, item.start_pos, item.want_logits
+                except AttributeError:
+                    raise ValueError(f"forward: item {i} is neither a BatchItem nor a 4-tuple "
+                                     "(slot, tokens, start_pos, want_logits)") from None
+            slot = self._slot(slot)
+            if slot in seen:
+                raise ValueError(f"forward: slot {slot} appears twice in one batch; merge its tokens into one item")
+            seen.add(slot)
+            arr = np.asarray(tokens)
+            if arr.ndim != 1 or arr.size == 0:
+                raise ValueError(f"forward: item {i} (slot {slot}) needs a non-empty 1-D array of token ids")
+            if arr.dtype.kind not in "iu":
+                raise ValueError(f"forward: item {i} (slot {slot}) token ids must be integers, got {arr.dtype}")
+            lo, hi = int(arr.min()), int(arr.max())
+            if lo < 0 or hi >= self.n_vocab:
+                bad = lo if lo < 0 else hi
+                raise ValueError(f"forward: item {i} (slot {slot}) token id {bad} is outside the vocabulary "
+                                 f"[0, {self.n_vocab})")
+            if isinstance(start_pos, bool) or int(start_pos) != start_pos:
+                raise ValueError(f"forward: item {i} start_pos must be an integer")
+            start_pos = int(start_pos)
+            if start_pos != self._lens[slot]:
+                raise ValueError(f"forward: item {i} starts at position {start_pos} but slot {slot} holds "
+                                 f"{self._lens[slot]} tokens; truncate the slot first or feed from its end")
+            if start_pos + arr.size > self.ctx_len:
+                raise ValueError(f"forward: slot {slot} would reach position {start_pos + arr.size} > ctx_len "
+                                 f"{self.ctx_len}; shorten the prompt or use a larger ctx_len")
+            items.append((slot, arr.astype(np.int32, copy=False), start_pos, bool(want)))
+        return items
+
+    # -- slot surgery -----------------------------------------------------------------------
+
+    def truncate(self, slot: int, n: int) -> None:
+        slot = self._slot(slot)
+        with self._lock:
+            self._check_len(n, self._lens[slot], f"truncate: slot {slot}")
+            self._lens[slot] = n
+
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        src, dst = self._slot(src), self._slot(dst)
+        with self._lock:
+            self._check_len(n, self._lens[src], f"copy_prefix: source slot {src}")
+            if src != dst:
+                self._engine.kv_copy(src, dst, n)
+                self._records[dst, :n] = self._records[src, :n]
+            self._lens[dst] = n
+
+    def snapshot(self, slot: int, n: int) -> bytes:
+        slot = self._slot(slot)
+        with self._lock:
+            self._check_len(n, self._lens[slot], f"snapshot: slot {slot}")
+            fp = self.fingerprint.encode()
+            head = HEADER.pack(SNAP_MAGIC, LAYOUT_VERSION, KV_DTYPE_CODES[self.kv_dtype], self._cfg.n_layers,
+                               self._cfg.n_kv_heads, self._cfg.head_dim, self.n_vocab, n, len(fp))
+            body = self._engine.kv_snapshot(slot, n, head + fp + self._records[slot, :n].tobytes())
+        return body + struct.pack("<I", zlib.crc32(body))
+
+    def restore(self, slot: int, snap: bytes) -> int:
+        slot = self._slot(slot)
+        view = memoryview(snap).cast("B")
+        n, tokens, kv = self._parse_snapshot(view)
+        with self._lock:
+            self._engine.kv_restore(slot, n, kv)
+            self._records[slot, :n] = tokens
+            self._lens[slot] = n
+        return n
+
+    def _parse_snapshot(self, view: memoryview) -> tuple[int, np.ndarray, memoryview]:
+        def refuse(why: str) -> ValueError:
+            return ValueError(f"restore: {why}; take snapshots from a pool of the same model, KV dtype "
+                              "and slotserve version")
+
+        if len(view) < HEADER.size + 4:
+            raise refuse("not a slotserve snapshot (too short)")
+        magic, layout, kv_code, n_layers, n_kv, head_dim, n_vocab, n, fp_len = HEADER.unpack_from(view)
+        if magic != SNAP_MAGIC:
+            raise refuse("not a slotserve snapshot (bad magic)")
+        if layout != LAYOUT_VERSION:
+            raise refuse(f"snapshot layout version {layout}, this pool uses {LAYOUT_VERSION}")
+        (crc,) = struct.unpack_from("<I", view, len(view) - 4)
+        if zlib.crc32(view[:-4]) != crc:
+            raise refuse("the snapshot is damaged (checksum mismatch)")
+        fp_end = HEADER.size + fp_len
+        if fp_end > len(view) - 4 or bytes(view[HEADER.size:fp_end]) != self.fingerprint.encode():
+            raise refuse("the snapshot is of another model or KV layout (fingerprint mismatch)")
+        if (kv_code, n_layers, n_kv, head_dim, n_vocab) != (KV_DTYPE_CODES[self.kv_dtype], self._cfg.n_layers,
+                                                            self._cfg.n_kv_heads, self._cfg.head_dim, self.n_vocab):
+            raise refuse("the snapshot's KV dtype or dimensions differ from this pool's")
+        if n > self.ctx_len:
+            raise ValueError(f"restore: the snapshot holds {n} tokens > ctx_len {self.ctx_len}; "
+                             "use a pool with a larger ctx_len")
+        tok_end = fp_end + 4 * n
+        kv_end = tok_end + n * int(self._engine.kv_row_bytes)
+        if kv_end + 4 != len(view):
+            raise refuse("the snapshot has the wrong size for its token count")
+        tokens = np.frombuffer(view[fp_end:tok_end], dtype="<i4")
+        if n and (int(tokens.min()) < 0 or int(tokens.max()) >= self.n_vocab):
+            raise refuse("the snapshot holds token ids outside the vocabulary")
+        return n, tokens, view[tok_end:kv_end]
+
+    # -- test hook ---------------------------------------------------------------------------
+
+    def _inject_fault(self, slot: int) -> None:
+        """Make the next forward that touches `slot` fail inside the engine (after the first
+        layer has written KV rows), as a compute error would: it raises ComputeError and empties
+        every slot of that batch. For tests of the taint rule."""
+        self._faults.add(self._slot(slot))
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _slot(self, slot: Any) -> int:
+        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) or not 0 <= slot < self.num_slots:
+            raise ValueError(f"unknown slot {slot!r}: slots are 0..{self.num_slots - 1}")
+        return int(slot)
+
+    @staticmethod
+    def _check_len(n: Any, have: int, what: str) -> None:
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 <= n <= have:
+            raise ValueError(f"{what} holds {have} tokens; n must be an integer in 0..{have}, got {n!r}")

@@ -100,3 +100,16 @@ def test_bad_arguments_are_clear_errors(tiny_model_path, capsys, args, message):
 def test_missing_model_file_is_a_clear_error(tmp_path, capsys):
     code, _, err = _generate(capsys, "--model", str(tmp_path / "nope.gguf"), "--prompt", "hi")
     assert code == 1 and "does not exist" in err
+
+
+@pytest.mark.real_model
+def test_default_model_greedy_agrees_with_llamacpp(real_model_path, shared_fixtures_dir, capsys):
+    """No --model: the default (cached) model; its greedy continuation starts like llama.cpp's."""
+    import json
+
+    case = json.loads((shared_fixtures_dir / "smollm2_greedy_llamacpp.json").read_text())[0]
+    code, out, err = _generate(capsys, "--prompt", case["prompt"], "--max-tokens", "6")
+    assert code == 0, err
+    text = out.removesuffix("\n")
+    assert len(text) > 10 and case["continuation"].startswith(text), (text, case["continuation"])
+    assert int(TIMINGS.search(err).group(1)) == len(case["prompt_ids"])

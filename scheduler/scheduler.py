@@ -27,35 +27,32 @@ from typing import Callable, Iterable, Sequence as Seq
 
 import numpy as np
 
-from .checkpoints import CaptureRule, MemoryCheckpointStore
+from .admission import finish_records, rejected_stats, validate_request
+from .checkpointing import Checkpointing
+from .checkpoints import CaptureRule
 from .config import SchedulerConfig, reuse_log_from_env
 from .detok import Detokenizer
-from .disk_store import DiskCheckpointStore
 from .handle import RequestHandle
 from .interface import BatchItem, SlotPool
 from .policy import (
     Capabilities,
     CheckpointMatch,
-    CheckpointTier,
     RouteAction,
     RouteDecision,
     SlotCandidate,
     route,
 )
-from .prefix_index import common_prefix_len
 from .request import (
     Draining,
-    FinishEvent,
     FinishReason,
     GenerationRequest,
     PromptTooLong,
     QueueFull,
     ReuseInfo,
-    ReuseSource,
     SlotView,
     TokenEvent,
 )
-from .sampling import Sampler, validate_params
+from .sampling import Sampler
 from .sequence import Phase, Sequence
 from .slot_table import SlotTable
 from .stats import (
@@ -74,13 +71,6 @@ from .worker import EngineWorker
 log = logging.getLogger("slotserve.scheduler")
 reuse_log = logging.getLogger("slotserve.reuse")
 
-_OUTCOME = {
-    FinishReason.STOP: "ok",
-    FinishReason.LENGTH: "ok",
-    FinishReason.CANCELLED: "cancelled",
-    FinishReason.TIMEOUT: "timeout",
-    FinishReason.ERROR: "error",
-}
 _MAX_STEP_ERRORS = 3  # a request whose slot survives this many failed steps is failed anyway
 
 
@@ -113,19 +103,18 @@ class Scheduler:
             bool(pool.can_truncate), bool(pool.can_copy), bool(pool.can_snapshot)
         )
         self._slots = SlotTable(pool.num_slots, pool.ctx_len)
-        self._store = MemoryCheckpointStore(config.checkpoint_memory_bytes)
-        self._disk: DiskCheckpointStore | None = None
-        if config.kv_disk_dir is not None and self._caps.can_snapshot:
-            self._disk = DiskCheckpointStore(
-                config.kv_disk_dir, config.kv_disk_space_bytes, pool.fingerprint
-            )
-        self._bytes_per_token = pool.kv_bytes / max(1, pool.num_slots * pool.ctx_len)
+        self._ckpt = Checkpointing(
+            config,
+            can_snapshot=self._caps.can_snapshot,
+            fingerprint=pool.fingerprint,
+            bytes_per_token=pool.kv_bytes / max(1, pool.num_slots * pool.ctx_len),
+            emit=self._emit_checkpoint,
+        )
         self._queue: list[Sequence] = []  # waiting, sorted by (-priority, order)
         self._running: dict[int, Sequence] = {}  # slot -> request holding it
         self._order = itertools.count()
         self._ids = itertools.count(1)
         self._reuse_log = config.reuse_log or reuse_log_from_env()
-        self._last_unmatched: np.ndarray | None = None  # last prompt that found no live slot
         self._num_preemptions = 0
         self._prep_index: dict[int, int] = {}  # id(seq) -> prepare index, within one schedule()
         self._draining = False
@@ -158,21 +147,13 @@ class Scheduler:
         for s, rec in enumerate(records):
             self._slots.assign(s, rec)
             self._slots.last_used[s] = now
-        if self._disk is not None:
-            loop = asyncio.get_running_loop()
-
-            def on_disk_event(kind: str, rule: str, num_bytes: int, n: int) -> None:
-                loop.call_soon_threadsafe(self._emit_checkpoint, kind, "disk", rule, num_bytes, n)
-
-            self._disk.on_event = on_disk_event
-            self._disk.start()
+        self._ckpt.start(asyncio.get_running_loop())
         self._task = asyncio.create_task(self._loop(), name="slotserve-scheduler")
 
     async def wait_ready(self) -> None:
         """Wait until the disk tier's index is rebuilt (returns at once without a disk tier).
         Serving does not need this; requests routed before it simply miss the disk tier."""
-        if self._disk is not None:
-            await asyncio.to_thread(self._disk.index_ready.wait)
+        await self._ckpt.wait_ready()
 
     async def aclose(self) -> None:
         """Cancel whatever is queued or running, stop the loop and the worker thread."""
@@ -191,8 +172,7 @@ class Scheduler:
         if self._io_tasks:
             await asyncio.gather(*self._io_tasks, return_exceptions=True)
         await asyncio.to_thread(self._worker.stop)
-        if self._disk is not None:
-            await asyncio.to_thread(self._disk.close)
+        await self._ckpt.aclose()
 
     async def drain(self, grace_s: float) -> None:
         """Stop admitting; let queued and running requests finish for up to grace_s seconds,
@@ -222,7 +202,7 @@ class Scheduler:
         if self._draining or self._closing:
             raise Draining("the server is draining and admits no new requests")
         try:
-            prompt = self._validate(req)
+            prompt = validate_request(req, self._pool.n_vocab, self._pool.ctx_len)
         except (ValueError, PromptTooLong):
             self._reject(req)
             raise
@@ -247,32 +227,8 @@ class Scheduler:
         self._wake.set()
         return RequestHandle(self, seq)
 
-    def _validate(self, req: GenerationRequest) -> np.ndarray:
-        n_vocab, ctx_len = self._pool.n_vocab, self._pool.ctx_len
-        prompt = np.asarray(req.prompt_ids, dtype=np.int64)
-        if prompt.ndim != 1 or prompt.shape[0] == 0:
-            raise ValueError("prompt_ids is empty; send at least one token")
-        if prompt.min() < 0 or prompt.max() >= n_vocab:
-            raise ValueError(f"prompt_ids holds a token id outside the vocabulary 0..{n_vocab - 1}")
-        if prompt.shape[0] + 1 > ctx_len:
-            raise PromptTooLong(
-                f"prompt has {prompt.shape[0]} tokens but a slot holds {ctx_len} "
-                f"(prompt + at least one generated token); shorten it to {ctx_len - 1} tokens"
-            )
-        validate_params(req.params, n_vocab)
-        if req.prefix_hint is not None and not 0 < req.prefix_hint <= prompt.shape[0]:
-            raise ValueError(
-                f"prefix_hint={req.prefix_hint} must be within the prompt (1..{prompt.shape[0]})"
-            )
-        if req.timeout_s is not None and not req.timeout_s > 0:
-            raise ValueError(f"timeout_s={req.timeout_s} must be > 0")
-        return np.ascontiguousarray(prompt, dtype=np.int32)
-
     def _reject(self, req: GenerationRequest) -> None:
-        self._emit_request_stats(
-            RequestStats("rejected", None, len(req.prompt_ids), 0, ReuseSource.NONE, 0, 0,
-                         None, None, None, ())
-        )
+        self._emit_request_stats(rejected_stats(req))
 
     def stats(self) -> SchedulerStats:
         return SchedulerStats(
@@ -284,8 +240,8 @@ class Scheduler:
                 for s in range(self._slots.num_slots)
             ),
             ctx_len=self._pool.ctx_len,
-            checkpoint_memory_bytes=self._store.bytes_used,
-            checkpoint_disk_bytes=self._disk.bytes_used if self._disk is not None else 0,
+            checkpoint_memory_bytes=self._ckpt.memory.bytes_used,
+            checkpoint_disk_bytes=self._ckpt.disk_bytes,
             num_preemptions=self._num_preemptions,
             draining=self._draining,
         )
@@ -318,7 +274,7 @@ class Scheduler:
         """Assert the slot mirror equals the pool and the stores are consistent (tests)."""
         async with self._step_lock:
             await self._worker.run(self._slots.check_integrity, self._pool)
-            self._store.check_integrity()
+            self._ckpt.memory.check_integrity()
             assert all(self._running[s].slot == s for s in self._running)
             assert all(q.phase is Phase.QUEUED for q in self._queue)
 
@@ -436,23 +392,10 @@ class Scheduler:
                     prefill_target=target,
                 )
             )
-        ckpts: list[CheckpointMatch] = []
-        if self._config.reuse_enabled and self._caps.can_snapshot:
-            m = self._store.find(seq.prompt)
-            if m is not None:
-                ckpts.append(m)
-            if seq.staged_snapshot is not None:
-                tokens, _ = seq.staged_snapshot
-                c = common_prefix_len(seq.prompt, tokens)
-                ckpts.append(CheckpointMatch(CheckpointTier.DISK, "staged", len(tokens), c))
-            elif self._disk is not None:
-                d = self._disk.find(seq.prompt)
-                if d is not None:
-                    ckpts.append(d)
         return route(
             seq.prompt,
             cands,
-            ckpts,
+            self._ckpt.matches(seq.prompt, seq.staged_snapshot),
             caps=self._caps,
             idle_half_life_s=self._config.idle_half_life_s,
             reuse_enabled=self._config.reuse_enabled,
@@ -494,7 +437,7 @@ class Scheduler:
             prep = Prepare(RouteAction.COPY, dest, n, src_slot=d.src_slot)
             self._slots.copy_prefix(d.src_slot, dest, n)
         elif d.action is RouteAction.RESTORE_MEMORY:
-            entry = self._store.get(d.checkpoint.key)
+            entry = self._ckpt.memory.get(d.checkpoint.key)
             assert entry is not None
             prep = Prepare(RouteAction.RESTORE_MEMORY, dest, n, snapshot=entry.data)
             self._slots.assign(dest, entry.tokens[:n])
@@ -524,7 +467,7 @@ class Scheduler:
         if n > 0:
             self._slots.num_reuse_hits[dest] += 1
             self._slots.num_reused_tokens[dest] += n
-        self._add_capture_points(seq, d)
+        seq.capture_points = self._ckpt.capture_points(seq.prompt, seq.req.prefix_hint, d)
         if self._reuse_log:
             extra = f" src={d.src_slot}" if d.action is RouteAction.COPY else ""
             reuse_log.info(
@@ -534,45 +477,13 @@ class Scheduler:
                 extra, n, seq.prompt_len - n, seq.request_id,
             )
 
-    def _add_capture_points(self, seq: Sequence, d: RouteDecision) -> None:
-        cfg = self._config
-        if not self._caps.can_snapshot or not self._config.reuse_enabled:
-            return
-        L = seq.prompt_len
-        points: dict[int, CaptureRule] = {}
-        hint = seq.req.prefix_hint
-        if hint is not None and hint >= cfg.min_checkpoint_tokens:
-            points[hint] = CaptureRule.HINT
-        if d.action not in (RouteAction.REWIND, RouteAction.COPY):
-            last = self._last_unmatched
-            self._last_unmatched = seq.prompt
-            if last is not None:
-                c = common_prefix_len(seq.prompt, last)
-                if c >= cfg.min_checkpoint_tokens and c > d.reuse_len:
-                    points.setdefault(c, CaptureRule.COMMON_PREFIX)
-        # NOTE: a prompt mostly reused from a live slot or checkpoint is not captured again at
-        # its end: its source still holds it, and capture-on-evict saves the slot when needed.
-        # A snapshot copies every row of the prompt, so this keeps captures to fresh work.
-        if cfg.capture_prompt_end and L >= cfg.min_checkpoint_tokens and L - d.reuse_len >= d.reuse_len:
-            points.setdefault(L, CaptureRule.PROMPT_END)
-        seq.capture_points = sorted(points.items())
-
     # -- captures --------------------------------------------------------------------------
-    def _estimate_bytes(self, num_tokens: int) -> int:
-        return int(num_tokens * self._bytes_per_token) + 4096
-
     def _plan_capture(self, plan: StepPlan, slot: int, n: int, rule: CaptureRule) -> None:
         """Snapshot the first n rows of slot at the start of this step, if worth it and room."""
-        if not self._caps.can_snapshot or n < self._config.min_checkpoint_tokens:
-            return
         tokens = self._slots.record(slot)[:n].copy()
-        if self._store.contains_prefix(tokens):
+        if not self._ckpt.wants(tokens, rule):
             return
         if any(np.array_equal(c.tag[0], tokens) for c in plan.captures):
-            return
-        fits_memory = self._store.can_fit(self._estimate_bytes(n), rule)
-        spills = self._disk is not None and self._disk.is_usable and rule is not CaptureRule.PROMPT_END
-        if not (fits_memory or spills):
             return
         plan.captures.append(Capture(slot, n, (tokens, rule)))
 
@@ -587,27 +498,15 @@ class Scheduler:
                 n, rule = seq.capture_points.pop(0)
                 self._plan_capture(plan, seq.slot, n, rule)
 
-    def _store_checkpoint(self, tokens: np.ndarray, data: bytes, rule: CaptureRule) -> None:
-        evicted = self._store.insert(tokens, data, rule)
-        num_bytes = memoryview(data).nbytes
-        if evicted is not None:
-            self._emit_checkpoint("capture", "memory", rule.value, num_bytes, len(tokens))
-            for e in evicted:
-                self._emit_checkpoint("evict", "memory", e.rule.value, e.num_bytes, e.num_tokens)
-                if self._disk is not None and e.rule is not CaptureRule.PROMPT_END:
-                    self._disk.put(e.tokens, e.data, e.rule.value)
-        if self._disk is not None and rule is not CaptureRule.PROMPT_END:
-            # Write-through for shared or evicted content, so it survives a restart.
-            self._disk.put(tokens, data, rule.value)
-
     # -- disk loads ------------------------------------------------------------------------
     def _start_disk_load(self, seq: Sequence, match: CheckpointMatch) -> None:
-        assert self._disk is not None
+        disk = self._ckpt.disk
+        assert disk is not None
         seq.loading = True
 
         async def load() -> None:
             try:
-                loaded = await asyncio.to_thread(self._disk.load, match.key)
+                loaded = await asyncio.to_thread(disk.load, match.key)
             except Exception:  # noqa: BLE001 - a failed load only loses the reuse
                 log.exception("loading disk checkpoint %s failed", match.key)
                 loaded = None
@@ -653,15 +552,14 @@ class Scheduler:
             if isinstance(snap, BaseException):
                 log.warning("checkpoint capture of %d tokens failed: %s", len(tokens), snap)
                 continue
-            self._store_checkpoint(tokens, snap, rule)
+            self._ckpt.keep(tokens, snap, rule)
         for slot, rec in result.resync.items():
             self._slots.assign(slot, rec)
         for i, err in result.prepare_errors.items():
             seq, d = plan.prepare_owners[i]
             log.warning("preparing slot %d for %s failed (%s); rerouting", d.dest, seq.request_id, err)
             if d.action is RouteAction.RESTORE_MEMORY:
-                self._store.remove(d.checkpoint.key)
-                self._emit_checkpoint("drop", "memory", "", 0, d.checkpoint.num_tokens)
+                self._ckpt.drop_memory(d.checkpoint.key, d.checkpoint.num_tokens)
             self._release_slot(seq, now)
             seq.reuse = None
             if seq.phase is not Phase.DONE:
@@ -747,37 +645,14 @@ class Scheduler:
             self._queue.remove(seq)
         self._release_slot(seq, now)
         seq.phase = Phase.DONE
-        text = seq.detok.flush()
-        timings = {"e2e_s": now - seq.admitted_at, "prefill_s": seq.prefill_s}
-        queue_s = seq.assigned_at - seq.admitted_at if seq.assigned_at is not None else None
-        ttft_s = seq.first_token_at - seq.admitted_at if seq.first_token_at is not None else None
-        if queue_s is not None:
-            timings["queue_s"] = queue_s
-        if ttft_s is not None:
-            timings["ttft_s"] = ttft_s
-        ev = FinishEvent(reason, text, seq.prompt_len, seq.num_generated, seq.reuse, error, timings)
+        ev, stats = finish_records(seq, reason, seq.detok.flush(), now, error)
         seq.finish = ev
         seq.events.put_nowait(ev)
         if seq.ack is not None and not seq.ack.done():
             seq.ack.set_result(reason is FinishReason.CANCELLED)
-        reuse = seq.reuse
-        self._emit_request_stats(
-            RequestStats(
-                outcome=_OUTCOME[reason],
-                finish_reason=reason,
-                prompt_tokens=seq.prompt_len,
-                reused_tokens=reuse.reused_tokens if reuse else 0,
-                reuse_source=reuse.source if reuse else ReuseSource.NONE,
-                prefilled_tokens=seq.num_prefilled,
-                completion_tokens=seq.num_generated,
-                queue_s=queue_s,
-                ttft_s=ttft_s,
-                e2e_s=now - seq.admitted_at,
-                itl_s=tuple(seq.itl_s),
-            )
-        )
+        self._emit_request_stats(stats)
         if reason is FinishReason.CANCELLED:
-            started = cancel_at if cancel_at is not None else (seq.cancel_at if seq.cancel_at is not None else now)
+            started = cancel_at if cancel_at is not None else (seq.cancel_at or now)
             self._sink_call(
                 self._sink.on_cancel, CancelStats(cancel_phase or "decode", now - started)
             )

@@ -101,7 +101,7 @@ async def test_full_disk_logs_one_warning_and_keeps_serving(tmp_path, caplog, mo
         async with make_scheduler(pool, config) as sched:
             outs = [await run_one(sched, system + prompt_of(21 + i, 30), 3, prefix_hint=100)
                     for i in range(3)]
-            sched._disk.flush()
+            sched._ckpt.disk.flush()
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "No space left" in warnings[0].getMessage()
     assert not list(tmp_path.rglob("*.kvc")) and not list(tmp_path.rglob("*.tmp"))
@@ -167,7 +167,7 @@ async def test_damaged_memory_checkpoint_is_dropped_and_the_request_rerouted():
     async with make_scheduler(pool, config) as sched:
         await run_one(sched, a, 3)
         await run_one(sched, b, 3)  # evicts a's record into the memory store
-        entries = sched._store.entries()
+        entries = sched._ckpt.memory.entries()
         victim = next(e for e in entries if e.tokens[0] == a[0])
         victim.data = victim.data[:-1] + bytes([victim.data[-1] ^ 0xFF])
         out = await run_one(sched, a, 3)

@@ -1,0 +1,151 @@
+"""Checkpoint policy: both tiers and the four capture rules, behind one object.
+
+Design: the scheduler asks three questions and reports one fact. `matches(prompt)` gives the
+routing its checkpoint candidates; `capture_points(...)` says at which prompt offsets a newly
+routed request should be snapshotted (rules hint / common_prefix / prompt_end); `wants(...)`
+says whether a snapshot of given tokens is worth taking now (not stored yet, and there is room in
+memory or a disk tier to take it); `keep(...)` files a snapshot that was taken. Captures on
+evict (rule 4) are decided by the routing (`RouteDecision.evicts`) and filed here the same way.
+Memory evictions and every non-prompt-end capture are written through to the disk tier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Callable
+
+import numpy as np
+
+from .checkpoints import CaptureRule, MemoryCheckpointStore
+from .config import SchedulerConfig
+from .disk_store import DiskCheckpointStore
+from .policy import CheckpointMatch, CheckpointTier, RouteAction, RouteDecision
+from .prefix_index import common_prefix_len
+
+# (kind, tier, rule, num_bytes, num_tokens) -> None: forwarded to StatsSink.on_checkpoint
+EmitFn = Callable[[str, str, str, int, int], None]
+
+_HEADER_SLACK = 4096  # bytes a snapshot carries beyond its KV rows (estimate)
+
+
+class Checkpointing:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        *,
+        can_snapshot: bool,
+        fingerprint: str,
+        bytes_per_token: float,
+        emit: EmitFn,
+    ) -> None:
+        self._config = config
+        self.enabled = can_snapshot and config.reuse_enabled
+        self.memory = MemoryCheckpointStore(config.checkpoint_memory_bytes if self.enabled else 0)
+        self.disk: DiskCheckpointStore | None = None
+        if config.kv_disk_dir is not None and self.enabled:
+            self.disk = DiskCheckpointStore(config.kv_disk_dir, config.kv_disk_space_bytes, fingerprint)
+        self._bytes_per_token = bytes_per_token
+        self._emit = emit
+        self._last_unmatched: np.ndarray | None = None  # last prompt that found no live slot
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start the disk tier (its index is rebuilt in the background)."""
+        if self.disk is None:
+            return
+
+        def on_disk_event(kind: str, rule: str, num_bytes: int, n: int) -> None:
+            loop.call_soon_threadsafe(self._emit, kind, "disk", rule, num_bytes, n)
+
+        self.disk.on_event = on_disk_event
+        self.disk.start()
+
+    async def wait_ready(self) -> None:
+        if self.disk is not None:
+            await asyncio.to_thread(self.disk.index_ready.wait)
+
+    async def aclose(self) -> None:
+        if self.disk is not None:
+            await asyncio.to_thread(self.disk.close)
+
+    @property
+    def disk_bytes(self) -> int:
+        return self.disk.bytes_used if self.disk is not None else 0
+
+    # -- routing side ----------------------------------------------------------------------
+    def matches(
+        self, prompt: np.ndarray, staged: tuple[np.ndarray, bytes] | None
+    ) -> list[CheckpointMatch]:
+        """Best candidate of each tier for `prompt`. A disk checkpoint already loaded for this
+        request (`staged`) stands in for the disk tier under the key "staged"."""
+        if not self.enabled:
+            return []
+        out = []
+        m = self.memory.find(prompt)
+        if m is not None:
+            out.append(m)
+        if staged is not None:
+            tokens, _ = staged
+            c = common_prefix_len(prompt, tokens)
+            out.append(CheckpointMatch(CheckpointTier.DISK, "staged", len(tokens), c))
+        elif self.disk is not None:
+            d = self.disk.find(prompt)
+            if d is not None:
+                out.append(d)
+        return out
+
+    def capture_points(
+        self, prompt: np.ndarray, hint: int | None, d: RouteDecision
+    ) -> list[tuple[int, CaptureRule]]:
+        """Prompt offsets to snapshot once the request's slot holds them, in ascending order."""
+        if not self.enabled:
+            return []
+        cfg = self._config
+        L = int(prompt.shape[0])
+        points: dict[int, CaptureRule] = {}
+        if hint is not None and hint >= cfg.min_checkpoint_tokens:
+            points[hint] = CaptureRule.HINT
+        if d.action not in (RouteAction.REWIND, RouteAction.COPY):  # found no live slot
+            last, self._last_unmatched = self._last_unmatched, prompt
+            if last is not None:
+                c = common_prefix_len(prompt, last)
+                if c >= cfg.min_checkpoint_tokens and c > d.reuse_len:
+                    points.setdefault(c, CaptureRule.COMMON_PREFIX)
+        # NOTE: a prompt mostly reused from a live slot or checkpoint is not captured again at
+        # its end: its source still holds it, and capture-on-evict saves the slot when needed.
+        # A snapshot copies every row of the prompt, so this keeps captures to fresh work.
+        if cfg.capture_prompt_end and L >= cfg.min_checkpoint_tokens and L - d.reuse_len >= d.reuse_len:
+            points.setdefault(L, CaptureRule.PROMPT_END)
+        return sorted(points.items())
+
+    # -- capture side ----------------------------------------------------------------------
+    def wants(self, tokens: np.ndarray, rule: CaptureRule) -> bool:
+        """Whether a snapshot of exactly `tokens` is worth taking now."""
+        n = int(tokens.shape[0])
+        if not self.enabled or n < self._config.min_checkpoint_tokens:
+            return False
+        if self.memory.contains_prefix(tokens):
+            return False
+        estimate = int(n * self._bytes_per_token) + _HEADER_SLACK
+        if self.memory.can_fit(estimate, rule):
+            return True
+        return self.disk is not None and self.disk.is_usable and rule is not CaptureRule.PROMPT_END
+
+    def keep(self, tokens: np.ndarray, data: bytes, rule: CaptureRule) -> None:
+        """File a snapshot taken for `tokens` under `rule`."""
+        evicted = self.memory.insert(tokens, data, rule)
+        if evicted is not None:
+            self._emit("capture", "memory", rule.value, memoryview(data).nbytes, len(tokens))
+            for e in evicted:
+                self._emit("evict", "memory", e.rule.value, e.num_bytes, e.num_tokens)
+                if self.disk is not None and e.rule is not CaptureRule.PROMPT_END:
+                    self.disk.put(e.tokens, e.data, e.rule.value)
+        if self.disk is not None and rule is not CaptureRule.PROMPT_END:
+            # Write-through for shared or evicted content, so it survives a restart.
+            self.disk.put(tokens, data, rule.value)
+
+    def drop_memory(self, key: str, num_tokens: int) -> None:
+        """Remove a memory checkpoint the pool refused to restore (damaged)."""
+        e = self.memory.remove(key)
+        if e is not None:
+            self._emit("drop", "memory", e.rule.value, e.num_bytes, num_tokens)

@@ -327,12 +327,16 @@ def create_app(runtime: Runtime, config: ServeConfig, *, metrics: MetricsExporte
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with runtime.scheduler:
-            gw.is_serving = True
-            try:
-                yield
-            finally:
-                gw.is_serving = False
+        try:
+            async with runtime.scheduler:
+                gw.is_serving = True
+                try:
+                    yield
+                finally:
+                    gw.is_serving = False
+        finally:
+            for close in runtime.closers:
+                close()
 
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
     app.state.gateway = gw

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from .config import ServeConfig
 
@@ -58,6 +58,7 @@ class Runtime:
     model_path: str = ""
     created: int = 0  # unix time the model was loaded (GET /v1/models)
     extra: dict[str, Any] = field(default_factory=dict)  # owned objects kept alive (model file, pool)
+    closers: list[Callable[[], None]] = field(default_factory=list)  # run after the scheduler stops
 
     @property
     def model_name(self) -> str:
@@ -115,8 +116,9 @@ def load_runtime(config: ServeConfig, *, stats_sink: Any = None) -> Runtime:
     path = Path(resolve_model(config.model))
     bundle = open_model(path, num_slots=config.batched_session, ctx_len=config.ctx_size, threads=config.threads)
     tok = bundle.tokenizer
+    pool, closers = with_kv_events(bundle.pool, config)
     sched = Scheduler(
-        bundle.pool,
+        pool,
         scheduler_config(config),
         token_bytes=tok.token_bytes,
         eos_token_ids=tok.eos_token_ids,
@@ -135,7 +137,23 @@ def load_runtime(config: ServeConfig, *, stats_sink: Any = None) -> Runtime:
         model_path=str(path),
         created=int(time.time()),
         extra={"bundle": bundle},
+        closers=closers,
     )
+
+
+def with_kv_events(pool: Any, config: ServeConfig) -> tuple[Any, list[Callable[[], None]]]:
+    """`pool` wrapped to publish KV events when --kv-events-endpoint is set (else unchanged),
+    and what to close at shutdown. Raises ValueError for a bad endpoint or missing pyzmq."""
+    if config.kv_events_endpoint is None:
+        return pool, []
+    from .kv_events import KVEventPool, KVEventsConfig, ZmqPublisher
+
+    publisher = ZmqPublisher(KVEventsConfig(endpoint=config.kv_events_endpoint, topic=config.kv_events_topic,
+                                            block_size=config.kv_events_block_size))
+    publisher.start()
+    wrapped = KVEventPool(pool, publisher.publish, block_size=config.kv_events_block_size,
+                          resync=publisher.resync_requested)
+    return wrapped, [publisher.close]
 
 
 def scheduler_config(config: ServeConfig) -> Any:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import msgspec
 from msgspec import Meta, Struct
 
 # ------------------------------------------------------------------ shared request pieces

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import anyio
@@ -54,14 +55,12 @@ async def wait_for_disconnect(receive: Receive) -> None:
             return
 
 
+@dataclass(frozen=True, slots=True)
 class Collected:
     """What a non-streaming request produced: all text and the finish event."""
 
-    __slots__ = ("text", "finish")
-
-    def __init__(self, text: str, finish: FinishEvent):
-        self.text = text
-        self.finish = finish
+    text: str
+    finish: FinishEvent
 
 
 async def collect(handle: Any, receive: Receive) -> Collected | None:
@@ -99,7 +98,7 @@ async def collect(handle: Any, receive: Receive) -> Collected | None:
 
 
 class StreamFormat:
-    """How one endpoint spells its SSE chunks; `event_stream` drives it."""
+    """How one endpoint spells its SSE chunks; `EventStream` drives it."""
 
     def opening(self) -> list[bytes]:
         """Chunks sent before any token (e.g. the chat role delta)."""

@@ -19,7 +19,6 @@ from typing import Any, AsyncIterator, Iterator, Sequence
 
 import httpx
 
-from slotserve.gateway.app import create_app
 from slotserve.gateway.config import ServeConfig
 from slotserve.gateway.runtime import Runtime
 from slotserve.metrics import ServerMetrics

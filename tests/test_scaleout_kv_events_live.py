@@ -156,7 +156,7 @@ def test_live_server_events_match_slots(tiny_model_path, tmp_path):
 
         with ThreadPoolExecutor(max_workers=3) as pool:
             outcomes = collections.Counter(pool.map(one, range(40)))
-        assert outcomes["cancelled"] >= 5 and outcomes["ok"] >= 20, outcomes
+        assert outcomes["cancelled"] >= 5 and outcomes["ok"] >= 10, outcomes
 
         # settle: no slot busy, then the subscriber's view must match /slots
         problem: str | None = "not checked"

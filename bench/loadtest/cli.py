@@ -72,7 +72,9 @@ def _compare(args: argparse.Namespace) -> int:
     from . import report, results
 
     a, b = results.load(args.a), results.load(args.b)
-    Console().print(report.compare_table(a, b, args.a, args.b))
+    console = Console(soft_wrap=True)
+    console.print(report.compare_header(a, b, args.a, args.b), highlight=False)
+    console.print(report.compare_table(a, b))
     return 0
 
 
@@ -182,7 +184,7 @@ async def _run_async(args: argparse.Namespace, cfg: DriveConfig, conversations: 
     res = results.Results(config=run_cfg, requests=records, summary=report.summarize(
         records, outcome.duration_s, args.slo_ttft, oracle.source, oracle.num_len_mismatches))
     results.save(res, args.json)
-    report.print_tables(report.summary_tables(res), Console())
+    report.print_tables(report.summary_tables(res), Console(soft_wrap=True))
     err.print(f"results: {args.json}")
     if args.plots:
         from .plots import write_plots

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.table import Table
 
 from .client import Exchange
@@ -105,11 +105,12 @@ def _num(x: float | None, fmt: str = "{:.2f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
-def summary_tables(results: Results) -> list[Table]:
-    """The end-of-run report: latency percentiles, then throughput and reuse."""
+def summary_tables(results: Results) -> list[RenderableType]:
+    """The end-of-run report: a headline, latency percentiles, then throughput and reuse."""
     s, c = results.summary, results.config
-    lat = Table(title=f"{c.workload} against {c.url} ({s.num_ok}/{s.num_requests} ok, "
-                      f"{s.num_aborted} aborted, {s.num_errors} errors, {s.duration_s:.1f} s)")
+    headline = (f"{c.workload} against {c.url}: {s.num_ok}/{s.num_requests} ok, "
+                f"{s.num_aborted} aborted, {s.num_errors} errors in {s.duration_s:.1f} s")
+    lat = Table()
     for col in ("latency (ms)", "n", "p50", "p90", "p99"):
         lat.add_column(col, justify="left" if col.startswith("lat") else "right")
     ok_n = s.num_ok
@@ -119,7 +120,7 @@ def summary_tables(results: Results) -> list[Table]:
         lat.add_row(f"  TTFT turn {turn}", str(p.n), _ms(p.p50), _ms(p.p90), _ms(p.p99))
     lat.add_row("ITL", "", _ms(s.itl_p50), _ms(s.itl_p90), _ms(s.itl_p99))
     lat.add_row("end-to-end", str(ok_n), _ms(s.e2e_p50), _ms(s.e2e_p90), _ms(s.e2e_p99))
-    thr = Table(title="throughput and reuse")
+    thr = Table()
     thr.add_column("metric")
     thr.add_column("value", justify="right")
     thr.add_row("requests/s", _num(s.requests_per_s))
@@ -130,9 +131,9 @@ def summary_tables(results: Results) -> list[Table]:
                 + f"  ({s.cached_tokens}/{s.prompt_tokens})")
     thr.add_row(f"oracle maximum ({s.oracle_source})", _num(s.oracle_reuse_ratio, "{:.1%}")
                 + f"  ({s.oracle_cached_tokens}/{s.prompt_tokens})")
-    tables = [lat, thr]
+    tables: list[RenderableType] = [headline, lat, thr]
     if s.errors:
-        err = Table(title="errors")
+        err = Table()
         err.add_column("count", justify="right")
         err.add_column("error")
         for msg, n in sorted(s.errors.items(), key=lambda kv: -kv[1]):
@@ -165,9 +166,13 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or a == 0 else b / a
 
 
-def compare_table(a: Results, b: Results, name_a: str, name_b: str) -> Table:
-    table = Table(title=f"A = {name_a} ({a.config.workload}, {a.config.url})\n"
-                        f"B = {name_b} ({b.config.workload}, {b.config.url})")
+def compare_header(a: Results, b: Results, name_a: str, name_b: str) -> str:
+    return "\n".join(f"{k} = {name} ({r.config.workload}, {r.config.url}, {r.config.started_at})"
+                     for k, name, r in (("A", name_a, a), ("B", name_b, b)))
+
+
+def compare_table(a: Results, b: Results) -> Table:
+    table = Table()
     for col in ("metric", "A", "B", "B / A"):
         table.add_column(col, justify="left" if col == "metric" else "right")
     for label, unit, va, vb in compare_rows(a.summary, b.summary):
@@ -177,7 +182,7 @@ def compare_table(a: Results, b: Results, name_a: str, name_b: str) -> Table:
     return table
 
 
-def print_tables(tables: Sequence[Table], console: Console | None = None) -> None:
+def print_tables(tables: Sequence[RenderableType], console: Console | None = None) -> None:
     console = console or Console()
     for t in tables:
-        console.print(t)
+        console.print(t, highlight=False)

@@ -4,7 +4,8 @@ Each workload runs against a fresh server with reuse (the oracle assumes the ser
 before the run) and against one server started with --no-reuse. The report must be internally
 consistent; with reuse every later turn (or resend) reports cached tokens > 0 and never more
 than the oracle; with --no-reuse every request reports 0 while the oracle stays positive; the
-greedy conversations are the same token for token either way.
+greedy conversations are the same token for token either way. A recorded trace replays at its
+offsets against both.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from loadtest_support import assert_consistent, run_loadtest
 
 from slotserve.bench.loadtest import results
 from slotserve.bench.loadtest.plots import PLOT_FILES
-from slotserve.bench.loadtest.workloads import SYNTHETIC_WORKLOADS
+from slotserve.bench.loadtest.trace import write_trace
+from slotserve.bench.loadtest.workloads import SYNTHETIC_WORKLOADS, RequestSpec
 
 SIZES = ["--concurrency", "2", "--conversations", "2", "--turns", "3", "--system-len", "40",
          "--turn-len", "8", "--reply-len", "6", "--tool-result-len", "10", "--abort-after", "2"]
@@ -127,3 +129,32 @@ def test_workload_live(workload: str, tiny_model_path: Path, no_reuse_server: Se
         assert results.load(tmp_path / "reuse.json") == warm
         for name in PLOT_FILES:
             assert (tmp_path / "plots" / name).read_bytes().startswith(b"\x89PNG")
+
+
+def test_trace_live(tiny_model_path: Path, no_reuse_server: ServeProcess, tmp_path: Path):
+    """A recorded trace at its offsets: later turns resend the earlier ones plus the recorded
+    reply, so they reuse with a cache and reuse nothing with --no-reuse."""
+    system = {"role": "system", "content": "You answer in one short sentence. " * 8}
+    specs = []
+    for c in range(2):
+        first = (system, {"role": "user", "content": f"Name a colour, user {c}."})
+        second = first + ({"role": "assistant", "content": "Blue."},
+                          {"role": "user", "content": "And another one?"})
+        specs += [RequestSpec(f"c{c}", 0, 4, messages=first, offset_s=0.1 * c),
+                  RequestSpec(f"c{c}", 1, 4, messages=second, offset_s=1.0 + 0.1 * c)]
+    specs.append(RequestSpec("text", 0, 4, prompt="Once upon a time", offset_s=0.5))
+    trace = tmp_path / "trace.jsonl"
+    write_trace(trace, specs)
+    with ServeProcess(tiny_model_path, tmp_path / "serve.log") as server:
+        warm = run_loadtest(server.url, "trace", tmp_path / "warm.json", "--trace", str(trace))
+    cold = run_loadtest(no_reuse_server.url, "trace", tmp_path / "cold.json", "--trace", str(trace))
+    for res in (warm, cold):
+        assert_consistent(res)
+        assert res.config.mode == "offsets" and res.summary.num_ok == 5
+        assert res.summary.oracle_len_mismatches == 0
+        in_offset_order = sorted(specs, key=lambda s: s.offset_s)
+        assert all(r.start_s >= s.offset_s for r, s in zip(res.requests, in_offset_order))
+    for r in warm.requests:
+        if r.turn_index == 1:
+            assert r.cached_tokens > 40 and r.cached_tokens <= r.oracle_cached_tokens
+    assert cold.summary.cached_tokens == 0

@@ -16,6 +16,8 @@ import os
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping
 
+from .kv_events import KVEventsConfig
+
 ENV_PREFIX = "SLOTSERVE_"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -80,6 +82,14 @@ class ServeConfig:
              "--kv-events-endpoint must not be empty")
         need(1 <= self.kv_events_block_size <= 4096,
              f"--kv-events-block-size must be in 1..4096, got {self.kv_events_block_size}")
+        self.kv_events_config()  # a malformed endpoint raises ValueError naming --kv-events-endpoint
+
+    def kv_events_config(self) -> KVEventsConfig | None:
+        """The KV-events publisher's config, or None when --kv-events-endpoint is not set."""
+        if self.kv_events_endpoint is None:
+            return None
+        return KVEventsConfig(endpoint=self.kv_events_endpoint, topic=self.kv_events_topic,
+                              block_size=self.kv_events_block_size)
 
     @property
     def url(self) -> str:

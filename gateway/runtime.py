@@ -144,14 +144,14 @@ def load_runtime(config: ServeConfig, *, stats_sink: Any = None) -> Runtime:
 def with_kv_events(pool: Any, config: ServeConfig) -> tuple[Any, list[Callable[[], None]]]:
     """`pool` wrapped to publish KV events when --kv-events-endpoint is set (else unchanged),
     and what to close at shutdown. Raises ValueError for a bad endpoint or missing pyzmq."""
-    if config.kv_events_endpoint is None:
+    events_config = config.kv_events_config()
+    if events_config is None:
         return pool, []
-    from .kv_events import KVEventPool, KVEventsConfig, ZmqPublisher
+    from .kv_events import KVEventPool, ZmqPublisher
 
-    publisher = ZmqPublisher(KVEventsConfig(endpoint=config.kv_events_endpoint, topic=config.kv_events_topic,
-                                            block_size=config.kv_events_block_size))
+    publisher = ZmqPublisher(events_config)
     publisher.start()
-    wrapped = KVEventPool(pool, publisher.publish, block_size=config.kv_events_block_size,
+    wrapped = KVEventPool(pool, publisher.publish, block_size=events_config.block_size,
                           resync=publisher.resync_requested)
     return wrapped, [publisher.close]
 

@@ -55,6 +55,8 @@ def test_every_option_has_an_env_var_that_parses() -> None:
             env[opt.env] = "debug"
         if opt.field in ("max_body_bytes", "max_tokens_limit"):
             env[opt.env] = "100000"
+        if opt.field == "kv_events_endpoint":
+            env[opt.env] = "tcp://127.0.0.1:5557"
         c = config_from_args(None, environ=env)
         value = getattr(c, opt.field)
         assert value == opt.parse(env[opt.env]), opt.field
@@ -87,6 +89,9 @@ def test_bad_environment_value_fails_loudly(env: dict[str, str], fragment: str) 
         ({"default_max_tokens": 5000}, "--default-max-tokens"),
         ({"log_level": "loud"}, "--log-level"),
         ({"api_key": ""}, "--api-key"),
+        ({"kv_events_endpoint": "x"}, "--kv-events-endpoint"),
+        ({"kv_events_endpoint": "http://127.0.0.1:5557"}, "--kv-events-endpoint"),
+        ({"kv_events_endpoint": "tcp://127.0.0.1"}, "--kv-events-endpoint"),
     ],
 )
 def test_out_of_range_values_name_the_flag(kwargs: dict, fragment: str) -> None:
@@ -106,3 +111,23 @@ def test_cli_run_reports_bad_env_and_exits_2(monkeypatch: pytest.MonkeyPatch, ca
     monkeypatch.setenv("SLOTSERVE_MAX_QUEUE", "-3")
     assert main(["serve"]) == 2
     assert "--max-queue" in capsys.readouterr().err
+
+
+def test_kv_events_endpoint_builds_the_publisher_config() -> None:
+    c = parse(["--kv-events-endpoint", "tcp://*:5557", "--kv-events-topic", "kv@x@m", "--kv-events-block-size", "32"])
+    events = c.kv_events_config()
+    assert events is not None
+    assert (events.endpoint, events.topic, events.block_size, events.binds) == ("tcp://*:5557", "kv@x@m", 32, True)
+    assert parse([]).kv_events_config() is None
+
+
+@pytest.mark.parametrize("endpoint", ["x", "http://127.0.0.1:5557"])
+def test_cli_rejects_a_malformed_kv_events_endpoint_before_loading(
+    endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from slotserve.cli import main
+
+    # NOTE: no model is given; a traceback from model loading would mean validation came too late.
+    assert main(["serve", "--kv-events-endpoint", endpoint, "--model", "/nonexistent/model.gguf"]) == 2
+    err = capsys.readouterr().err
+    assert "slotserve serve:" in err and "--kv-events-endpoint" in err

@@ -47,7 +47,8 @@ cdef weight_t _weight(object ref) except *:
     w.type = ref.ggml_type
     w.n_in = ref.shape[0]
     w.n_out = ref.shape[1] if len(ref.shape) > 1 else 1
-    w.data = &raw[0]
+    w.rows = &raw[0]
+    w.x8 = NULL
     if <size_t>raw.shape[0] != ggml_row_bytes(w.type, w.n_in) * <size_t>w.n_out:
         raise ValueError(f"tensor {ref.name!r}: {raw.shape[0]} bytes do not match its shape {ref.shape}")
     return w
@@ -230,14 +231,29 @@ cdef class KernelTable:
         return out
 
     def gemm(self, int ggml_type, const uint8_t[::1] w, int n_out, const float[:, ::1] x,
-             quantized=None, y=None, int o0=0, int o1=-1):
-        """Y[r, o] = W[o] . X[r] for o in [o0, o1); quantized = quantize_q8a(x) output for block
-        weights; y (float32 [n, n_out]) given: accumulate into it."""
+             quantized=None, y=None, int o0=0, int o1=-1, bint grouped=True, int repeat=1):
+        """Y[r, o] = W[o] . X[r] for o in [o0, o1) (o0 a multiple of 8); w: the file's rows;
+        quantized = quantize_q8a(x) output for block weights; y (float32 [n, n_out]) given:
+        accumulate into it. grouped: block weights read from their row groups (as the engine
+        does) rather than from the file rows. repeat: run the kernel that many times (timing)."""
         cdef int n = x.shape[0], k = x.shape[1]
         if o1 < 0:
             o1 = n_out
         if w.shape[0] != ggml_row_bytes(ggml_type, k) * n_out:
             raise ValueError("weight bytes do not match type, k and n_out")
+        if o0 % ROW_GROUP or not (0 <= o0 <= o1 <= n_out) or (o1 % ROW_GROUP and o1 != n_out):
+            raise ValueError("o0 must be a multiple of 8, and o1 too unless it is n_out")
+        cdef gemm_weight gw
+        gw.type = ggml_type
+        gw.n_in = k
+        gw.n_out = n_out
+        gw.rows = &w[0]
+        gw.x8 = NULL
+        packed = np.zeros(max(1, x8_bytes(ggml_type, k, n_out)), np.uint8)
+        cdef uint8_t[::1] pv = packed
+        if grouped and x8_bytes(ggml_type, k, n_out) > 0:
+            pack_x8(&pv[0], &w[0], ggml_type, k, n_out)
+            gw.x8 = &pv[0]
         cdef act_rows a
         a.f = &x[0, 0]
         a.k = k
@@ -256,8 +272,10 @@ cdef class KernelTable:
         cdef int accumulate = y is not None
         out = np.zeros((n, n_out), np.float32) if y is None else y
         cdef float[:, ::1] ov = out
+        cdef int i
         with nogil:
-            self.kt.gemm[ggml_type](&ov[0, 0], n_out, &w[0], o0, o1, &a, n, accumulate)
+            for i in range(repeat):
+                self.kt.gemm[ggml_type](&ov[0, 0], n_out, &gw, o0, o1, &a, n, accumulate)
         return out
 
     def attention(self, const float[:, ::1] q, k, v, int pos0, int group, int head_dim, float scale):

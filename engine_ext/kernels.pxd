@@ -20,7 +20,20 @@ cdef extern from "kernels.h" nogil:
         const float *s
         int k
 
-    ctypedef void (*gemm_fn)(float *y, int ldy, const void *w, int o0, int o1, const act_rows *x,
+    enum:
+        ROW_GROUP
+
+    ctypedef struct gemm_weight:
+        int type
+        int n_in
+        int n_out
+        const void *rows
+        const void *x8
+
+    size_t x8_bytes(int type, int n_in, int n_out)
+    void pack_x8(void *dst, const void *rows, int type, int n_in, int n_out)
+
+    ctypedef void (*gemm_fn)(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x,
                              int n_rows, int accumulate)
     ctypedef void (*attention_fn)(float *out, int ldo, const float *q, int ldq, const void *k,
                                   const void *v, int kv_f16, int pos0, int n_q, int group,
@@ -52,11 +65,7 @@ cdef extern from "engine.h" nogil:
         ENGINE_EINVAL
         ENGINE_EFAULT
 
-    ctypedef struct weight_t:
-        int type
-        int n_in
-        int n_out
-        const void *data
+    ctypedef gemm_weight weight_t
 
     ctypedef struct layer_weights:
         const float *attn_norm

@@ -34,7 +34,8 @@
 #define MIN_GEMM_CHUNK 16       /* fewest output rows in one dynamic matmul chunk */
 #define CHUNKS_PER_THREAD 8     /* dynamic matmul chunks per thread (load balance) */
 #define MAX_ROW_LEN (QK * 1024) /* longest weight row the SIMD kernels take */
-#define DYNAMIC_PHASES_PER_LAYER 5 /* q/k/v, attention, output, gate/up, down */
+#define PHASES_PER_LAYER 10     /* norm, qkv, rope, attention, quantize, output, norm, gate/up, silu, down */
+#define ROWS_PER_UNIT 4         /* rows per unit of the row-wise phases */
 
 typedef struct {
     int slot;
@@ -48,6 +49,12 @@ typedef struct {
 } attn_unit;
 
 typedef struct {
+    atomic_uint next;         /* next unit to hand out */
+    atomic_uint done;         /* units finished */
+    char pad[56];             /* one cache line per phase */
+} phase_sync;
+
+typedef struct {
     const weight_t *w;
     float *y;      /* [n_rows][ldy] */
     int ldy;
@@ -57,6 +64,8 @@ typedef struct {
 struct engine {
     model_desc m;             /* m.layers points at `layers` */
     layer_weights *layers;    /* [n_layers] (owned copy) */
+    void **packed;            /* [n_packed] row-group copies of the block weights (owned) */
+    int n_packed;
     const kernel_table *kt;
     threadpool *tp;
     int num_slots, ctx_len, kv_f16, max_tokens;
@@ -83,8 +92,8 @@ struct engine {
     int *logit_src;           /* [T] step row whose logits each logits row gets */
     float *attn_scratch;      /* [n_threads][attn_floats] */
     size_t attn_floats;
-    atomic_int *counters;     /* [n_counters] dynamic work counters, one per phase */
-    int n_counters;
+    phase_sync *sync;         /* [n_phases] work counters, one per phase of a step */
+    int n_phases;
 
     /* the current step */
     int n_rows, n_segs, n_units, n_logits;
@@ -103,7 +112,7 @@ static void *xalloc(size_t n, int *ok) {
 }
 
 static int weight_ok(const weight_t *w, int n_in, int n_out) {
-    if (!w->data || w->n_in != n_in || w->n_out != n_out) return 0;
+    if (!w->rows || w->n_in != n_in || w->n_out != n_out) return 0;
     if (ggml_row_bytes(w->type, n_in) == 0) return 0;
     if (is_block_type(w->type) && (n_in % QK != 0 || n_in > MAX_ROW_LEN)) return 0;
     return 1;
@@ -116,7 +125,7 @@ static int model_ok(const model_desc *m) {
         return 0;
     if (m->n_heads / m->n_kv_heads > ATTN_MAX_ROWS) return 0;
     int q_dim = m->n_heads * m->head_dim, kv_dim = m->n_kv_heads * m->head_dim;
-    if (!m->token_embd.data || m->token_embd.n_in != m->dim || m->token_embd.n_out != m->n_vocab ||
+    if (!m->token_embd.rows || m->token_embd.n_in != m->dim || m->token_embd.n_out != m->n_vocab ||
         ggml_row_bytes(m->token_embd.type, m->dim) == 0 || !weight_ok(&m->output, m->dim, m->n_vocab))
         return 0;
     for (int l = 0; l < m->n_layers; l++) {
@@ -128,6 +137,31 @@ static int model_ok(const model_desc *m) {
             return 0;
     }
     return 1;
+}
+
+/* Every block-type matmul weight gets its row groups (kernels.h x8 layout), owned by the
+ * engine. token_embd keeps its rows for the embedding lookup; as a tied output it is packed. */
+static int pack_one(engine *e, weight_t *w) {
+    size_t n = x8_bytes(w->type, w->n_in, w->n_out);
+    if (n == 0) return 1;
+    void *p = malloc(n);
+    if (!p) return 0;
+    pack_x8(p, w->rows, w->type, w->n_in, w->n_out);
+    w->x8 = p;
+    e->packed[e->n_packed++] = p;
+    return 1;
+}
+
+static int pack_weights(engine *e) {
+    e->packed = calloc((size_t)7 * e->m.n_layers + 1, sizeof(void *));
+    if (!e->packed) return 0;
+    int ok = pack_one(e, &e->m.output);
+    for (int l = 0; l < e->m.n_layers && ok; l++) {
+        layer_weights *L = &e->layers[l];
+        weight_t *ws[] = {&L->attn_q, &L->attn_k, &L->attn_v, &L->attn_output, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
+        for (int i = 0; i < 7 && ok; i++) ok = pack_one(e, ws[i]);
+    }
+    return ok;
 }
 
 engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots, int ctx_len,
@@ -143,6 +177,7 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
     e->layers = xalloc(sizeof(layer_weights) * m->n_layers, &ok);
     if (ok) memcpy(e->layers, m->layers, sizeof(layer_weights) * m->n_layers);
     e->m.layers = e->layers;
+    if (ok) ok = pack_weights(e);
     e->kt = kt;
     e->num_slots = num_slots;
     e->ctx_len = ctx_len;
@@ -185,8 +220,8 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
     e->logit_src = xalloc(sizeof(int) * T, &ok);
     e->attn_floats = (attn_scratch_floats(ctx_len, m->head_dim) + 15) & ~(size_t)15;
     e->attn_scratch = xalloc(sizeof(float) * e->attn_floats * n_threads, &ok);
-    e->n_counters = DYNAMIC_PHASES_PER_LAYER * m->n_layers + 1; /* + logits */
-    e->counters = xalloc(sizeof(atomic_int) * e->n_counters, &ok);
+    e->n_phases = PHASES_PER_LAYER * m->n_layers + 3; /* + embed, logits norm, logits */
+    e->sync = xalloc(sizeof(phase_sync) * e->n_phases, &ok);
     if (ok) {
         e->tp = threadpool_create(n_threads);
         if (!e->tp) ok = 0;
@@ -202,9 +237,11 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
 void engine_destroy(engine *e) {
     if (!e) return;
     threadpool_destroy(e->tp);
+    for (int i = 0; i < e->n_packed; i++) free(e->packed[i]);
+    free(e->packed);
     void *bufs[] = {e->layers, e->kv, e->inv_freq, e->x, e->xb, e->q, e->k, e->v, e->gate, e->up,
                     e->aqs, e->ad, e->as, e->rope_cs, e->tokens, e->row_pos, e->row_slot, e->segs,
-                    e->units, e->logit_src, e->attn_scratch, (void *)e->counters};
+                    e->units, e->logit_src, e->attn_scratch, (void *)e->sync};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free(bufs[i]);
     free(e);
 }
@@ -250,18 +287,30 @@ void engine_kv_copy(engine *e, int src, int dst, int n) {
 
 /* ---- one step ---------------------------------------------------------------------------- */
 
-static inline void row_range(int n, int ith, int nth, int *r0, int *r1) {
-    *r0 = (int)((long)n * ith / nth);
-    *r1 = (int)((long)n * (ith + 1) / nth);
+/* Phase p's work is n units; any thread grabs the next unit, and everyone leaves the phase once
+ * all n are done (threadpool.h: any subset of threads completes a task). */
+static inline int grab(engine *e, int p, int n) {
+    unsigned u = atomic_fetch_add(&e->sync[p].next, 1);
+    return u < (unsigned)n ? (int)u : -1;
 }
 
-/* Rows r0..r1 of the float matmul input `in` [n][k] -> the quantized input, when a weight of
- * the next matmul phase has a block type (float weights read `in` directly). */
-static void quantize_rows(engine *e, const float *in, int k, int r0, int r1, int needed) {
-    if (!needed) return;
-    for (int r = r0; r < r1; r++)
-        e->kt->quantize_q8a(e->aqs + (size_t)r * k, e->ad + (size_t)r * (k / QK),
-                            e->as + (size_t)r * (k / QK), in + (size_t)r * k, k);
+static inline void unit_done(engine *e, int p) { threadpool_count_add(e->tp, &e->sync[p].done); }
+
+static inline void phase_end(engine *e, int p, int n) { threadpool_count_wait(e->tp, &e->sync[p].done, (unsigned)n); }
+
+#define FOR_EACH_UNIT(e, p, n, u) for (int u; ((u) = grab((e), (p), (n))) >= 0; unit_done((e), (p)))
+
+static inline int n_row_units(int n_rows) { return (n_rows + ROWS_PER_UNIT - 1) / ROWS_PER_UNIT; }
+
+static inline void unit_rows(int u, int n_rows, int *r0, int *r1) {
+    *r0 = u * ROWS_PER_UNIT;
+    *r1 = *r0 + ROWS_PER_UNIT < n_rows ? *r0 + ROWS_PER_UNIT : n_rows;
+}
+
+/* Row r of the float matmul input `in` [n][k] -> the quantized input. */
+static inline void quantize_row(engine *e, const float *in, int k, int r) {
+    e->kt->quantize_q8a(e->aqs + (size_t)r * k, e->ad + (size_t)r * (k / QK), e->as + (size_t)r * (k / QK),
+                        in + (size_t)r * k, k);
 }
 
 static act_rows input_view(const engine *e, const float *f, int k) {
@@ -269,34 +318,38 @@ static act_rows input_view(const engine *e, const float *f, int k) {
     return a;
 }
 
-static void matmul_phase(engine *e, atomic_int *counter, const mm_job *jobs, int n_jobs,
-                         const act_rows *x, int n_rows, int nth) {
+/* Output rows per matmul unit: a multiple of ROW_GROUP, about CHUNKS_PER_THREAD units per
+ * thread, and at least MIN_GEMM_CHUNK. */
+static int gemm_chunk(const mm_job *jobs, int n_jobs, int nth) {
     int total = 0;
     for (int j = 0; j < n_jobs; j++) total += jobs[j].w->n_out;
-    int chunk = (total / (nth * CHUNKS_PER_THREAD) + 7) & ~7;
-    if (chunk < MIN_GEMM_CHUNK) chunk = MIN_GEMM_CHUNK;
-    for (;;) {
-        int u = atomic_fetch_add(counter, 1);
-        int j = 0;
-        for (; j < n_jobs; j++) {
-            int units = (jobs[j].w->n_out + chunk - 1) / chunk;
-            if (u < units) break;
-            u -= units;
-        }
-        if (j == n_jobs) return;
-        const weight_t *w = jobs[j].w;
-        int o0 = u * chunk, o1 = o0 + chunk < w->n_out ? o0 + chunk : w->n_out;
-        e->kt->gemm[w->type](jobs[j].y, jobs[j].ldy, w->data, o0, o1, x, n_rows, jobs[j].accumulate);
-    }
+    int chunk = (total / (nth * CHUNKS_PER_THREAD) + ROW_GROUP - 1) / ROW_GROUP * ROW_GROUP;
+    return chunk < MIN_GEMM_CHUNK ? MIN_GEMM_CHUNK : chunk;
 }
 
-static void attention_phase(engine *e, atomic_int *counter, int layer, int ith) {
+static void matmul_phase(engine *e, int p, const mm_job *jobs, int n_jobs, const act_rows *x, int n_rows, int nth) {
+    const int chunk = gemm_chunk(jobs, n_jobs, nth);
+    int n = 0;
+    for (int j = 0; j < n_jobs; j++) n += (jobs[j].w->n_out + chunk - 1) / chunk;
+    FOR_EACH_UNIT(e, p, n, u) {
+        int j = 0, rest = u;
+        for (; j < n_jobs; j++) {
+            int units = (jobs[j].w->n_out + chunk - 1) / chunk;
+            if (rest < units) break;
+            rest -= units;
+        }
+        const weight_t *w = jobs[j].w;
+        int o0 = rest * chunk, o1 = o0 + chunk < w->n_out ? o0 + chunk : w->n_out;
+        e->kt->gemm[w->type](jobs[j].y, jobs[j].ldy, w, o0, o1, x, n_rows, jobs[j].accumulate);
+    }
+    phase_end(e, p, n);
+}
+
+static void attention_phase(engine *e, int p, int layer, int ith) {
     const model_desc *m = &e->m;
     float *scratch = e->attn_scratch + (size_t)ith * e->attn_floats;
     const float scale = 1.0f / sqrtf((float)m->head_dim);
-    for (;;) {
-        int u = atomic_fetch_add(counter, 1);
-        if (u >= e->n_units) return;
+    FOR_EACH_UNIT(e, p, e->n_units, u) {
         const attn_unit *au = &e->units[u];
         const step_seg *sg = &e->segs[au->seg];
         int row = sg->row0 + au->q0;
@@ -307,103 +360,135 @@ static void attention_phase(engine *e, atomic_int *counter, int layer, int ith) 
                          kv_plane(e, sg->slot, layer, 1, au->kv_head), e->kv_f16,
                          sg->pos0 + au->q0, au->n_q, e->group, m->head_dim, scale, scratch);
     }
+    phase_end(e, p, e->n_units);
+}
+
+/* rows: out = rmsnorm(x) * w, quantized when the next matmuls need it */
+static void norm_phase(engine *e, int p, const float *w, int quantize) {
+    const int dim = e->m.dim, nu = n_row_units(e->n_rows);
+    FOR_EACH_UNIT(e, p, nu, u) {
+        int r0, r1;
+        unit_rows(u, e->n_rows, &r0, &r1);
+        for (int r = r0; r < r1; r++) {
+            e->kt->rmsnorm(e->xb + (size_t)r * dim, e->x + (size_t)r * dim, w, dim, e->m.rms_eps);
+            if (quantize) quantize_row(e, e->xb, dim, r);
+        }
+    }
+    phase_end(e, p, nu);
 }
 
 static void step_worker(void *ctx, int ith, int nth) {
     engine *e = ctx;
     const model_desc *m = &e->m;
     const kernel_table *kt = e->kt;
-    const int T = e->n_rows, dim = m->dim, hd = m->head_dim;
-    int r0, r1, phase = 0;
-    row_range(T, ith, nth, &r0, &r1);
+    const int T = e->n_rows, dim = m->dim, hd = m->head_dim, nu = n_row_units(T);
+    int p = 0; /* phase index: every thread walks the same sequence */
 
     /* embed rows; rope angles of each row's position */
-    size_t embd_row = ggml_row_bytes(m->token_embd.type, dim);
-    for (int r = r0; r < r1; r++) {
-        kt->dequantize_row[m->token_embd.type](e->x + (size_t)r * dim,
-                                               (const char *)m->token_embd.data + (size_t)e->tokens[r] * embd_row, dim);
-        float *cs = e->rope_cs + (size_t)r * hd;
-        for (int i = 0; i < hd / 2; i++) {
-            double theta = (double)e->row_pos[r] * e->inv_freq[i];
-            cs[2 * i] = (float)cos(theta);
-            cs[2 * i + 1] = (float)sin(theta);
+    const size_t embd_row = ggml_row_bytes(m->token_embd.type, dim);
+    FOR_EACH_UNIT(e, p, nu, u) {
+        int r0, r1;
+        unit_rows(u, T, &r0, &r1);
+        for (int r = r0; r < r1; r++) {
+            kt->dequantize_row[m->token_embd.type](e->x + (size_t)r * dim,
+                                                   (const char *)m->token_embd.rows + (size_t)e->tokens[r] * embd_row, dim);
+            float *cs = e->rope_cs + (size_t)r * hd;
+            for (int i = 0; i < hd / 2; i++) {
+                double theta = (double)e->row_pos[r] * e->inv_freq[i];
+                cs[2 * i] = (float)cos(theta);
+                cs[2 * i + 1] = (float)sin(theta);
+            }
         }
     }
-    threadpool_barrier(e->tp);
+    phase_end(e, p++, nu);
 
     for (int l = 0; l < m->n_layers; l++) {
         const layer_weights *L = &m->layers[l];
         /* attention block */
-        for (int r = r0; r < r1; r++) kt->rmsnorm(e->xb + (size_t)r * dim, e->x + (size_t)r * dim, L->attn_norm, dim, m->rms_eps);
-        quantize_rows(e, e->xb, dim, r0, r1,
-                           is_block_type(L->attn_q.type) || is_block_type(L->attn_k.type) || is_block_type(L->attn_v.type));
-        threadpool_barrier(e->tp);
+        norm_phase(e, p++, L->attn_norm,
+                   is_block_type(L->attn_q.type) || is_block_type(L->attn_k.type) || is_block_type(L->attn_v.type));
         {
             mm_job jobs[3] = {{&L->attn_q, e->q, e->q_dim, 0}, {&L->attn_k, e->k, e->kv_dim, 0}, {&L->attn_v, e->v, e->kv_dim, 0}};
             act_rows in = input_view(e, e->xb, dim);
-            matmul_phase(e, &e->counters[phase++], jobs, 3, &in, T, nth);
+            matmul_phase(e, p++, jobs, 3, &in, T, nth);
         }
-        threadpool_barrier(e->tp);
-        for (int r = r0; r < r1; r++) {
-            kt->rope(e->q + (size_t)r * e->q_dim, m->n_heads, hd, e->rope_cs + (size_t)r * hd);
-            kt->rope(e->k + (size_t)r * e->kv_dim, m->n_kv_heads, hd, e->rope_cs + (size_t)r * hd);
-            for (int h = 0; h < m->n_kv_heads; h++) {
-                const float *kr = e->k + (size_t)r * e->kv_dim + h * hd, *vr = e->v + (size_t)r * e->kv_dim + h * hd;
-                char *kd = kv_plane(e, e->row_slot[r], l, 0, h) + (size_t)e->row_pos[r] * hd * e->kv_elt;
-                char *vd = kv_plane(e, e->row_slot[r], l, 1, h) + (size_t)e->row_pos[r] * hd * e->kv_elt;
-                if (e->kv_f16) {
-                    kt->f32_to_f16((uint16_t *)kd, kr, hd);
-                    kt->f32_to_f16((uint16_t *)vd, vr, hd);
-                } else {
-                    memcpy(kd, kr, sizeof(float) * hd);
-                    memcpy(vd, vr, sizeof(float) * hd);
+        FOR_EACH_UNIT(e, p, nu, u) {
+            int r0, r1;
+            unit_rows(u, T, &r0, &r1);
+            for (int r = r0; r < r1; r++) {
+                kt->rope(e->q + (size_t)r * e->q_dim, m->n_heads, hd, e->rope_cs + (size_t)r * hd);
+                kt->rope(e->k + (size_t)r * e->kv_dim, m->n_kv_heads, hd, e->rope_cs + (size_t)r * hd);
+                for (int h = 0; h < m->n_kv_heads; h++) {
+                    const float *kr = e->k + (size_t)r * e->kv_dim + h * hd, *vr = e->v + (size_t)r * e->kv_dim + h * hd;
+                    char *kd = kv_plane(e, e->row_slot[r], l, 0, h) + (size_t)e->row_pos[r] * hd * e->kv_elt;
+                    char *vd = kv_plane(e, e->row_slot[r], l, 1, h) + (size_t)e->row_pos[r] * hd * e->kv_elt;
+                    if (e->kv_f16) {
+                        kt->f32_to_f16((uint16_t *)kd, kr, hd);
+                        kt->f32_to_f16((uint16_t *)vd, vr, hd);
+                    } else {
+                        memcpy(kd, kr, sizeof(float) * hd);
+                        memcpy(vd, vr, sizeof(float) * hd);
+                    }
                 }
             }
         }
-        threadpool_barrier(e->tp);
+        phase_end(e, p++, nu);
         if (l == e->fault_layer) return; /* test hook: every thread leaves at the same point */
-        attention_phase(e, &e->counters[phase++], l, ith);
-        threadpool_barrier(e->tp);
-        quantize_rows(e, e->xb, e->q_dim, r0, r1, is_block_type(L->attn_output.type));
-        threadpool_barrier(e->tp);
+        attention_phase(e, p++, l, ith);
+        if (is_block_type(L->attn_output.type)) {
+            FOR_EACH_UNIT(e, p, nu, u) {
+                int r0, r1;
+                unit_rows(u, T, &r0, &r1);
+                for (int r = r0; r < r1; r++) quantize_row(e, e->xb, e->q_dim, r);
+            }
+            phase_end(e, p, nu);
+        }
+        p++;
         {
             mm_job job = {&L->attn_output, e->x, dim, 1};
             act_rows in = input_view(e, e->xb, e->q_dim);
-            matmul_phase(e, &e->counters[phase++], &job, 1, &in, T, nth);
+            matmul_phase(e, p++, &job, 1, &in, T, nth);
         }
-        threadpool_barrier(e->tp);
         /* feed-forward block */
-        for (int r = r0; r < r1; r++) kt->rmsnorm(e->xb + (size_t)r * dim, e->x + (size_t)r * dim, L->ffn_norm, dim, m->rms_eps);
-        quantize_rows(e, e->xb, dim, r0, r1, is_block_type(L->ffn_gate.type) || is_block_type(L->ffn_up.type));
-        threadpool_barrier(e->tp);
+        norm_phase(e, p++, L->ffn_norm, is_block_type(L->ffn_gate.type) || is_block_type(L->ffn_up.type));
         {
             mm_job jobs[2] = {{&L->ffn_gate, e->gate, m->ffn_dim, 0}, {&L->ffn_up, e->up, m->ffn_dim, 0}};
             act_rows in = input_view(e, e->xb, dim);
-            matmul_phase(e, &e->counters[phase++], jobs, 2, &in, T, nth);
+            matmul_phase(e, p++, jobs, 2, &in, T, nth);
         }
-        threadpool_barrier(e->tp);
-        for (int r = r0; r < r1; r++)
-            kt->silu_mul(e->gate + (size_t)r * m->ffn_dim, e->gate + (size_t)r * m->ffn_dim, e->up + (size_t)r * m->ffn_dim, m->ffn_dim);
-        quantize_rows(e, e->gate, m->ffn_dim, r0, r1, is_block_type(L->ffn_down.type));
-        threadpool_barrier(e->tp);
+        FOR_EACH_UNIT(e, p, nu, u) {
+            int r0, r1;
+            unit_rows(u, T, &r0, &r1);
+            for (int r = r0; r < r1; r++) {
+                float *g = e->gate + (size_t)r * m->ffn_dim;
+                kt->silu_mul(g, g, e->up + (size_t)r * m->ffn_dim, m->ffn_dim);
+                if (is_block_type(L->ffn_down.type)) quantize_row(e, e->gate, m->ffn_dim, r);
+            }
+        }
+        phase_end(e, p++, nu);
         {
             mm_job job = {&L->ffn_down, e->x, dim, 1};
             act_rows in = input_view(e, e->gate, m->ffn_dim);
-            matmul_phase(e, &e->counters[phase++], &job, 1, &in, T, nth);
+            matmul_phase(e, p++, &job, 1, &in, T, nth);
         }
-        threadpool_barrier(e->tp);
     }
 
-    if (e->n_logits == 0) return;
-    int l0, l1;
-    row_range(e->n_logits, ith, nth, &l0, &l1);
-    for (int i = l0; i < l1; i++)
-        kt->rmsnorm(e->xb + (size_t)i * dim, e->x + (size_t)e->logit_src[i] * dim, m->output_norm, dim, m->rms_eps);
-    quantize_rows(e, e->xb, dim, l0, l1, is_block_type(m->output.type));
-    threadpool_barrier(e->tp);
-    mm_job job = {&m->output, e->logits_out, m->n_vocab, 0};
-    act_rows in = input_view(e, e->xb, dim);
-    matmul_phase(e, &e->counters[phase++], &job, 1, &in, e->n_logits, nth);
+    /* logits of the requested rows only */
+    const int nl = e->n_logits, nlu = n_row_units(nl);
+    FOR_EACH_UNIT(e, p, nlu, u) {
+        int i0, i1;
+        unit_rows(u, nl, &i0, &i1);
+        for (int i = i0; i < i1; i++) {
+            kt->rmsnorm(e->xb + (size_t)i * dim, e->x + (size_t)e->logit_src[i] * dim, m->output_norm, dim, m->rms_eps);
+            if (is_block_type(m->output.type)) quantize_row(e, e->xb, dim, i);
+        }
+    }
+    phase_end(e, p++, nlu);
+    if (nl > 0) {
+        mm_job job = {&m->output, e->logits_out, m->n_vocab, 0};
+        act_rows in = input_view(e, e->xb, dim);
+        matmul_phase(e, p++, &job, 1, &in, nl, nth);
+    }
 }
 
 /* Fill the step's attention units: segment x kv head x query tile, latest tiles first (they
@@ -436,6 +521,9 @@ int engine_forward(engine *e, const engine_item *items, int n_items, float *logi
     int item = 0, offset = 0, logit_base = 0;
     int first_step = 1;
     while (item < n_items) {
+        /* NOTE: workers may still be walking the previous step (threadpool.h): wait for them
+         * before touching any step field. */
+        threadpool_wait_idle(e->tp);
         /* gather the next step: up to max_tokens rows, whole segments where they fit */
         e->n_rows = e->n_segs = e->n_logits = 0;
         while (item < n_items && e->n_rows < e->max_tokens) {
@@ -464,7 +552,10 @@ int engine_forward(engine *e, const engine_item *items, int n_items, float *logi
         plan_attention(e);
         e->logits_out = logits + (size_t)logit_base * e->m.n_vocab;
         e->fault_layer = first_step ? fault_layer : -1;
-        for (int c = 0; c < e->n_counters; c++) atomic_store(&e->counters[c], 0);
+        for (int c = 0; c < e->n_phases; c++) {
+            atomic_store(&e->sync[c].next, 0);
+            atomic_store(&e->sync[c].done, 0);
+        }
         threadpool_run(e->tp, step_worker, e);
         if (e->fault_layer >= 0 && e->fault_layer < e->m.n_layers) return ENGINE_EFAULT;
         logit_base += e->n_logits;

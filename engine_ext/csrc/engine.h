@@ -15,13 +15,9 @@ enum {
     ENGINE_EFAULT = -3,     /* the injected test fault fired */
 };
 
-/* A weight matrix: n_out rows of n_in elements, in ggml `type`, borrowed from the model file. */
-typedef struct {
-    int type;
-    int n_in;               /* row length (matmul input width) */
-    int n_out;              /* rows (matmul output width) */
-    const void *data;       /* [n_out][ggml_row_bytes(type, n_in)] */
-} weight_t;
+/* Weights are kernels.h `gemm_weight`s: the caller fills type, n_in, n_out and rows (borrowed
+ * from the model file) and leaves x8 NULL; the engine packs its own row groups. */
+typedef gemm_weight weight_t;
 
 typedef struct {
     const float *attn_norm; /* [dim] */

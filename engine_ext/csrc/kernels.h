@@ -45,10 +45,37 @@ typedef struct {
     int k;              /* row length */
 } act_rows;
 
-/* Y[r, o] (+)= dot(W row o, X row r) for r in [0, n_rows), o in [o0, o1).
- * y: [n_rows, ldy] floats; w: the weight matrix's raw bytes (row o at o * row_bytes);
- * accumulate != 0 adds to y instead of overwriting it. */
-typedef void (*gemm_fn)(float *y, int ldy, const void *w, int o0, int o1, const act_rows *x,
+/* Row groups: block weights are repacked at load into groups of ROW_GROUP rows whose blocks
+ * interleave 4-byte runs, so one 32-byte load holds 4 elements of each of the 8 rows and an
+ * integer dot product lands row by row in the 8 lanes (no horizontal sums):
+ *
+ *   x8 block b of group g = { d[8] (, m[8]) ; qs[j][row][4] }   row = 8g + lane
+ *   Q4: qs[j][i][c] = byte 4j+c of row i's block (its low nibble is element 4j+c, its high
+ *       nibble element 16+4j+c), j = 0..3.   Q8_0: qs[j][i][c] = element 4j+c, j = 0..7.
+ *
+ * Rows past the last whole group stay in the file's row layout. */
+#define ROW_GROUP 8
+typedef struct { uint16_t d[ROW_GROUP]; int8_t qs[QK * ROW_GROUP]; } block_q8_0x8;                   /* 272 B */
+typedef struct { uint16_t d[ROW_GROUP]; uint8_t qs[QK / 2 * ROW_GROUP]; } block_q4_0x8;              /* 144 B */
+typedef struct { uint16_t d[ROW_GROUP]; uint16_t m[ROW_GROUP]; uint8_t qs[QK / 2 * ROW_GROUP]; } block_q4_1x8; /* 160 B */
+
+/* A weight matrix as the matmuls read it. */
+typedef struct {
+    int type;           /* ggml type */
+    int n_in;           /* row length (elements) */
+    int n_out;          /* rows */
+    const void *rows;   /* [n_out][ggml_row_bytes(type, n_in)] file layout */
+    const void *x8;     /* block types: [n_out / ROW_GROUP][n_in / QK] x8 blocks (else NULL) */
+} gemm_weight;
+
+/* Bytes of the x8 form of a block-type weight (0 for float types); pack_x8 writes it. */
+size_t x8_bytes(int type, int n_in, int n_out);
+void pack_x8(void *dst, const void *rows, int type, int n_in, int n_out);
+
+/* Y[r, o] (+)= dot(W row o, X row r) for r in [0, n_rows), o in [o0, o1); o0 is a multiple of
+ * ROW_GROUP and so is o1 unless o1 == n_out. Rows inside whole groups are read from w->x8 when
+ * it is set, the rest from w->rows. y: [n_rows, ldy]; accumulate != 0 adds to y. */
+typedef void (*gemm_fn)(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x,
                         int n_rows, int accumulate);
 
 /* Attention of n_q consecutive query positions (pos0 .. pos0+n_q-1) of one slot against that
@@ -103,11 +130,11 @@ void dequantize_row_f16_generic(float *y, const void *x, int k);
 void dequantize_row_q8_0_generic(float *y, const void *x, int k);
 void dequantize_row_q4_0_generic(float *y, const void *x, int k);
 void dequantize_row_q4_1_generic(float *y, const void *x, int k);
-void gemm_f32_generic(float *y, int ldy, const void *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
-void gemm_f16_generic(float *y, int ldy, const void *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
-void gemm_q8_0_generic(float *y, int ldy, const void *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
-void gemm_q4_0_generic(float *y, int ldy, const void *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
-void gemm_q4_1_generic(float *y, int ldy, const void *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_f32_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_f16_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q8_0_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q4_0_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q4_1_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
 void attention_generic(float *out, int ldo, const float *q, int ldq, const void *k, const void *v,
                        int kv_f16, int pos0, int n_q, int group, int head_dim, float scale, float *scratch);
 void rmsnorm_generic(float *out, const float *x, const float *w, int n, float eps);
@@ -123,11 +150,11 @@ void dequantize_row_f16_avx2(float *y, const void *x, int k);
 void dequantize_row_q8_0_avx2(float *y, const void *x, int k);
 void dequantize_row_q4_0_avx2(float *y, const void *x, int k);
 void dequantize_row_q4_1_avx2(float *y, const void *x, int k);
-void gemm_f32_avx2(float *y, int ldy, const void *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
-void gemm_f16_avx2(float *y, int ldy, const void *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
-void gemm_q8_0_avx2(float *y, int ldy, const void *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
-void gemm_q4_0_avx2(float *y, int ldy, const void *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
-void gemm_q4_1_avx2(float *y, int ldy, const void *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_f32_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_f16_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q8_0_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q4_0_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q4_1_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
 void attention_avx2(float *out, int ldo, const float *q, int ldq, const void *k, const void *v,
                     int kv_f16, int pos0, int n_q, int group, int head_dim, float scale, float *scratch);
 void rmsnorm_avx2(float *out, const float *x, const float *w, int n, float eps);

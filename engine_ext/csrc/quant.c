@@ -85,3 +85,43 @@ void f32_to_f16_generic(uint16_t *y, const float *x, int n) {
 void f16_to_f32_generic(float *y, const uint16_t *x, int n) {
     for (int i = 0; i < n; i++) y[i] = fp16_to_f32(x[i]);
 }
+
+/* ---- row groups (kernels.h: x8 layout) ---------------------------------------------------- */
+
+size_t x8_bytes(int type, int n_in, int n_out) {
+    size_t groups = (size_t)(n_out / ROW_GROUP) * (size_t)(n_in / QK);
+    switch (type) {
+    case GGML_TYPE_Q8_0: return groups * sizeof(block_q8_0x8);
+    case GGML_TYPE_Q4_0: return groups * sizeof(block_q4_0x8);
+    case GGML_TYPE_Q4_1: return groups * sizeof(block_q4_1x8);
+    default: return 0;
+    }
+}
+
+void pack_x8(void *dst, const void *rows, int type, int n_in, int n_out) {
+    const int nb = n_in / QK;
+    const size_t row_bytes = ggml_row_bytes(type, n_in);
+    for (int g = 0; g < n_out / ROW_GROUP; g++)
+        for (int b = 0; b < nb; b++)
+            for (int i = 0; i < ROW_GROUP; i++) {
+                const char *src = (const char *)rows + (size_t)(g * ROW_GROUP + i) * row_bytes;
+                size_t at = (size_t)g * nb + b;
+                if (type == GGML_TYPE_Q8_0) {
+                    const block_q8_0 *s = (const block_q8_0 *)src + b;
+                    block_q8_0x8 *d = (block_q8_0x8 *)dst + at;
+                    d->d[i] = s->d;
+                    for (int j = 0; j < QK / 4; j++) memcpy(d->qs + 32 * j + 4 * i, s->qs + 4 * j, 4);
+                } else if (type == GGML_TYPE_Q4_0) {
+                    const block_q4_0 *s = (const block_q4_0 *)src + b;
+                    block_q4_0x8 *d = (block_q4_0x8 *)dst + at;
+                    d->d[i] = s->d;
+                    for (int j = 0; j < QK / 8; j++) memcpy(d->qs + 32 * j + 4 * i, s->qs + 4 * j, 4);
+                } else if (type == GGML_TYPE_Q4_1) {
+                    const block_q4_1 *s = (const block_q4_1 *)src + b;
+                    block_q4_1x8 *d = (block_q4_1x8 *)dst + at;
+                    d->d[i] = s->d;
+                    d->m[i] = s->m;
+                    for (int j = 0; j < QK / 8; j++) memcpy(d->qs + 32 * j + 4 * i, s->qs + 4 * j, 4);
+                }
+            }
+}

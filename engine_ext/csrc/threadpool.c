@@ -1,10 +1,10 @@
-/* Persistent SPMD thread pool.
+/* Persistent thread pool (contract in threadpool.h).
  *
- * Every wait (an idle worker waiting for a task, a thread at a barrier, the caller waiting for
- * the workers) spins for a short while and then blocks: on Linux on a futex, elsewhere by
- * yielding. Spinning keeps the ~250 barriers of a decode step cheap on a quiet machine;
- * blocking keeps a descheduled partner (a busy 2-core box, the Python event loop) from
- * turning every barrier into a burnt time slice.
+ * Every wait (an idle worker waiting for a task, a thread waiting for a phase's units, the
+ * caller waiting for the workers to leave) spins for a short while and then blocks: on Linux
+ * on a futex, elsewhere by yielding. Spinning keeps the ~300 phase ends of a decode step cheap
+ * on a quiet machine; blocking and the any-subset task rule keep a descheduled partner (a busy
+ * 2-core box, the Python event loop) from stalling the caller.
  */
 #define _GNU_SOURCE
 #include "threadpool.h"
@@ -22,7 +22,7 @@
 #endif
 
 #define IDLE_SPIN_NS 50000L    /* an idle worker polls this long for the next task */
-#define BARRIER_SPIN_NS 20000L /* a thread at a barrier polls this long before blocking */
+#define PHASE_SPIN_NS 20000L  /* a thread waiting for a phase polls this long before blocking */
 
 struct threadpool {
     int n_threads;             /* including the caller */
@@ -33,8 +33,6 @@ struct threadpool {
     atomic_int n_sleepers;     /* threads blocked (or about to block) on any futex word */
     threadpool_fn fn;
     void *ctx;
-    atomic_uint bar_count;     /* threads arrived at the current barrier */
-    atomic_uint bar_phase;     /* bumped when a barrier opens (futex word) */
 };
 
 typedef struct { threadpool *tp; int ith; } worker_arg;
@@ -94,6 +92,8 @@ static void publish(threadpool *tp, atomic_uint *word) {
     if (atomic_load(&tp->n_sleepers) > 0) wake_all(word);
 }
 
+void threadpool_count_add(threadpool *tp, atomic_uint *counter);
+
 static void *worker_main(void *p) {
     worker_arg arg = *(worker_arg *)p;
     free(p);
@@ -104,8 +104,7 @@ static void *worker_main(void *p) {
         if (atomic_load(&tp->stop)) break;
         seen = atomic_load(&tp->job_seq);
         tp->fn(tp->ctx, arg.ith, tp->n_threads);
-        atomic_fetch_add(&tp->n_done, 1);
-        publish(tp, &tp->n_done);
+        threadpool_count_add(tp, &tp->n_done);
     }
     return NULL;
 }
@@ -115,6 +114,7 @@ threadpool *threadpool_create(int n_threads) {
     threadpool *tp = calloc(1, sizeof(*tp));
     if (!tp) return NULL;
     tp->n_threads = n_threads;
+    atomic_store(&tp->n_done, (unsigned)n_threads - 1); /* idle */
     tp->workers = calloc((size_t)n_threads, sizeof(pthread_t));
     if (!tp->workers) {
         free(tp);
@@ -138,6 +138,7 @@ threadpool *threadpool_create(int n_threads) {
 
 void threadpool_destroy(threadpool *tp) {
     if (!tp) return;
+    threadpool_wait_idle(tp);
     atomic_store(&tp->stop, 1);
     atomic_fetch_add(&tp->job_seq, 1);
     wake_all(&tp->job_seq);
@@ -148,33 +149,33 @@ void threadpool_destroy(threadpool *tp) {
 
 int threadpool_size(const threadpool *tp) { return tp->n_threads; }
 
+void threadpool_wait_idle(threadpool *tp) {
+    threadpool_count_wait(tp, &tp->n_done, (unsigned)tp->n_threads - 1);
+}
+
 void threadpool_run(threadpool *tp, threadpool_fn fn, void *ctx) {
     if (tp->n_threads == 1) {
         fn(ctx, 0, 1);
         return;
     }
+    threadpool_wait_idle(tp);
     tp->fn = fn;
     tp->ctx = ctx;
     atomic_store(&tp->n_done, 0);
     atomic_fetch_add(&tp->job_seq, 1); /* seq_cst: publishes fn, ctx and n_done */
     publish(tp, &tp->job_seq);
     fn(ctx, 0, tp->n_threads);
-    for (;;) {
-        unsigned done = atomic_load(&tp->n_done);
-        if (done >= (unsigned)tp->n_threads - 1) break;
-        wait_change(tp, &tp->n_done, done, BARRIER_SPIN_NS);
-    }
 }
 
-void threadpool_barrier(threadpool *tp) {
-    const unsigned n = (unsigned)tp->n_threads;
-    if (n == 1) return;
-    unsigned phase = atomic_load(&tp->bar_phase);
-    if (atomic_fetch_add(&tp->bar_count, 1) == n - 1) {
-        atomic_store(&tp->bar_count, 0);
-        atomic_fetch_add(&tp->bar_phase, 1);
-        publish(tp, &tp->bar_phase);
-        return;
+void threadpool_count_add(threadpool *tp, atomic_uint *counter) {
+    atomic_fetch_add(counter, 1);
+    publish(tp, counter);
+}
+
+void threadpool_count_wait(threadpool *tp, atomic_uint *counter, unsigned target) {
+    for (;;) {
+        unsigned v = atomic_load(counter);
+        if (v >= target) return;
+        wait_change(tp, counter, v, PHASE_SPIN_NS);
     }
-    wait_change(tp, &tp->bar_phase, phase, BARRIER_SPIN_NS);
 }

@@ -1,12 +1,19 @@
-/* A persistent pool of worker threads running one SPMD task at a time.
+/* A persistent pool of worker threads that help the caller with one task at a time.
  *
- * `threadpool_run(tp, fn, ctx)` runs fn(ctx, ith, nth) on every thread (the caller is ith 0)
- * and returns when all have finished. Inside fn, `threadpool_barrier` separates phases.
- * Idle workers spin briefly for the next task, then sleep on a condition variable, so an idle
- * engine does not burn a core the Python event loop needs.
+ * `threadpool_run(tp, fn, ctx)` wakes the workers, runs fn(ctx, 0, nth) on the caller and
+ * returns when the caller's call returns; the workers run fn(ctx, ith, nth) whenever they get
+ * the CPU. The task must therefore be written so that any subset of threads completes it:
+ * work is split into units grabbed from shared counters, and a phase ends when its units are
+ * done (threadpool_count_wait), not when every thread has arrived. A worker that was
+ * descheduled simply finds the units taken. The next run (and destroy) first waits until
+ * every worker has left the previous task.
+ *
+ * Waits spin briefly and then block (a futex on Linux), so idle workers sleep.
  */
 #ifndef SLOTSERVE_THREADPOOL_H
 #define SLOTSERVE_THREADPOOL_H
+
+#include <stdatomic.h>
 
 typedef struct threadpool threadpool;
 typedef void (*threadpool_fn)(void *ctx, int ith, int nth);
@@ -15,9 +22,13 @@ typedef void (*threadpool_fn)(void *ctx, int ith, int nth);
 threadpool *threadpool_create(int n_threads);
 void threadpool_destroy(threadpool *tp);
 int threadpool_size(const threadpool *tp);
-/* Not reentrant: one run at a time (the engine serialises calls). */
+/* Not reentrant: one caller at a time (the engine serialises calls). */
 void threadpool_run(threadpool *tp, threadpool_fn fn, void *ctx);
-/* Every thread of the running task must call it the same number of times. */
-void threadpool_barrier(threadpool *tp);
+/* Wait until no worker is inside a task. */
+void threadpool_wait_idle(threadpool *tp);
+/* Add one to a completion counter and wake its waiters. */
+void threadpool_count_add(threadpool *tp, atomic_uint *counter);
+/* Wait until *counter >= target. */
+void threadpool_count_wait(threadpool *tp, atomic_uint *counter, unsigned target);
 
 #endif

@@ -170,6 +170,8 @@ def scheduler_config(config: ServeConfig) -> Any:
         kwargs["kv_disk_dir"] = config.kv_disk_dir
     if config.kv_disk_space_mb is not None:
         kwargs["kv_disk_space_mb"] = float(config.kv_disk_space_mb)
+    if config.request_timeout_s > 0:
+        kwargs["default_timeout_s"] = config.request_timeout_s
     return SchedulerConfig(**kwargs)
 
 

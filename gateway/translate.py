@@ -154,7 +154,9 @@ def completion_request(req: p.CompletionRequest, config: ServeConfig, runtime: R
 
 
 def finish_reason(finish: FinishEvent) -> str:
-    """OpenAI's finish_reason. NOTE: a timeout reports "length": the output was cut short."""
+    """OpenAI's finish_reason. NOTE: a timeout that produced tokens reports "length", as llama.cpp
+    does when its prediction time limit stops a request: the output was cut short (`failure`
+    turns a timeout without any token into an error instead)."""
     if finish.reason is FinishReason.STOP:
         return "stop"
     return "length"
@@ -189,6 +191,10 @@ def failure(finish: FinishEvent) -> APIError | None:
     if finish.reason is FinishReason.CANCELLED:  # the server cancelled it: drain past its grace period
         return APIError(503, "the request was cancelled because the server is shutting down",
                         type="service_unavailable_error", code="cancelled")
+    if finish.reason is FinishReason.TIMEOUT and finish.completion_tokens == 0:
+        return APIError(503, "the request reached the server's time limit (--request-timeout) before its first "
+                        "token; the server is busy or the prompt is long: retry later",
+                        type="service_unavailable_error", code="timeout")
     return None
 
 

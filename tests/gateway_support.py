@@ -15,7 +15,7 @@ import re
 import socket
 import threading
 import time
-from typing import Any, AsyncIterator, Iterator, Sequence
+from typing import Any, AsyncIterator, Callable, Iterator, Sequence
 
 import httpx
 
@@ -72,15 +72,20 @@ MODEL = "fake-model"
 
 
 def make_runtime(*, num_slots: int = 2, ctx_len: int = 512, max_queue: int = 8, reuse: bool = True,
-                 metrics: ServerMetrics | None = None) -> tuple[Runtime, FakeSlotPool]:
+                 metrics: ServerMetrics | None = None, timeout_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> tuple[Runtime, FakeSlotPool]:
+    """A Runtime over FakeSlotPool (segments of 64 tokens); `timeout_s` is the scheduler's
+    default per-request timeout, `clock` its time source."""
     tok = ByteTokenizer()
     pool = FakeSlotPool(num_slots, ctx_len, n_vocab=tok.n_vocab)
     sched = Scheduler(
         pool,
-        SchedulerConfig(max_queue=max_queue, reuse_enabled=reuse, segment_tokens=64, step_token_budget=64),
+        SchedulerConfig(max_queue=max_queue, reuse_enabled=reuse, segment_tokens=64, step_token_budget=64,
+                        default_timeout_s=timeout_s),
         token_bytes=tok.token_bytes,
         eos_token_ids=set(tok.eos_token_ids),
         stats_sink=metrics.sink if metrics is not None else None,
+        clock=clock,
     )
     runtime = Runtime(scheduler=sched, tokenizer=tok, chat=ChatML(), model_names=(MODEL, "alias"),
                       ctx_len=ctx_len, num_slots=num_slots, kv_bytes=pool.kv_bytes, kernel_variant="fake",

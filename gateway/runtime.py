@@ -104,41 +104,65 @@ class Runtime:
         return ids, hint
 
 
-def load_runtime(config: ServeConfig, *, stats_sink: Any = None) -> Runtime:
-    """Open the model and build the scheduler (heavy: loads weights, allocates KV)."""
-    import time
+@dataclass
+class OpenedModel:
+    """A model opened for serving, before its scheduler exists (`open_served_model`)."""
 
+    path: Path
+    bundle: Any  # engine_ext.loader's bundle: model file, tokenizer, chat template, pool
+    pool: Any  # bundle.pool, wrapped to publish KV events when --kv-events-endpoint is set
+    model_names: tuple[str, ...]  # the first is reported (and labels the router gauges)
+    closers: list[Callable[[], None]]  # run after the scheduler stops
+
+
+def open_served_model(config: ServeConfig) -> OpenedModel:
+    """Resolve and open the model (heavy: loads weights, allocates KV); starts the KV-events
+    publisher when configured (closed by the returned `closers`)."""
     from slotserve.engine_ext.loader import open_model
     from slotserve.model_cache import resolve_model
 
-    from ..scheduler.scheduler import Scheduler
-
     path = Path(resolve_model(config.model))
     bundle = open_model(path, num_slots=config.batched_session, ctx_len=config.ctx_size, threads=config.threads)
-    tok = bundle.tokenizer
     pool, closers = with_kv_events(bundle.pool, config)
+    names = config.served_model_name or default_model_names(bundle.model_file, path)
+    return OpenedModel(path=path, bundle=bundle, pool=pool, model_names=tuple(names), closers=closers)
+
+
+def build_runtime(config: ServeConfig, model: OpenedModel, *, stats_sink: Any = None) -> Runtime:
+    """The scheduler over `model.pool` (reporting to `stats_sink`) and the Runtime around it.
+
+    Split from `open_served_model` so the caller can build its metrics knowing the model name."""
+    import time
+
+    from ..scheduler.scheduler import Scheduler
+
+    tok = model.bundle.tokenizer
     sched = Scheduler(
-        pool,
+        model.pool,
         scheduler_config(config),
         token_bytes=tok.token_bytes,
         eos_token_ids=tok.eos_token_ids,
         stats_sink=stats_sink,
     )
-    names = config.served_model_name or default_model_names(bundle.model_file, path)
     return Runtime(
         scheduler=sched,
         tokenizer=tok,
-        chat=bundle.chat,
-        model_names=tuple(names),
+        chat=model.bundle.chat,
+        model_names=model.model_names,
         ctx_len=config.ctx_size,
         num_slots=config.batched_session,
-        kv_bytes=int(getattr(bundle.pool, "kv_bytes", 0)),
-        kernel_variant=str(getattr(bundle.pool, "kernel_variant", "unknown")),
-        model_path=str(path),
+        kv_bytes=int(getattr(model.bundle.pool, "kv_bytes", 0)),
+        kernel_variant=str(getattr(model.bundle.pool, "kernel_variant", "unknown")),
+        model_path=str(model.path),
         created=int(time.time()),
-        extra={"bundle": bundle},
-        closers=closers,
+        extra={"bundle": model.bundle},
+        closers=model.closers,
     )
+
+
+def load_runtime(config: ServeConfig, *, stats_sink: Any = None) -> Runtime:
+    """`open_served_model` then `build_runtime`: the model opened and its scheduler built."""
+    return build_runtime(config, open_served_model(config), stats_sink=stats_sink)
 
 
 def with_kv_events(pool: Any, config: ServeConfig) -> tuple[Any, list[Callable[[], None]]]:

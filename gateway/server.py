@@ -90,21 +90,27 @@ def summary_line(runtime: Any, config: ServeConfig) -> str:
     )
 
 
+def server_metrics(model_name: str) -> Any:
+    """The server's `ServerMetrics`: slotserve's series plus the vllm:-named router gauges
+    labelled `model_name`, both made from the one stats snapshot each scrape takes."""
+    from slotserve.metrics import ServerMetrics
+    from slotserve.metrics.router_compat import router_compat_maker
+
+    return ServerMetrics(extra_levels=[router_compat_maker(model_name)])
+
+
 def serve(config: ServeConfig) -> int:
     """Load the model, serve until SIGTERM/SIGINT, drain, return 0."""
-    from slotserve.metrics import ServerMetrics
-    from slotserve.metrics.router_compat import RouterCompatCollector
-
     from .app import create_app
-    from .runtime import load_runtime
+    from .runtime import build_runtime, open_served_model
 
     logging.basicConfig(
         level=logging.DEBUG if config.log_level == "trace" else config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    metrics = ServerMetrics()
-    runtime = load_runtime(config, stats_sink=metrics.sink)
-    metrics.registry.register(RouterCompatCollector(runtime.scheduler.stats, runtime.model_name))
+    model = open_served_model(config)
+    metrics = server_metrics(model.model_names[0])
+    runtime = build_runtime(config, model, stats_sink=metrics.sink)
     app = create_app(runtime, config, metrics=metrics)
     server = DrainingServer(uvicorn_config(app, config), runtime.scheduler, config.drain_grace_s,
                             banner=summary_line(runtime, config))

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pytest
+from gateway_support import MODEL, chat_body, make_runtime, running_app, serve_config
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from slotserve.gateway.app import create_app
+from slotserve.gateway.server import server_metrics
 from slotserve.metrics.router_compat import (
     KV_CACHE_USAGE,
     NUM_REQUESTS_RUNNING,
@@ -92,3 +98,44 @@ def test_plugs_into_the_level_collector():
     assert samples[NUM_REQUESTS_WAITING][1] == samples["slotserve_queue_depth"][1] == 4.0
     assert samples[NUM_REQUESTS_RUNNING][1] == samples["slotserve_running_requests"][1] == 1.0
     assert samples[KV_CACHE_USAGE][1] == pytest.approx(0.25)
+
+
+async def test_server_metrics_read_one_snapshot_per_scrape():
+    """GET /metrics of the served app: the vllm: gauges appear, agree with slotserve's own, and
+    the scrape calls the scheduler's stats() once (not once more for the router gauges)."""
+    metrics = server_metrics(MODEL)
+    runtime, pool = make_runtime(num_slots=1, max_queue=4, metrics=metrics)
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(batch):
+        entered.set()
+        release.wait(timeout=30)
+
+    pool.forward_hook = hold
+    sched = runtime.scheduler
+    calls = []
+    real_stats = sched.stats
+    sched.stats = lambda: calls.append(1) or real_stats()
+    body = chat_body([{"role": "user", "content": "hi"}], max_tokens=2)
+    async with running_app(create_app(runtime, serve_config(), metrics=metrics)) as client:
+        first = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+        second = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+        while not (entered.is_set() and real_stats().queue_depth == 1):  # one holds the slot, one waits
+            await asyncio.sleep(0.01)
+        calls.clear()
+        r = await client.get("/metrics")
+        num_calls = len(calls)
+        release.set()
+        assert (await first).status_code == 200 and (await second).status_code == 200
+    assert num_calls == 1
+    samples = {}
+    for family in text_string_to_metric_families(r.text):
+        for sample in family.samples:
+            samples[sample.name] = (sample.labels, sample.value)
+    assert samples[NUM_REQUESTS_WAITING] == ({"model_name": MODEL}, samples["slotserve_queue_depth"][1])
+    assert samples[NUM_REQUESTS_WAITING][1] == 1.0
+    assert samples[NUM_REQUESTS_RUNNING] == ({"model_name": MODEL}, samples["slotserve_running_requests"][1])
+    assert samples[NUM_REQUESTS_RUNNING][1] == 1.0
+    held = samples["slotserve_slot_tokens"][1]  # the one slot's tokens
+    assert held > 0
+    assert samples[KV_CACHE_USAGE][1] == pytest.approx(held / samples["slotserve_slot_capacity_tokens"][1])

@@ -1,0 +1,213 @@
+"""`slotserve bench engine`: prefill and decode tokens/s of the C engine, next to plain NumPy.
+
+Outputs are validated before anything is timed: the engine's greedy continuation of a short
+prompt must agree with the NumPy implementation (bench/engine_numpy.py, float weights, no
+activation quantization) over its first tokens (and, on the default model, begin " Paris");
+chunked prefill and a 4-slot batch must reproduce the single-chunk, single-slot results
+exactly. Then, per thread count:
+
+    pp128, pp512, pp2048   prefill of N prompt tokens into an empty slot (one forward call)
+    tg128                  128 greedy decode steps from an empty context
+    tg128_d2048            128 decode steps after a 2048-token prompt
+    tg128_x4               4 slots decoding in one batch per step (aggregate tokens/s)
+
+Prefill figures are the median of --reps runs; decode figures time all 128 steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from typing import Any
+
+PROMPT = "The capital of France is"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+VALIDATE_TOKENS = 8
+MIN_AGREED = 3  # greedy tokens that must match the NumPy implementation
+DECODE_STEPS = 128
+DEPTH = 2048
+PREFILL_SIZES = (128, 512, 2048)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="GGUF model path (default: the default model, pulled if missing)")
+    parser.add_argument("--threads", type=int, action="append",
+                        help="thread count to measure (repeatable; default: 1 and 2)")
+    parser.add_argument("--reps", type=int, default=3, help="prefill runs per size (median reported)")
+    parser.add_argument("--no-numpy", action="store_true", help="skip the NumPy comparison figures")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def machine() -> dict[str, Any]:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout.splitlines():
+            if line.startswith("Model name:"):
+                model = line.split(":", 1)[1].strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"cpu": model, "cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()],
+            "date": time.strftime("%Y-%m-%d")}
+
+
+def _greedy(pool: Any, slot: int, prompt: list[int], n: int) -> list[int]:
+    import numpy as np
+
+    pool.truncate(slot, 0)
+    logits = pool.forward([(slot, np.array(prompt, np.int32), 0, True)])[0]
+    out = []
+    for _ in range(n):
+        out.append(int(np.argmax(logits)))
+        logits = pool.forward([(slot, np.array(out[-1:], np.int32), pool.slot_len(slot), True)])[0]
+    return out
+
+
+def validate(model: Any, tokenizer: Any, pool: Any, reference: Any, is_default: bool) -> dict[str, Any]:
+    """Raise SystemExit with the reason if the engine's outputs are wrong."""
+    import numpy as np
+
+    prompt = tokenizer.encode(PROMPT)
+    ours = _greedy(pool, 0, prompt, VALIDATE_TOKENS)
+    result: dict[str, Any] = {"prompt": PROMPT, "engine": tokenizer.decode(ours)}
+    if reference is not None:
+        logits = reference.forward(np.array(prompt))
+        theirs = []
+        for _ in range(VALIDATE_TOKENS):
+            theirs.append(int(np.argmax(logits)))
+            logits = reference.forward(np.array(theirs[-1:]))
+        agreed = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), VALIDATE_TOKENS)
+        result.update(numpy=tokenizer.decode(theirs), agreed_tokens=agreed)
+        if agreed < MIN_AGREED:
+            raise SystemExit(f"validation failed: engine {result['engine']!r} vs NumPy {result['numpy']!r} "
+                             f"agree over {agreed} < {MIN_AGREED} tokens")
+    if is_default and not result["engine"].startswith(" Paris"):
+        raise SystemExit(f"validation failed: {PROMPT!r} continued as {result['engine']!r}, not ' Paris'")
+    # exactness: chunked prefill and a batch of 4 reproduce single-chunk, single-slot results
+    long_prompt = np.random.default_rng(1).integers(0, model.config.n_vocab, 300).astype(np.int32)
+    pool.truncate(0, 0)
+    one = pool.forward([(0, long_prompt, 0, True)])[0]
+    pool.truncate(1, 0)
+    for at, size in ((0, 7), (7, 200), (207, 93)):
+        chunked = pool.forward([(1, long_prompt[at : at + size], at, True)])[0]
+    if not np.array_equal(one, chunked):
+        raise SystemExit("validation failed: chunked prefill differs from one-chunk prefill")
+    seq = np.array(prompt + ours, np.int32)
+    for s in range(4):
+        pool.truncate(s, 0)
+        pool.forward([(s, seq[: s + 2], 0, False)])
+    batched = pool.forward([(s, seq[s + 2 : s + 3], s + 2, True) for s in range(4)])
+    for s in range(4):
+        pool.truncate(0, 0)
+        single = pool.forward([(0, seq[: s + 3], 0, True)])[0]
+        if not np.array_equal(single, batched[s]):
+            raise SystemExit(f"validation failed: slot {s} decoded in a batch of 4 differs from alone")
+    result["exact_chunking_and_batching"] = True
+    return result
+
+
+def measure(pool: Any, n_vocab: int, reps: int) -> dict[str, float]:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    out: dict[str, float] = {}
+    for n in PREFILL_SIZES:
+        rates = []
+        for _ in range(reps):
+            prompt = rng.integers(0, n_vocab, n).astype(np.int32)
+            pool.truncate(0, 0)
+            t = time.perf_counter()
+            pool.forward([(0, prompt, 0, True)])
+            rates.append(n / (time.perf_counter() - t))
+        out[f"pp{n}"] = statistics.median(rates)
+
+    def decode(slots: list[int]) -> float:
+        last = {s: int(rng.integers(0, n_vocab)) for s in slots}
+        t = time.perf_counter()
+        for _ in range(DECODE_STEPS):
+            batch = [(s, np.array([last[s]], np.int32), pool.slot_len(s), True) for s in slots]
+            logits = pool.forward(batch)
+            last = {s: int(np.argmax(row)) for s, row in zip(slots, logits)}
+        return len(slots) * DECODE_STEPS / (time.perf_counter() - t)
+
+    pool.truncate(0, 0)
+    out["tg128"] = decode([0])
+    pool.truncate(0, 0)
+    pool.forward([(0, rng.integers(0, n_vocab, DEPTH).astype(np.int32), 0, False)])
+    out[f"tg128_d{DEPTH}"] = decode([0])
+    for s in range(4):
+        pool.truncate(s, 0)
+    out["tg128_x4"] = decode([0, 1, 2, 3])
+    return out
+
+
+def measure_numpy(reference_factory: Any, n_vocab: int) -> dict[str, float]:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    ref = reference_factory()
+    t = time.perf_counter()
+    ref.forward(rng.integers(0, n_vocab, 128))
+    pp = 128 / (time.perf_counter() - t)
+    ref = reference_factory()
+    steps, token = 16, int(rng.integers(0, n_vocab))
+    t = time.perf_counter()
+    for _ in range(steps):
+        token = int(np.argmax(ref.forward(np.array([token]))))
+    return {"pp128": pp, "tg16": steps / (time.perf_counter() - t)}
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from slotserve.engine_ext import SlotPool
+    from slotserve.engine_ext.gguf_file import load_model_file
+    from slotserve.engine_ext.tokenizer import Tokenizer
+
+    from .engine_numpy import NumpyLlama
+
+    if args.model:
+        path = Path(args.model)
+    else:
+        from slotserve.model_cache import ensure_default_model
+
+        path = Path(ensure_default_model(progress=False))
+    threads = args.threads or [1, 2]
+    if any(t < 1 for t in threads) or args.reps < 1:
+        raise SystemExit("--threads and --reps must be >= 1")
+    model = load_model_file(path)
+    tokenizer = Tokenizer.from_model_file(model)
+    ctx_len = DEPTH + DECODE_STEPS + 16
+    info: dict[str, Any] = {"model": str(path), "machine": machine(), "command": "slotserve bench engine"}
+
+    ref_factory = (lambda: NumpyLlama(model, 512)) if not args.no_numpy else None
+    pool = SlotPool(model, 4, ctx_len, threads=max(threads))
+    info["kernel_variant"] = pool.kernel_variant
+    info["validation"] = validate(model, tokenizer, pool, ref_factory() if ref_factory else None,
+                                  path.name == DEFAULT_MODEL_NAME)
+    del pool
+    if not args.json:
+        print(f"model {path.name} | {info['machine']['cpu']}, {info['machine']['cpus']} CPUs | "
+              f"kernels {info['kernel_variant']} | validated: {info['validation']['engine']!r}")
+
+    info["results"] = {}
+    for t in threads:
+        pool = SlotPool(model, 4, ctx_len, threads=t)
+        figures = measure(pool, model.config.n_vocab, args.reps)
+        info["results"][f"threads={t}"] = {k: round(v, 1) for k, v in figures.items()}
+        del pool
+        if not args.json:
+            print(f"threads {t}: " + "  ".join(f"{k} {v:.1f}" for k, v in figures.items()) + "  tokens/s")
+    if ref_factory is not None:
+        info["numpy"] = {k: round(v, 2) for k, v in measure_numpy(ref_factory, model.config.n_vocab).items()}
+        if not args.json:
+            print("numpy (float32, BLAS threads): " + "  ".join(f"{k} {v:.2f}" for k, v in info["numpy"].items())
+                  + "  tokens/s")
+    info["machine"]["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    if args.json:
+        print(json.dumps(info, indent=1))
+    return 0

@@ -12,6 +12,7 @@ from slotserve.scheduler.fake_engine import FakeSlotPool
 from slotserve.scheduler.request import (
     FinishEvent,
     GenerationRequest,
+    ReuseSource,
     SamplingParams,
     TokenEvent,
 )
@@ -97,6 +98,15 @@ async def cold_tokens(prompt, max_tokens: int = 8, **kw) -> list[int]:
         out = await run_one(sched, prompt, max_tokens, **kw)
     assert out.finish.reuse.reused_tokens == 0
     return out.tokens
+
+
+async def assert_warm_run(out: Outcome, prompt, max_tokens: int, source: ReuseSource, *,
+                          reused_tokens: int) -> None:
+    """A warm run reused `reused_tokens` prompt tokens from `source`, and its greedy tokens equal
+    a cold run's of the same prompt and `max_tokens` (the run must have used that max_tokens)."""
+    assert out.finish.reuse.source is source
+    assert out.finish.reuse.reused_tokens == reused_tokens
+    assert out.tokens == await cold_tokens(prompt, max_tokens)
 
 
 def reference_greedy(pool: FakeSlotPool, prompt, max_tokens: int) -> list[int]:

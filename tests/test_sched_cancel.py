@@ -9,6 +9,7 @@ import random
 from sched_support import (
     RecordingSink,
     StepGate,
+    assert_warm_run,
     cold_tokens,
     collect,
     make_config,
@@ -90,9 +91,7 @@ async def test_cancel_during_decode_releases_the_slot_and_keeps_the_record():
         assert view.num_tokens == 80 + handle.finish.completion_tokens - 1
         out = await run_one(sched, prompt, 5)
         await sched.check_integrity()
-    assert out.finish.reuse.source is ReuseSource.REWIND
-    assert out.finish.reuse.reused_tokens == 79
-    assert out.tokens == await cold_tokens(prompt, 5)
+    await assert_warm_run(out, prompt, 5, ReuseSource.REWIND, reused_tokens=79)
 
 
 async def test_cancel_after_finish_returns_false():

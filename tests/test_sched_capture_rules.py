@@ -7,6 +7,7 @@ import asyncio
 
 from sched_support import (
     RecordingSink,
+    assert_warm_run,
     cold_tokens,
     collect,
     make_config,
@@ -44,9 +45,7 @@ async def test_hint_capture_right_after_a_copy_snapshots_the_copied_rows():
         later = system + prompt_of(5, 25)
         back = await run_one(sched, later, 5)
         await sched.check_integrity()
-    assert back.finish.reuse.source is ReuseSource.CHECKPOINT_MEMORY
-    assert back.finish.reuse.reused_tokens == 100
-    assert back.tokens == await cold_tokens(later, 5)
+    await assert_warm_run(back, later, 5, ReuseSource.CHECKPOINT_MEMORY, reused_tokens=100)
     assert out.tokens == await cold_tokens(hinted, 4)
 
 
@@ -67,9 +66,7 @@ async def test_common_prefix_of_two_unmatched_prompts_is_captured_and_restored()
         prompt = system + prompt_of(23, 40)
         out = await run_one(sched, prompt, 5)
         await sched.check_integrity()
-    assert out.finish.reuse.source is ReuseSource.CHECKPOINT_MEMORY
-    assert out.finish.reuse.reused_tokens == 100
-    assert out.tokens == await cold_tokens(prompt, 5)
+    await assert_warm_run(out, prompt, 5, ReuseSource.CHECKPOINT_MEMORY, reused_tokens=100)
 
 
 async def test_prompt_end_capture_serves_a_regenerated_reply_after_eviction():
@@ -83,7 +80,5 @@ async def test_prompt_end_capture_serves_a_regenerated_reply_after_eviction():
         await run_one(sched, prompt_of(41, 50), 2)  # overwrites the only slot
         before = pool.num_computed_tokens
         out = await run_one(sched, prompt, 6)
-    assert out.finish.reuse.source is ReuseSource.CHECKPOINT_MEMORY
-    assert out.finish.reuse.reused_tokens == 199
     assert pool.num_computed_tokens - before == 1 + 5
-    assert out.tokens == await cold_tokens(prompt, 6)
+    await assert_warm_run(out, prompt, 6, ReuseSource.CHECKPOINT_MEMORY, reused_tokens=199)

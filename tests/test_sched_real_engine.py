@@ -8,7 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from sched_support import collect, make_request
+from sched_support import collect, make_config, make_request
 
 from slotserve.scheduler.config import SchedulerConfig
 from slotserve.scheduler.request import FinishReason, ReuseSource, TokenEvent
@@ -44,11 +44,8 @@ def open_pool(tiny_model_path):
 
 
 def config(**kw) -> SchedulerConfig:
-    kw.setdefault("segment_tokens", 32)
-    kw.setdefault("step_token_budget", 64)
-    kw.setdefault("min_checkpoint_tokens", 8)
-    kw.setdefault("checkpoint_memory_mb", 0)
-    return SchedulerConfig(**kw)
+    kw.setdefault("segment_tokens", 32)  # shorter segments than the fake-engine tests
+    return make_config(**kw)
 
 
 def sched_for(pool, tok, **kw) -> Scheduler:

@@ -7,6 +7,7 @@ import asyncio
 
 from sched_support import (
     StepGate,
+    assert_warm_run,
     cold_tokens,
     collect,
     make_config,
@@ -43,11 +44,9 @@ async def test_multi_turn_extension_rewinds_and_prefills_only_the_tail():
         b = await run_one(sched, turn2, 10)
         await sched.check_integrity()
     # the slot held turn1 + 9 fed reply tokens; the 10th reply token is not in the record
-    assert b.finish.reuse.source is ReuseSource.REWIND
-    assert b.finish.reuse.reused_tokens == 200 + 9
     assert b.finish.reuse.prefilled_tokens == len(turn2) - 209
     assert pool.num_computed_tokens - before == (len(turn2) - 209) + 9
-    assert b.tokens == await cold_tokens(turn2, 10)
+    await assert_warm_run(b, turn2, 10, ReuseSource.REWIND, reused_tokens=200 + 9)
 
 
 async def test_identical_repeat_costs_one_token():
@@ -72,10 +71,8 @@ async def test_divergent_prompt_reuses_the_common_part():
         await run_one(sched, first, 4)
         before = pool.num_computed_tokens
         b = await run_one(sched, second, 4)
-    assert b.finish.reuse.source is ReuseSource.REWIND
-    assert b.finish.reuse.reused_tokens == 150
     assert pool.num_computed_tokens - before == 50 + 3
-    assert b.tokens == await cold_tokens(second, 4)
+    await assert_warm_run(b, second, 4, ReuseSource.REWIND, reused_tokens=150)
 
 
 async def test_abort_and_resend_rewinds_to_prompt_len_minus_one():
@@ -161,11 +158,9 @@ async def test_prefill_cancelled_halfway_then_retried_pays_only_the_rest():
         assert sched.slots()[0].num_tokens == 6 * 64 or sched.slots()[1].num_tokens == 6 * 64
         b = await run_one(sched, prompt, 4)
         await sched.check_integrity()
-    assert b.finish.reuse.source is ReuseSource.REWIND
-    assert b.finish.reuse.reused_tokens == 6 * 64
     assert b.finish.reuse.prefilled_tokens == 1000 - 6 * 64
     assert pool.num_computed_tokens == 1000 + 3
-    assert b.tokens == await cold_tokens(prompt, 4)
+    await assert_warm_run(b, prompt, 4, ReuseSource.REWIND, reused_tokens=6 * 64)
 
 
 async def test_disk_checkpoint_serves_after_a_restart(tmp_path):
@@ -184,10 +179,8 @@ async def test_disk_checkpoint_serves_after_a_restart(tmp_path):
         out = await run_one(sched, prompt, 6)
         again = await run_one(sched, system + prompt_of(13, 10), 3)
         await sched.check_integrity()
-    assert out.finish.reuse.source is ReuseSource.CHECKPOINT_DISK
-    assert out.finish.reuse.reused_tokens == 200
     assert pool2.num_restores == 1
     assert pool2.num_computed_tokens == 40 + 5 + (again.finish.reuse.prefilled_tokens + 2)
-    assert out.tokens == await cold_tokens(prompt, 6)
+    await assert_warm_run(out, prompt, 6, ReuseSource.CHECKPOINT_DISK, reused_tokens=200)
     assert again.finish.reuse.reused_tokens == 200  # served from the live slot now
     assert list(tmp_path.rglob("*.kvc")) == files  # a restored checkpoint stays on disk

@@ -1,7 +1,7 @@
 """The HTTP routes: an OpenAI-compatible API over one `Runtime`.
 
 Design: `create_app(runtime, config, metrics=...)` returns a Starlette app whose lifespan starts
-and stops the scheduler. Each route is wrapped by `_endpoint`, which checks the API key when
+and stops the scheduler. Each route is built by `Gateway.route`, which checks the API key when
 the route is protected and turns `APIError` into OpenAI's error JSON; any other exception is a
 bug in slotserve and becomes a logged 500. Request bodies are read under --max-body-bytes and
 decoded by msgspec into the Structs of `protocol.py`; `translate.py` maps them to the scheduler.
@@ -26,6 +26,7 @@ import hmac
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, TypeVar
 
 import msgspec
@@ -54,7 +55,7 @@ from .errors import (
     unauthorized,
 )
 from .runtime import PromptError, Runtime
-from .streaming import EventStream, SSEResponse, collect
+from .streaming import EventStream, SSEResponse, StreamFormat, collect
 
 log = logging.getLogger("slotserve.gateway")
 
@@ -151,24 +152,26 @@ class Gateway:
     def is_draining(self) -> bool:
         return bool(self.runtime.scheduler.stats().draining)
 
+    def route(self, path: str, handler: "Handler", methods: list[str], *, protected: bool = True) -> Route:
+        """A Starlette route calling `handler(self, request)`: the API key is checked first when
+        `protected`, an `APIError` becomes OpenAI's error JSON, any other exception a logged 500."""
+
+        @functools.wraps(handler)
+        async def endpoint(request: Request) -> Response:
+            try:
+                if protected:
+                    self.check_auth(request)
+                return await handler(self, request)
+            except APIError as err:
+                return error_response(err)
+            except Exception:
+                log.exception("unhandled error in %s %s", request.method, request.url.path)
+                return error_response(internal_error())
+
+        return Route(path, endpoint, methods=methods)
+
 
 Handler = Callable[[Gateway, Request], Awaitable[Response]]
-
-
-def _endpoint(gw: Gateway, handler: Handler, *, protected: bool) -> Callable[[Request], Awaitable[Response]]:
-    @functools.wraps(handler)
-    async def route(request: Request) -> Response:
-        try:
-            if protected:
-                gw.check_auth(request)
-            return await handler(gw, request)
-        except APIError as err:
-            return error_response(err)
-        except Exception:
-            log.exception("unhandled error in %s %s", request.method, request.url.path)
-            return error_response(internal_error())
-
-    return route
 
 
 # ------------------------------------------------------------------ generation routes
@@ -178,46 +181,49 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-async def _generate(gw: Gateway, request: Request, gen: GenerationRequest, prompt_param: str, stream: bool,
-                    fmt: translate.StreamFormat, build: Callable[[str, Any], Any]) -> Response:
-    """Submit and answer: an SSE stream, or one JSON body built from (text, finish)."""
-    handle = gw.submit(gen, prompt_param)
-    headers = {"X-Request-Id": gen.request_id}
-    if stream:
-        return SSEResponse(EventStream(handle, fmt), headers=headers)
-    got = await collect(handle, request.receive)
-    if got is None:  # the client left; the request was cancelled and acknowledged
-        return error_response(APIError(499, "client closed the request", code="client_closed_request"))
-    err = translate.failure(got.finish)
-    if err is not None:
-        raise err
-    return json_response(build(got.text, got.finish), headers=headers)
+@dataclass(frozen=True)
+class GenerationKind:
+    """How one generation endpoint reads its body and spells its answers."""
+
+    body: type  # the request Struct (protocol.py)
+    id_prefix: str  # response ids: f"{id_prefix}-<hex>"
+    prompt_param: str  # the body field that holds the prompt (named by admission errors)
+    to_request: Callable[[Any, ServeConfig, Any, str], GenerationRequest]  # (req, config, runtime, id)
+    stream_format: Callable[[str, str, bool], StreamFormat]  # (id, model, include_usage)
+    to_response: Callable[[str, str, int, str, Any], Any]  # (id, model, created, text, finish)
 
 
-async def chat_completions(gw: Gateway, request: Request) -> Response:
-    req = await gw.read_body(request, p.ChatCompletionRequest)
-    model = gw.check_model(req.model)
-    rid = _new_id("chatcmpl")
-    gen = translate.chat_request(req, gw.config, gw.runtime, rid)
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    created = int(time.time())
-    return await _generate(
-        gw, request, gen, "messages", req.stream, translate.ChatStream(rid, model, include_usage),
-        lambda text, finish: translate.chat_completion(rid, model, created, text, finish),
-    )
+CHAT = GenerationKind(p.ChatCompletionRequest, "chatcmpl", "messages", translate.chat_request,
+                      translate.ChatStream, translate.chat_completion)
+COMPLETION = GenerationKind(p.CompletionRequest, "cmpl", "prompt", translate.completion_request,
+                            translate.CompletionStream, translate.completion)
 
 
-async def completions(gw: Gateway, request: Request) -> Response:
-    req = await gw.read_body(request, p.CompletionRequest)
-    model = gw.check_model(req.model)
-    rid = _new_id("cmpl")
-    gen = translate.completion_request(req, gw.config, gw.runtime, rid)
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    created = int(time.time())
-    return await _generate(
-        gw, request, gen, "prompt", req.stream, translate.CompletionStream(rid, model, include_usage),
-        lambda text, finish: translate.completion(rid, model, created, text, finish),
-    )
+def generation_handler(kind: GenerationKind) -> Handler:
+    """The route handler of one generation endpoint: decode, translate, submit, then answer with
+    an SSE stream or one JSON body."""
+
+    async def generate(gw: Gateway, request: Request) -> Response:
+        req = await gw.read_body(request, kind.body)
+        model = gw.check_model(req.model)
+        rid = _new_id(kind.id_prefix)
+        gen = kind.to_request(req, gw.config, gw.runtime, rid)
+        created = int(time.time())
+        handle = gw.submit(gen, kind.prompt_param)
+        headers = {"X-Request-Id": gen.request_id}
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return SSEResponse(EventStream(handle, kind.stream_format(rid, model, include_usage)), headers=headers)
+        got = await collect(handle, request.receive)
+        if got is None:  # the client left; the request was cancelled and acknowledged
+            return error_response(APIError(499, "client closed the request", code="client_closed_request"))
+        err = translate.failure(got.finish)
+        if err is not None:
+            raise err
+        return json_response(kind.to_response(rid, model, created, got.text, got.finish), headers=headers)
+
+    generate.__name__ = f"{kind.id_prefix}_generate"
+    return generate
 
 
 # ------------------------------------------------------------------ other routes
@@ -308,12 +314,10 @@ def create_app(runtime: Runtime, config: ServeConfig, *, metrics: MetricsExporte
     it on shutdown; `app.state.gateway` is the `Gateway` (tests and the server read it)."""
     gw = Gateway(runtime, config, metrics)
 
-    def route(path: str, handler: Handler, methods: list[str], *, protected: bool = True) -> Route:
-        return Route(path, _endpoint(gw, handler, protected=protected), methods=methods)
-
+    route = gw.route
     routes = [
-        route("/v1/chat/completions", chat_completions, ["POST"]),
-        route("/v1/completions", completions, ["POST"]),
+        route("/v1/chat/completions", generation_handler(CHAT), ["POST"]),
+        route("/v1/completions", generation_handler(COMPLETION), ["POST"]),
         route("/v1/models", list_models, ["GET"]),
         route("/v1/models/{model:path}", get_model, ["GET"]),
         route("/tokenize", tokenize, ["POST"]),

@@ -1,7 +1,8 @@
 """HTTP routes that cache-aware routers call on a model server, beside the OpenAI API.
 
-Design: `routes(gw)` returns Starlette routes over the app's `Gateway`; `create_app` appends
-them to its own. Nothing here generates text: these answer the metadata and tokenization calls
+Design: `routes(gw)` returns Starlette routes over the app's `Gateway` (built by `Gateway.route`,
+so the key check and error mapping are the generation routes' own); `create_app` appends them
+to its own. Nothing here generates text: these answer the metadata and tokenization calls
 of the routers slotserve sits behind (docs/operations.md, "Scale-out").
 
     route                              key   caller and what it reads
@@ -28,10 +29,8 @@ request the generation route would reject is rejected here with the same 4xx.
 
 from __future__ import annotations
 
-import functools
-import logging
 from importlib import metadata
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from starlette.requests import Request
@@ -40,12 +39,10 @@ from starlette.routing import Route
 
 from . import protocol as p
 from . import translate
-from .errors import APIError, error_response, internal_error
 
 if TYPE_CHECKING:
     from .app import Gateway
 
-log = logging.getLogger("slotserve.gateway")
 _encoder = msgspec.json.Encoder()
 
 
@@ -69,27 +66,6 @@ def _version() -> str:
         return metadata.version("slotserve")
     except metadata.PackageNotFoundError:
         return "unknown"
-
-
-Handler = Callable[["Gateway", Request], Awaitable[Response]]
-
-
-def _wrap(gw: "Gateway", handler: Handler, *, protected: bool) -> Callable[[Request], Awaitable[Response]]:
-    """API key check when protected; APIError -> OpenAI error JSON; anything else -> logged 500."""
-
-    @functools.wraps(handler)
-    async def endpoint(request: Request) -> Response:
-        try:
-            if protected:
-                gw.check_auth(request)
-            return await handler(gw, request)
-        except APIError as err:
-            return error_response(err)
-        except Exception:
-            log.exception("unhandled error in %s %s", request.method, request.url.path)
-            return error_response(internal_error())
-
-    return endpoint
 
 
 async def model_info(gw: "Gateway", request: Request) -> Response:
@@ -158,9 +134,7 @@ async def completion_render(gw: "Gateway", request: Request) -> Response:
 def routes(gw: "Gateway") -> list[Route]:
     """The router-facing routes over `gw` (the app's `Gateway`, `app.state.gateway`)."""
 
-    def route(path: str, handler: Handler, methods: list[str], *, protected: bool) -> Route:
-        return Route(path, _wrap(gw, handler, protected=protected), methods=methods)
-
+    route = gw.route
     return [
         # metadata probes: unauthenticated like /health (the router sends no key at registration)
         route("/model_info", model_info, ["GET"], protected=False),

@@ -46,6 +46,7 @@ class ServeConfig:
     max_tokens_limit: int = 4096  # largest max_tokens a request may ask for
     default_max_tokens: int = 512  # max_tokens when a request gives none
     drain_grace_s: float = 30.0  # on SIGTERM: how long running requests may finish
+    shutdown_timeout_s: float = 10.0  # then how long the scheduler may take to stop before exit 1
     request_timeout_s: float = 0.0  # per-request limit from admission (queue included); 0 = none
     kv_events_endpoint: str | None = None  # ZMQ endpoint for KV events (gateway/kv_events.py); None = off
     kv_events_topic: str = ""  # first frame of every KV-event message
@@ -79,6 +80,7 @@ class ServeConfig:
              f"--default-max-tokens must be in 1..--max-tokens-limit ({self.max_tokens_limit}), "
              f"got {self.default_max_tokens}")
         need(self.drain_grace_s >= 0, f"--drain-grace-s must be >= 0, got {self.drain_grace_s}")
+        need(self.shutdown_timeout_s > 0, f"--shutdown-timeout-s must be > 0, got {self.shutdown_timeout_s}")
         need(self.request_timeout_s >= 0,
              f"--request-timeout must be >= 0 seconds (0 = no limit), got {self.request_timeout_s}")
         need(self.kv_events_endpoint is None or self.kv_events_endpoint.strip() != "",
@@ -153,6 +155,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_tokens_limit", ("--max-tokens-limit",), int, "largest max_tokens a request may ask for (default 4096)", metavar="N"),
     Option("default_max_tokens", ("--default-max-tokens",), int, "max_tokens when a request gives none (default 512)", metavar="N"),
     Option("drain_grace_s", ("--drain-grace-s",), float, "on SIGTERM, seconds running requests may finish (default 30)", metavar="S"),
+    Option("shutdown_timeout_s", ("--shutdown-timeout-s",), float, "on SIGTERM, seconds past the grace period the scheduler may take to stop before the process exits 1 anyway (default 10)", metavar="S"),
     Option("request_timeout_s", ("--request-timeout", "--request-timeout-s"), float, "seconds a request may take from admission, queue included; 0 = no limit (default 0)", metavar="S"),
     Option("kv_events_endpoint", ("--kv-events-endpoint",), str, "publish KV cache events to this ZMQ endpoint (needs pyzmq; default off)", metavar="URL"),
     Option("kv_events_topic", ("--kv-events-topic",), str, "topic frame of KV-event messages (default empty)", metavar="TOPIC"),

@@ -8,16 +8,25 @@ re-raised after shutdown (uvicorn's default), so a drained server exits 0.
 
 The signal handler only sets a flag (it runs between bytecodes of the loop thread); uvicorn's
 `on_tick` (every 0.1 s, on the loop) starts the drain task.
+
+A hung engine (a forward that never returns) would make the drain wait forever: the cancels it
+sends are acknowledged only at a step boundary. So the drain also arms a watchdog thread: if
+the server has not finished `--drain-grace-s` + `--shutdown-timeout-s` seconds after the signal,
+it logs an error and ends the process with status 1 (`os._exit`: the stuck engine thread and
+the shielded cancel waits would block a normal interpreter exit). A thread, not a loop task, so
+it fires even when the event loop itself is blocked.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
+import threading
 from types import FrameType
-from typing import Any
+from typing import Any, Callable
 
 import uvicorn
 
@@ -26,14 +35,42 @@ from .config import ServeConfig
 log = logging.getLogger("slotserve.gateway")
 
 
+EXIT_STUCK = 1  # status when the watchdog ends a server whose scheduler did not stop
+
+
+def exit_stuck() -> None:
+    """The watchdog's default action: flush the logs and end the process with EXIT_STUCK."""
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_STUCK)
+
+
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, scheduler: Any, grace_s: float, banner: str | None = None):
+    """uvicorn.Server whose first signal drains the scheduler (module docstring).
+
+    stop_timeout_s: after the grace period, how long the scheduler may take to stop before the
+    watchdog calls `on_stuck` (default `exit_stuck`; runs on the watchdog thread).
+    """
+
+    def __init__(self, config: uvicorn.Config, scheduler: Any, grace_s: float, banner: str | None = None, *,
+                 stop_timeout_s: float = 10.0, on_stuck: Callable[[], None] = exit_stuck):
         super().__init__(config)
         self.scheduler = scheduler
         self.grace_s = grace_s
+        self.stop_timeout_s = stop_timeout_s
+        self.on_stuck = on_stuck
         self.banner = banner  # printed once the socket is bound
         self.is_drain_requested = False
         self._drain_task: asyncio.Task[None] | None = None
+        self._watchdog: threading.Timer | None = None  # armed when the drain starts
+
+    def run(self, sockets: Any = None) -> None:
+        try:
+            super().run(sockets=sockets)
+        finally:
+            if self._watchdog is not None:
+                self._watchdog.cancel()  # finished in time
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.is_drain_requested or not self.started:
@@ -55,8 +92,23 @@ class DrainingServer(uvicorn.Server):
 
     async def on_tick(self, counter: int) -> bool:
         if self.is_drain_requested and self._drain_task is None:
+            self._arm_watchdog()
             self._drain_task = asyncio.get_running_loop().create_task(self._drain())
         return await super().on_tick(counter)
+
+    def _arm_watchdog(self) -> None:
+        timeout = self.grace_s + self.stop_timeout_s
+
+        def fire() -> None:
+            log.error("the scheduler did not stop within %.0fs of the drain (grace %.0fs + %.0fs; "
+                      "an engine call is stuck?): exiting with status %d",
+                      timeout, self.grace_s, self.stop_timeout_s, EXIT_STUCK)
+            self.on_stuck()
+
+        self._watchdog = threading.Timer(timeout, fire)
+        self._watchdog.name = "slotserve-shutdown-watchdog"
+        self._watchdog.daemon = True
+        self._watchdog.start()
 
     async def _drain(self) -> None:
         try:
@@ -113,7 +165,7 @@ def serve(config: ServeConfig) -> int:
     runtime = build_runtime(config, model, stats_sink=metrics.sink)
     app = create_app(runtime, config, metrics=metrics)
     server = DrainingServer(uvicorn_config(app, config), runtime.scheduler, config.drain_grace_s,
-                            banner=summary_line(runtime, config))
+                            banner=summary_line(runtime, config), stop_timeout_s=config.shutdown_timeout_s)
     server.run()
     if server.started or server.is_drain_requested:
         return 0

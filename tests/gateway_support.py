@@ -171,7 +171,9 @@ class LiveServer:
         from slotserve.gateway.server import DrainingServer, uvicorn_config
 
         self.config = config
-        self.server = DrainingServer(uvicorn_config(app, config), runtime.scheduler, config.drain_grace_s)
+        self.stuck = threading.Event()  # set by the shutdown watchdog instead of ending pytest
+        self.server = DrainingServer(uvicorn_config(app, config), runtime.scheduler, config.drain_grace_s,
+                                     stop_timeout_s=config.shutdown_timeout_s, on_stuck=self.stuck.set)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = config.url
 

@@ -275,7 +275,7 @@ def test_k8s_deployment_probes_ports_and_volume():
     storage = pvc["spec"]["resources"]["requests"]["storage"]
     assert storage.endswith("Gi") and int(storage[:-2]) * 1024 > cfg.kv_disk_space_mb
     assert pod["securityContext"]["runAsNonRoot"] is True
-    assert pod["terminationGracePeriodSeconds"] > cfg.drain_grace_s
+    assert pod["terminationGracePeriodSeconds"] > cfg.drain_grace_s + cfg.shutdown_timeout_s  # the watchdog ends it first
 
 
 def test_k8s_resources_are_sized_from_the_kv_memory():
@@ -333,7 +333,7 @@ def test_systemd_unit_runs_serve_with_the_deployment_flags():
     unit.read_string(UNIT.read_text())
     service = unit["Service"]
     assert service["User"] == "slotserve" and service["KillSignal"] == "SIGTERM"
-    assert int(service["TimeoutStopSec"]) > cfg.drain_grace_s
+    assert int(service["TimeoutStopSec"]) > cfg.drain_grace_s + cfg.shutdown_timeout_s
     assert cfg.kv_disk_dir.startswith("/var/lib/" + service["StateDirectory"].split()[0])
     assert unit["Install"]["WantedBy"] == "multi-user.target"
 

@@ -279,7 +279,8 @@ cdef class KernelTable:
         return out
 
     def attention(self, const float[:, ::1] q, k, v, int pos0, int group, int head_dim, float scale):
-        """q float32 [n_q, group*head_dim]; k, v [>= pos0+n_q, head_dim] float16 or float32."""
+        """q float32 [n_q, group*head_dim]; k, v [>= pos0+n_q, head_dim] float16 or float32:
+        every chunk's partial state folded in order, then normalised (attention_rows)."""
         cdef int n_q = q.shape[0], kv_f16 = k.dtype == np.float16
         if n_q * group > ATTN_MAX_ROWS or q.shape[1] != group * head_dim:
             raise ValueError("bad attention shapes")
@@ -293,8 +294,8 @@ cdef class KernelTable:
         cdef float[:, ::1] ov = out
         cdef float[::1] sv = scratch
         with nogil:
-            self.kt.attention(&ov[0, 0], group * head_dim, &q[0, 0], group * head_dim, &kb[0], &vb[0],
-                              kv_f16, pos0, n_q, group, head_dim, scale, &sv[0])
+            attention_rows(self.kt, &ov[0, 0], group * head_dim, &q[0, 0], group * head_dim, &kb[0], &vb[0],
+                           kv_f16, pos0, n_q, group, head_dim, scale, &sv[0])
         return out
 
     def rmsnorm(self, const float[::1] x, const float[::1] w, float eps):
@@ -332,3 +333,4 @@ cdef class KernelTable:
         cdef float[::1] ov = out
         self.kt.f16_to_f32(&ov[0], &h[0], h.shape[0])
         return out
+

@@ -35,16 +35,22 @@ cdef extern from "kernels.h" nogil:
 
     ctypedef void (*gemm_fn)(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x,
                              int n_rows, int accumulate)
-    ctypedef void (*attention_fn)(float *out, int ldo, const float *q, int ldq, const void *k,
-                                  const void *v, int kv_f16, int pos0, int n_q, int group,
-                                  int head_dim, float scale, float *scratch)
+    enum:
+        ATTN_CHUNK
+
+    ctypedef void (*attn_chunk_fn)(float *acc, int lda, float *ml, const float *q, int ldq, const void *k,
+                                   const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim,
+                                   float scale, int chunk, float *scratch)
+    ctypedef void (*attn_fold_fn)(float *acc, int lda, float *ml, const float *pacc, int ldp, const float *pml,
+                                  int n_q, int group, int head_dim)
 
     ctypedef struct kernel_table:
         const char *name
         void (*quantize_q8a)(int8_t *qs, float *d, float *s, const float *x, int k)
         void (*dequantize_row[GGML_TYPE_COUNT])(float *y, const void *x, int k)
         gemm_fn gemm[GGML_TYPE_COUNT]
-        attention_fn attention
+        attn_chunk_fn attention_chunk
+        attn_fold_fn attention_fold
         void (*rmsnorm)(float *out, const float *x, const float *w, int n, float eps)
         void (*rope)(float *x, int n_heads, int head_dim, const float *cos_sin)
         void (*silu_mul)(float *out, const float *g, const float *u, int n)
@@ -56,6 +62,9 @@ cdef extern from "kernels.h" nogil:
     int kernels_avx2_supported()
     size_t ggml_row_bytes(int type, int k)
     size_t attn_scratch_floats(int ctx_len, int head_dim)
+    void attention_rows(const kernel_table *kt, float *out, int ldo, const float *q, int ldq, const void *k,
+                        const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim, float scale,
+                        float *scratch)
 
 
 cdef extern from "engine.h" nogil:

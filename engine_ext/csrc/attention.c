@@ -1,9 +1,11 @@
-/* Causal attention of a slot's query rows against its cached keys/values, portable reference.
+/* Causal attention in chunks (contract in kernels.h): the portable chunk and fold kernels, and
+ * the composition every variant shares.
  *
- * For query position p and head h: s_t = scale * q.k_t for t <= p, softmax over t, out = sum_t
- * p_t v_t. Keys/values are the rows of one kv head (GQA: `group` query heads share it).
+ * For query position p and head h: s_t = scale * q.k_t for t <= p; over each chunk of
+ * ATTN_CHUNK keys a partial state (m, l, acc); the states folded in chunk order; out = acc / l.
  */
 #include <math.h>
+#include <string.h>
 
 #include "fp16.h"
 #include "kernels.h"
@@ -11,12 +13,14 @@
 #define ATTN_KEY_BLOCK 32 /* keys per block in the SIMD variants (scratch sizing) */
 
 size_t attn_scratch_floats(int ctx_len, int head_dim) {
-    /* generic: a converted row [head_dim] + scores [ctx_len];
-     * SIMD: key and value blocks [2][ATTN_KEY_BLOCK][head_dim] + scores [ATTN_KEY_BLOCK] +
-     * softmax state [ATTN_MAX_ROWS][2]. */
-    size_t generic = (size_t)head_dim + (size_t)ctx_len;
-    size_t simd = 2 * (size_t)ATTN_KEY_BLOCK * head_dim + ATTN_KEY_BLOCK + 2 * ATTN_MAX_ROWS;
-    return (generic > simd ? generic : simd) + 16;
+    (void)ctx_len;
+    /* running and partial states [2][ATTN_MAX_ROWS][head_dim + 2], then the chunk kernel's own:
+     * generic: a converted row [head_dim] + scores [ATTN_CHUNK];
+     * SIMD: key and value blocks [2][ATTN_KEY_BLOCK][head_dim] + scores [ATTN_KEY_BLOCK]. */
+    size_t states = 2 * (size_t)ATTN_MAX_ROWS * (head_dim + 2);
+    size_t generic = (size_t)head_dim + ATTN_CHUNK;
+    size_t simd = 2 * (size_t)ATTN_KEY_BLOCK * head_dim + ATTN_KEY_BLOCK;
+    return states + (generic > simd ? generic : simd) + 16;
 }
 
 static inline void load_row(float *dst, const void *src, int kv_f16, size_t row, int head_dim) {
@@ -24,41 +28,89 @@ static inline void load_row(float *dst, const void *src, int kv_f16, size_t row,
         const uint16_t *h = (const uint16_t *)src + row * head_dim;
         for (int i = 0; i < head_dim; i++) dst[i] = fp16_to_f32(h[i]);
     } else {
-        const float *f = (const float *)src + row * head_dim;
-        for (int i = 0; i < head_dim; i++) dst[i] = f[i];
+        memcpy(dst, (const float *)src + row * head_dim, sizeof(float) * head_dim);
     }
 }
 
-void attention_generic(float *out, int ldo, const float *q, int ldq, const void *k, const void *v,
-                       int kv_f16, int pos0, int n_q, int group, int head_dim, float scale,
-                       float *scratch) {
+void attention_chunk_generic(float *acc, int lda, float *ml, const float *q, int ldq, const void *k,
+                             const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim,
+                             float scale, int chunk, float *scratch) {
     float *row = scratch;                 /* [head_dim] */
-    float *scores = scratch + head_dim;   /* [pos0 + n_q] */
+    float *scores = scratch + head_dim;   /* [ATTN_CHUNK] */
+    const int t0 = chunk * ATTN_CHUNK;
     for (int i = 0; i < n_q; i++) {
-        int n_keys = pos0 + i + 1;
+        int t1 = pos0 + i + 1 < t0 + ATTN_CHUNK ? pos0 + i + 1 : t0 + ATTN_CHUNK;
         for (int g = 0; g < group; g++) {
             const float *qh = q + (size_t)i * ldq + (size_t)g * head_dim;
-            float *oh = out + (size_t)i * ldo + (size_t)g * head_dim;
+            float *ah = acc + (size_t)i * lda + (size_t)g * head_dim;
+            float *st = ml + 2 * (i * group + g);
+            for (int j = 0; j < head_dim; j++) ah[j] = 0.0f;
+            st[0] = -INFINITY;
+            st[1] = 0.0f;
+            if (t1 <= t0) continue;
             float mx = -INFINITY;
-            for (int t = 0; t < n_keys; t++) {
+            for (int t = t0; t < t1; t++) {
                 load_row(row, k, kv_f16, (size_t)t, head_dim);
                 float dot = 0.0f;
                 for (int j = 0; j < head_dim; j++) dot += qh[j] * row[j];
-                scores[t] = dot * scale;
-                mx = scores[t] > mx ? scores[t] : mx;
+                scores[t - t0] = dot * scale;
+                mx = scores[t - t0] > mx ? scores[t - t0] : mx;
             }
             float sum = 0.0f;
-            for (int t = 0; t < n_keys; t++) {
-                scores[t] = expf(scores[t] - mx);
-                sum += scores[t];
-            }
-            for (int j = 0; j < head_dim; j++) oh[j] = 0.0f;
-            for (int t = 0; t < n_keys; t++) {
+            for (int t = t0; t < t1; t++) {
+                float p = expf(scores[t - t0] - mx);
+                sum += p;
                 load_row(row, v, kv_f16, (size_t)t, head_dim);
-                for (int j = 0; j < head_dim; j++) oh[j] += scores[t] * row[j];
+                for (int j = 0; j < head_dim; j++) ah[j] += p * row[j];
             }
-            float inv = 1.0f / sum;
-            for (int j = 0; j < head_dim; j++) oh[j] *= inv;
+            st[0] = mx;
+            st[1] = sum;
         }
     }
+}
+
+void attention_fold_generic(float *acc, int lda, float *ml, const float *pacc, int ldp, const float *pml,
+                            int n_q, int group, int head_dim) {
+    for (int i = 0; i < n_q; i++)
+        for (int g = 0; g < group; g++) {
+            float *st = ml + 2 * (i * group + g);
+            const float *pst = pml + 2 * (i * group + g);
+            if (pst[0] == -INFINITY) continue; /* empty partial */
+            float *ah = acc + (size_t)i * lda + (size_t)g * head_dim;
+            const float *ph = pacc + (size_t)i * ldp + (size_t)g * head_dim;
+            float m = st[0] > pst[0] ? st[0] : pst[0];
+            float a = st[0] == -INFINITY ? 0.0f : expf(st[0] - m), b = expf(pst[0] - m);
+            for (int j = 0; j < head_dim; j++) ah[j] = ah[j] * a + ph[j] * b;
+            st[0] = m;
+            st[1] = st[1] * a + pst[1] * b;
+        }
+}
+
+void attention_finish(float *out, int ldo, const float *acc, int lda, const float *ml, int n_q, int group,
+                      int head_dim) {
+    for (int i = 0; i < n_q; i++)
+        for (int g = 0; g < group; g++) {
+            const float inv = 1.0f / ml[2 * (i * group + g) + 1];
+            const float *ah = acc + (size_t)i * lda + (size_t)g * head_dim;
+            float *oh = out + (size_t)i * ldo + (size_t)g * head_dim;
+            for (int j = 0; j < head_dim; j++) oh[j] = ah[j] * inv;
+        }
+}
+
+void attention_rows(const kernel_table *kt, float *out, int ldo, const float *q, int ldq, const void *k,
+                    const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim, float scale,
+                    float *scratch) {
+    const int lda = group * head_dim;
+    float *acc = scratch;                                   /* [n_q][lda] running state */
+    float *ml = acc + (size_t)ATTN_MAX_ROWS * head_dim;     /* [n_q * group][2] */
+    float *pacc = ml + 2 * ATTN_MAX_ROWS;                   /* [n_q][lda] chunk partial */
+    float *pml = pacc + (size_t)ATTN_MAX_ROWS * head_dim;   /* [n_q * group][2] */
+    float *rest = pml + 2 * ATTN_MAX_ROWS;                  /* the chunk kernel's scratch */
+    const int n_chunks = (pos0 + n_q + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    kt->attention_chunk(acc, lda, ml, q, ldq, k, v, kv_f16, pos0, n_q, group, head_dim, scale, 0, rest);
+    for (int c = 1; c < n_chunks; c++) {
+        kt->attention_chunk(pacc, lda, pml, q, ldq, k, v, kv_f16, pos0, n_q, group, head_dim, scale, c, rest);
+        kt->attention_fold(acc, lda, ml, pacc, lda, pml, n_q, group, head_dim);
+    }
+    attention_finish(out, ldo, acc, lda, ml, n_q, group, head_dim);
 }

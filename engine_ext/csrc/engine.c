@@ -22,19 +22,25 @@
  * Position p of a slot lives at row p of each (layer, k/v, head) plane; a slot's first n
  * tokens are rows 0..n-1 of every plane (what truncate/copy/snapshot rely on).
  */
+#define _GNU_SOURCE /* mmap flags, madvise */
 #include "engine.h"
 
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 
 #include "threadpool.h"
 
 #define MIN_GEMM_CHUNK 16       /* fewest output rows in one dynamic matmul chunk */
 #define CHUNKS_PER_THREAD 8     /* dynamic matmul chunks per thread (load balance) */
 #define MAX_ROW_LEN (QK * 1024) /* longest weight row the SIMD kernels take */
-#define PHASES_PER_LAYER 10     /* norm, qkv, rope, attention, quantize, output, norm, gate/up, silu, down */
+#define PHASES_PER_LAYER 11     /* norm, qkv, rope, attention, merge, quantize, output, norm, gate/up, silu, down */
+#define SPLIT_BELOW_UNITS 4     /* split attention into chunks when it has < this many units per thread */
+#define PART_FLOATS (1 << 18)   /* capacity of the split attention partial states (1 MiB) */
 #define ROWS_PER_UNIT 4         /* rows per unit of the row-wise phases */
 
 typedef struct {
@@ -44,8 +50,14 @@ typedef struct {
     int row0;      /* first row in the step buffers */
 } step_seg;
 
+/* Attention of rows q0 .. q0+n_q-1 of segment seg against kv head kv_head: all chunks into the
+ * output (chunk < 0), or one chunk's partial state into the part buffer at `part`; a merge unit
+ * (chunk < 0 too, n_parts > 0) folds n_parts consecutive partials into the output. */
 typedef struct {
-    int seg, kv_head, q0, n_q; /* attention of rows q0 .. q0+n_q-1 of segment seg */
+    int seg, kv_head, q0, n_q;
+    int chunk;
+    size_t part;   /* offset (floats) of the first partial state in `parts` */
+    int n_parts;
 } attn_unit;
 
 typedef struct {
@@ -64,8 +76,8 @@ typedef struct {
 struct engine {
     model_desc m;             /* m.layers points at `layers` */
     layer_weights *layers;    /* [n_layers] (owned copy) */
-    void **packed;            /* [n_packed] row-group copies of the block weights (owned) */
-    int n_packed;
+    char *packed;             /* [packed_bytes] row-group copies of the block weights (owned) */
+    size_t packed_bytes;
     const kernel_table *kt;
     threadpool *tp;
     int num_slots, ctx_len, kv_f16, max_tokens;
@@ -87,8 +99,10 @@ struct engine {
     int *row_pos;             /* [T] absolute position of each row */
     int *row_slot;            /* [T] slot of each row */
     step_seg *segs;           /* [T] */
-    attn_unit *units;         /* [max_units] */
+    attn_unit *units;         /* [max_units] attention units of the step */
+    attn_unit *merges;        /* [max_units] merge units (split attention) */
     int max_units;
+    float *parts;             /* [PART_FLOATS] partial states of split attention */
     int *logit_src;           /* [T] step row whose logits each logits row gets */
     float *attn_scratch;      /* [n_threads][attn_floats] */
     size_t attn_floats;
@@ -96,7 +110,7 @@ struct engine {
     int n_phases;
 
     /* the current step */
-    int n_rows, n_segs, n_units, n_logits;
+    int n_rows, n_segs, n_units, n_merges, n_logits;
     float *logits_out;        /* [n_logits][n_vocab] */
     int fault_layer;
 };
@@ -141,27 +155,61 @@ static int model_ok(const model_desc *m) {
 
 /* Every block-type matmul weight gets its row groups (kernels.h x8 layout), owned by the
  * engine. token_embd keeps its rows for the embedding lookup; as a tied output it is packed. */
-static int pack_one(engine *e, weight_t *w) {
-    size_t n = x8_bytes(w->type, w->n_in, w->n_out);
-    if (n == 0) return 1;
-    void *p = malloc(n);
-    if (!p) return 0;
-    pack_x8(p, w->rows, w->type, w->n_in, w->n_out);
-    w->x8 = p;
-    e->packed[e->n_packed++] = p;
-    return 1;
+/* Large, long-lived buffers (KV, packed weights) come zeroed from the OS, asking for
+ * transparent huge pages: both are streamed every step, and 2 MiB pages spare the TLB. */
+static void *big_alloc(size_t n) {
+#ifdef __linux__
+    if (n >= (1u << 21)) {
+        void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) return NULL;
+        madvise(p, n, MADV_HUGEPAGE); /* a hint; failure is harmless */
+        return p;
+    }
+#endif
+    return calloc(n ? n : 1, 1);
+}
+
+static void big_free(void *p, size_t n) {
+    if (!p) return;
+#ifdef __linux__
+    if (n >= (1u << 21)) {
+        munmap(p, n);
+        return;
+    }
+#endif
+    free(p);
+}
+
+static const int N_LAYER_MATRICES = 7;
+
+static weight_t *matrix(engine *e, int i) {
+    if (i == 0) return &e->m.output;
+    layer_weights *L = &e->layers[(i - 1) / N_LAYER_MATRICES];
+    weight_t *ws[] = {&L->attn_q, &L->attn_k, &L->attn_v, &L->attn_output, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
+    return ws[(i - 1) % N_LAYER_MATRICES];
 }
 
 static int pack_weights(engine *e) {
-    e->packed = calloc((size_t)7 * e->m.n_layers + 1, sizeof(void *));
-    if (!e->packed) return 0;
-    int ok = pack_one(e, &e->m.output);
-    for (int l = 0; l < e->m.n_layers && ok; l++) {
-        layer_weights *L = &e->layers[l];
-        weight_t *ws[] = {&L->attn_q, &L->attn_k, &L->attn_v, &L->attn_output, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
-        for (int i = 0; i < 7 && ok; i++) ok = pack_one(e, ws[i]);
+    const int n = 1 + N_LAYER_MATRICES * e->m.n_layers;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        weight_t *w = matrix(e, i);
+        total += (x8_bytes(w->type, w->n_in, w->n_out) + 63) & ~(size_t)63;
     }
-    return ok;
+    e->packed_bytes = total;
+    if (total == 0) return 1;
+    e->packed = big_alloc(total);
+    if (!e->packed) return 0;
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        weight_t *w = matrix(e, i);
+        size_t bytes = x8_bytes(w->type, w->n_in, w->n_out);
+        if (bytes == 0) continue;
+        pack_x8(e->packed + at, w->rows, w->type, w->n_in, w->n_out);
+        w->x8 = e->packed + at;
+        at += (bytes + 63) & ~(size_t)63;
+    }
+    return 1;
 }
 
 engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots, int ctx_len,
@@ -190,9 +238,10 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
     e->max_k = max_k > m->ffn_dim ? max_k : m->ffn_dim;
     e->kv_elt = e->kv_f16 ? 2 : 4;
     e->kv_bytes = (size_t)num_slots * m->n_layers * 2 * e->kv_dim * (size_t)ctx_len * e->kv_elt;
-    /* NOTE: calloc of this size maps zero pages lazily: the memory is reserved up front and
-     * becomes resident as slots fill. */
-    e->kv = xalloc(e->kv_bytes, &ok);
+    /* NOTE: zero pages are mapped lazily: the memory is reserved up front and becomes
+     * resident as slots fill. */
+    e->kv = big_alloc(e->kv_bytes);
+    if (!e->kv) ok = 0;
     e->inv_freq = xalloc(sizeof(double) * (m->head_dim / 2), &ok);
     if (ok)
         for (int i = 0; i < m->head_dim / 2; i++) e->inv_freq[i] = pow(m->rope_base, -2.0 * i / m->head_dim);
@@ -217,6 +266,8 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
     /* each segment of n rows makes n_kv * ceil(n / q_tile) units; sum over segments <= this */
     e->max_units = m->n_kv_heads * (max_tokens / q_tile + max_tokens);
     e->units = xalloc(sizeof(attn_unit) * e->max_units, &ok);
+    e->merges = xalloc(sizeof(attn_unit) * e->max_units, &ok);
+    e->parts = xalloc(sizeof(float) * PART_FLOATS, &ok);
     e->logit_src = xalloc(sizeof(int) * T, &ok);
     e->attn_floats = (attn_scratch_floats(ctx_len, m->head_dim) + 15) & ~(size_t)15;
     e->attn_scratch = xalloc(sizeof(float) * e->attn_floats * n_threads, &ok);
@@ -237,11 +288,11 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
 void engine_destroy(engine *e) {
     if (!e) return;
     threadpool_destroy(e->tp);
-    for (int i = 0; i < e->n_packed; i++) free(e->packed[i]);
-    free(e->packed);
-    void *bufs[] = {e->layers, e->kv, e->inv_freq, e->x, e->xb, e->q, e->k, e->v, e->gate, e->up,
+    big_free(e->packed, e->packed_bytes);
+    big_free(e->kv, e->kv_bytes);
+    void *bufs[] = {e->layers, e->inv_freq, e->x, e->xb, e->q, e->k, e->v, e->gate, e->up,
                     e->aqs, e->ad, e->as, e->rope_cs, e->tokens, e->row_pos, e->row_slot, e->segs,
-                    e->units, e->logit_src, e->attn_scratch, (void *)e->sync};
+                    e->units, e->merges, e->parts, e->logit_src, e->attn_scratch, (void *)e->sync};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free(bufs[i]);
     free(e);
 }
@@ -345,22 +396,51 @@ static void matmul_phase(engine *e, int p, const mm_job *jobs, int n_jobs, const
     phase_end(e, p, n);
 }
 
+static inline size_t part_floats(const engine *e, int n_q) {
+    return (size_t)n_q * e->group * (e->m.head_dim + 2); /* acc [n_q][group*hd], ml [n_q*group][2] */
+}
+
 static void attention_phase(engine *e, int p, int layer, int ith) {
     const model_desc *m = &e->m;
     float *scratch = e->attn_scratch + (size_t)ith * e->attn_floats;
     const float scale = 1.0f / sqrtf((float)m->head_dim);
+    const int lda = e->group * m->head_dim;
     FOR_EACH_UNIT(e, p, e->n_units, u) {
         const attn_unit *au = &e->units[u];
         const step_seg *sg = &e->segs[au->seg];
         int row = sg->row0 + au->q0;
-        int col = au->kv_head * e->group * m->head_dim;
-        e->kt->attention(e->xb + (size_t)row * e->q_dim + col, e->q_dim,
-                         e->q + (size_t)row * e->q_dim + col, e->q_dim,
-                         kv_plane(e, sg->slot, layer, 0, au->kv_head),
-                         kv_plane(e, sg->slot, layer, 1, au->kv_head), e->kv_f16,
-                         sg->pos0 + au->q0, au->n_q, e->group, m->head_dim, scale, scratch);
+        int col = au->kv_head * lda;
+        const float *q = e->q + (size_t)row * e->q_dim + col;
+        const void *k = kv_plane(e, sg->slot, layer, 0, au->kv_head), *v = kv_plane(e, sg->slot, layer, 1, au->kv_head);
+        if (au->chunk < 0) {
+            attention_rows(e->kt, e->xb + (size_t)row * e->q_dim + col, e->q_dim, q, e->q_dim, k, v, e->kv_f16,
+                           sg->pos0 + au->q0, au->n_q, e->group, m->head_dim, scale, scratch);
+        } else {
+            float *acc = e->parts + au->part, *ml = acc + (size_t)au->n_q * lda;
+            e->kt->attention_chunk(acc, lda, ml, q, e->q_dim, k, v, e->kv_f16, sg->pos0 + au->q0, au->n_q,
+                                   e->group, m->head_dim, scale, au->chunk, scratch);
+        }
     }
     phase_end(e, p, e->n_units);
+}
+
+/* Fold split attention's partial states in chunk order (as attention_rows does) and finish. */
+static void merge_phase(engine *e, int p) {
+    const int lda = e->group * e->m.head_dim;
+    FOR_EACH_UNIT(e, p, e->n_merges, u) {
+        const attn_unit *mu = &e->merges[u];
+        const step_seg *sg = &e->segs[mu->seg];
+        const size_t step = part_floats(e, mu->n_q);
+        float *acc = e->parts + mu->part, *ml = acc + (size_t)mu->n_q * lda;
+        for (int c = 1; c < mu->n_parts; c++) {
+            const float *pacc = acc + c * step, *pml = pacc + (size_t)mu->n_q * lda;
+            e->kt->attention_fold(acc, lda, ml, pacc, lda, pml, mu->n_q, e->group, e->m.head_dim);
+        }
+        int row = sg->row0 + mu->q0;
+        attention_finish(e->xb + (size_t)row * e->q_dim + mu->kv_head * lda, e->q_dim, acc, lda, ml, mu->n_q,
+                         e->group, e->m.head_dim);
+    }
+    phase_end(e, p, e->n_merges);
 }
 
 /* rows: out = rmsnorm(x) * w, quantized when the next matmuls need it */
@@ -435,6 +515,7 @@ static void step_worker(void *ctx, int ith, int nth) {
         phase_end(e, p++, nu);
         if (l == e->fault_layer) return; /* test hook: every thread leaves at the same point */
         attention_phase(e, p++, l, ith);
+        merge_phase(e, p++);
         if (is_block_type(L->attn_output.type)) {
             FOR_EACH_UNIT(e, p, nu, u) {
                 int r0, r1;
@@ -492,10 +573,11 @@ static void step_worker(void *ctx, int ith, int nth) {
 }
 
 /* Fill the step's attention units: segment x kv head x query tile, latest tiles first (they
- * see the most keys) so dynamic scheduling ends balanced. */
+ * see the most keys) so dynamic scheduling ends balanced. With few units (decode), each unit
+ * is split into one unit per key chunk plus a merge unit, so every thread streams KV. */
 static void plan_attention(engine *e) {
-    int q_tile = ATTN_MAX_ROWS / e->group;
-    e->n_units = 0;
+    const int q_tile = ATTN_MAX_ROWS / e->group, nth = threadpool_size(e->tp);
+    e->n_units = e->n_merges = 0;
     for (int s = 0; s < e->n_segs; s++) {
         int n_tiles = (e->segs[s].n + q_tile - 1) / q_tile;
         for (int t = n_tiles - 1; t >= 0; t--)
@@ -505,8 +587,39 @@ static void plan_attention(engine *e) {
                 u->kv_head = h;
                 u->q0 = t * q_tile;
                 u->n_q = e->segs[s].n - u->q0 < q_tile ? e->segs[s].n - u->q0 : q_tile;
+                u->chunk = -1;
+                u->n_parts = 0;
             }
     }
+    if (e->n_units >= SPLIT_BELOW_UNITS * nth || nth == 1) return;
+    /* split: count the parts first; keep whole units if they do not fit */
+    size_t need = 0;
+    int n_split = 0;
+    for (int i = 0; i < e->n_units; i++) {
+        const attn_unit *u = &e->units[i];
+        int n_chunks = (e->segs[u->seg].pos0 + u->q0 + u->n_q + ATTN_CHUNK - 1) / ATTN_CHUNK;
+        need += (size_t)n_chunks * part_floats(e, u->n_q);
+        n_split += n_chunks;
+    }
+    if (need > PART_FLOATS || n_split > e->max_units) return;
+    int n_whole = e->n_units;
+    memcpy(e->merges, e->units, sizeof(attn_unit) * n_whole);
+    e->n_units = 0;
+    size_t at = 0;
+    for (int i = 0; i < n_whole; i++) {
+        attn_unit *mu = &e->merges[i];
+        int n_chunks = (e->segs[mu->seg].pos0 + mu->q0 + mu->n_q + ATTN_CHUNK - 1) / ATTN_CHUNK;
+        mu->part = at;
+        mu->n_parts = n_chunks;
+        for (int c = 0; c < n_chunks; c++) {
+            attn_unit *u = &e->units[e->n_units++];
+            *u = *mu;
+            u->chunk = c;
+            u->part = at;
+            at += part_floats(e, mu->n_q);
+        }
+    }
+    e->n_merges = n_whole;
 }
 
 int engine_forward(engine *e, const engine_item *items, int n_items, float *logits, int fault_layer) {

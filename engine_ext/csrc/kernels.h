@@ -78,29 +78,51 @@ void pack_x8(void *dst, const void *rows, int type, int n_in, int n_out);
 typedef void (*gemm_fn)(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x,
                         int n_rows, int accumulate);
 
-/* Attention of n_q consecutive query positions (pos0 .. pos0+n_q-1) of one slot against that
- * slot's cached keys/values of ONE kv head, for the `group` query heads sharing it.
- * out: [n_q, ldo] (head g of query i at out + i*ldo + g*head_dim);
- * q: [n_q, ldq] (same indexing); k, v: [>= pos0+n_q, head_dim] f16 (uint16) or f32 rows;
- * query i attends keys 0 .. pos0+i; n_q * group <= ATTN_MAX_ROWS.
- * scratch: attn_scratch_floats(ctx_len, head_dim) floats. */
-typedef void (*attention_fn)(float *out, int ldo, const float *q, int ldq, const void *k,
-                             const void *v, int kv_f16, int pos0, int n_q, int group,
-                             int head_dim, float scale, float *scratch);
+/* Attention, in chunks. Query rows i = 0..n_q-1 of one slot sit at positions pos0+i and attend
+ * keys 0..pos0+i of ONE kv head, shared by `group` query heads (GQA). Keys are cut into chunks
+ * of ATTN_CHUNK at absolute positions; a chunk yields a partial softmax state per (row, head):
+ * (m = max score, l = sum exp(s - m), acc = sum exp(s - m) v), and the states are folded
+ * chunk by chunk in increasing order. The order is fixed by positions alone, so a row's result
+ * is the same whether its chunks ran on one thread in sequence or on several (split for load
+ * balance) and then folded.
+ *
+ * Layouts: q, acc, out: [n_q][ld] with head g of row i at i*ld + g*head_dim;
+ * ml: [n_q * group][2] (m, l); k, v: [>= pos0+n_q][head_dim] f16 (uint16) or f32 rows. */
+#define ATTN_CHUNK 256
 
 /* Largest n_q * group an attention call may take (callers tile queries to fit). */
 #define ATTN_MAX_ROWS 64
 
+/* The partial state of chunk `chunk` for every (row, head); a row whose position is before the
+ * chunk gets the empty state (m = -inf, l = 0, acc = 0). scratch: attn_scratch_floats. */
+typedef void (*attn_chunk_fn)(float *acc, int lda, float *ml, const float *q, int ldq, const void *k,
+                              const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim,
+                              float scale, int chunk, float *scratch);
+/* (acc, ml) = fold((acc, ml), (pacc, pml)): rescale both to the larger max and add. */
+typedef void (*attn_fold_fn)(float *acc, int lda, float *ml, const float *pacc, int ldp, const float *pml,
+                             int n_q, int group, int head_dim);
+
+typedef struct kernel_table kernel_table;
+/* The whole attention of the rows with one table's kernels: every chunk folded in order, then
+ * out = acc / l. scratch: attn_scratch_floats(ctx_len, head_dim) floats. */
+void attention_rows(const kernel_table *kt, float *out, int ldo, const float *q, int ldq, const void *k,
+                    const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim, float scale,
+                    float *scratch);
+/* out = acc / l for every (row, head). */
+void attention_finish(float *out, int ldo, const float *acc, int lda, const float *ml, int n_q, int group,
+                      int head_dim);
+
 size_t attn_scratch_floats(int ctx_len, int head_dim);
 
-typedef struct {
+struct kernel_table {
     const char *name;
     /* x ~= qs * d per block; k % QK == 0. qs: [k], d, s: [k/QK]. */
     void (*quantize_q8a)(int8_t *qs, float *d, float *s, const float *x, int k);
     /* y[0..k) = decoded row of a weight of the given type. */
     void (*dequantize_row[GGML_TYPE_COUNT])(float *y, const void *x, int k);
     gemm_fn gemm[GGML_TYPE_COUNT];
-    attention_fn attention;
+    attn_chunk_fn attention_chunk;
+    attn_fold_fn attention_fold;
     /* out = x / sqrt(mean(x^2) + eps) * w over n elements. */
     void (*rmsnorm)(float *out, const float *x, const float *w, int n, float eps);
     /* Rotate adjacent pairs (x[2i], x[2i+1]) of each of n_heads heads by angle i:
@@ -113,7 +135,7 @@ typedef struct {
     /* y (f16 bits) = round-to-nearest-even(x); and back. */
     void (*f32_to_f16)(uint16_t *y, const float *x, int n);
     void (*f16_to_f32)(float *y, const uint16_t *x, int n);
-} kernel_table;
+};
 
 /* dispatch.c: the table called `name` ("generic"/"scalar", "avx2") or, for NULL/"auto", the
  * best the CPU supports. NULL if unknown or not supported by this CPU. */
@@ -135,8 +157,11 @@ void gemm_f16_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, c
 void gemm_q8_0_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
 void gemm_q4_0_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
 void gemm_q4_1_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
-void attention_generic(float *out, int ldo, const float *q, int ldq, const void *k, const void *v,
-                       int kv_f16, int pos0, int n_q, int group, int head_dim, float scale, float *scratch);
+void attention_chunk_generic(float *acc, int lda, float *ml, const float *q, int ldq, const void *k,
+                             const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim,
+                             float scale, int chunk, float *scratch);
+void attention_fold_generic(float *acc, int lda, float *ml, const float *pacc, int ldp, const float *pml,
+                            int n_q, int group, int head_dim);
 void rmsnorm_generic(float *out, const float *x, const float *w, int n, float eps);
 void rope_generic(float *x, int n_heads, int head_dim, const float *cos_sin);
 void silu_mul_generic(float *out, const float *g, const float *u, int n);
@@ -155,8 +180,11 @@ void gemm_f16_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, cons
 void gemm_q8_0_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
 void gemm_q4_0_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
 void gemm_q4_1_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
-void attention_avx2(float *out, int ldo, const float *q, int ldq, const void *k, const void *v,
-                    int kv_f16, int pos0, int n_q, int group, int head_dim, float scale, float *scratch);
+void attention_chunk_avx2(float *acc, int lda, float *ml, const float *q, int ldq, const void *k,
+                          const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim,
+                          float scale, int chunk, float *scratch);
+void attention_fold_avx2(float *acc, int lda, float *ml, const float *pacc, int ldp, const float *pml,
+                         int n_q, int group, int head_dim);
 void rmsnorm_avx2(float *out, const float *x, const float *w, int n, float eps);
 void rope_avx2(float *x, int n_heads, int head_dim, const float *cos_sin);
 void silu_mul_avx2(float *out, const float *g, const float *u, int n);

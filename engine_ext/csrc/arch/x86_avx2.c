@@ -424,55 +424,92 @@ void gemm_f16_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, cons
 
 /* ---- attention --------------------------------------------------------------------------- */
 
-/* Online softmax over key blocks [t0, t0 + ATTN_KEY_BLOCK) aligned to absolute positions; per
- * (query, head) the state is (running max m, running sum l, unnormalised output in `out`).
- * The f16 key/value rows of a block are converted once and shared by every query and head. */
-void attention_avx2(float *out, int ldo, const float *q, int ldq, const void *k, const void *v,
-                    int kv_f16, int pos0, int n_q, int group, int head_dim, float scale,
-                    float *scratch) {
+/* Scores of 8 consecutive keys (rows k[0..8) of length hd, hd % 8 == 0) for one query:
+ * per key an 8-lane FMA chain over hd, then a fixed transpose-and-add tree. */
+static inline __m256 scores8(const float *q, const float *k, int hd) {
+    __m256 a[8];
+    for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
+    for (int c = 0; c < hd; c += 8) {
+        __m256 qc = _mm256_loadu_ps(q + c);
+        for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k + (size_t)j * hd + c), a[j]);
+    }
+    __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3); /* lanes: keys 0-3 | 0-3, 4-7 | 4-7 */
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* o[0..8*NC) = o * corr + sum_j p[j] * v[j][0..8*NC): NC accumulators stay in registers,
+ * keys in increasing order. */
+static inline __attribute__((always_inline)) void accumulate_values(
+    const int NC, float *o, float corr, const float *p, const float *v, int nv, int hd) {
+    __m256 acc[8];
+    const __m256 vc = _mm256_set1_ps(corr);
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_mul_ps(_mm256_loadu_ps(o + 8 * c), vc);
+    for (int j = 0; j < nv; j++) {
+        const __m256 pj = _mm256_set1_ps(p[j]);
+        for (int c = 0; c < NC; c++) acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + (size_t)j * hd + 8 * c), acc[c]);
+    }
+    for (int c = 0; c < NC; c++) _mm256_storeu_ps(o + 8 * c, acc[c]);
+}
+
+/* One chunk (kernels.h): online softmax over key blocks [t0, t0 + ATTN_KEY_BLOCK) aligned to
+ * absolute positions, state (m, l) in ml and the unnormalised output in acc. Each block's keys
+ * and values are converted (f16) or copied (f32) once into scratch, zero padded to a multiple
+ * of 8 rows, and shared by every query row and head of the call. */
+void attention_chunk_avx2(float *acc, int lda, float *ml, const float *q, int ldq, const void *k,
+                          const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim,
+                          float scale, int chunk, float *scratch) {
     if (head_dim % 8 != 0) {
-        attention_generic(out, ldo, q, ldq, k, v, kv_f16, pos0, n_q, group, head_dim, scale, scratch);
+        attention_chunk_generic(acc, lda, ml, q, ldq, k, v, kv_f16, pos0, n_q, group, head_dim, scale, chunk, scratch);
         return;
     }
-    const int KB = ATTN_KEY_BLOCK;
-    float *kbuf = scratch;                     /* [KB][head_dim] */
-    float *vbuf = kbuf + KB * head_dim;        /* [KB][head_dim] */
-    float *sc = vbuf + KB * head_dim;          /* [KB] scores, then probabilities */
-    float *state = sc + KB;                    /* [n_q * group][2]: m, l */
-    const int n_keys = pos0 + n_q;
+    const int KB = ATTN_KEY_BLOCK, hd = head_dim;
+    float *kbuf = scratch;                     /* [KB][hd] */
+    float *vbuf = kbuf + KB * hd;              /* [KB][hd] */
+    float *sc = vbuf + KB * hd;                /* [KB] scores, then probabilities */
+    const int c0 = chunk * ATTN_CHUNK;
+    const int c1 = pos0 + n_q < c0 + ATTN_CHUNK ? pos0 + n_q : c0 + ATTN_CHUNK; /* keys any row needs */
+    const __m256 vscale = _mm256_set1_ps(scale);
     for (int i = 0; i < n_q; i++)
         for (int g = 0; g < group; g++) {
-            memset(out + (size_t)i * ldo + (size_t)g * head_dim, 0, sizeof(float) * head_dim);
-            state[2 * (i * group + g)] = -INFINITY;
-            state[2 * (i * group + g) + 1] = 0.0f;
+            memset(acc + (size_t)i * lda + (size_t)g * hd, 0, sizeof(float) * hd);
+            ml[2 * (i * group + g)] = -INFINITY;
+            ml[2 * (i * group + g) + 1] = 0.0f;
         }
-    for (int t0 = 0; t0 < n_keys; t0 += KB) {
-        const int nk = n_keys - t0 < KB ? n_keys - t0 : KB;
-        const float *kb, *vb;
+    for (int t0 = c0; t0 < c1; t0 += KB) {
+        const int nk = c1 - t0 < KB ? c1 - t0 : KB;
+        const int nk8 = (nk + 7) & ~7;
         if (kv_f16) {
-            f16_to_f32_avx2(kbuf, (const uint16_t *)k + (size_t)t0 * head_dim, nk * head_dim);
-            f16_to_f32_avx2(vbuf, (const uint16_t *)v + (size_t)t0 * head_dim, nk * head_dim);
-            kb = kbuf;
-            vb = vbuf;
+            f16_to_f32_avx2(kbuf, (const uint16_t *)k + (size_t)t0 * hd, nk * hd);
+            f16_to_f32_avx2(vbuf, (const uint16_t *)v + (size_t)t0 * hd, nk * hd);
         } else {
-            kb = (const float *)k + (size_t)t0 * head_dim;
-            vb = (const float *)v + (size_t)t0 * head_dim;
+            memcpy(kbuf, (const float *)k + (size_t)t0 * hd, sizeof(float) * nk * hd);
+            memcpy(vbuf, (const float *)v + (size_t)t0 * hd, sizeof(float) * nk * hd);
         }
+        memset(kbuf + (size_t)nk * hd, 0, sizeof(float) * (nk8 - nk) * hd);
         for (int i = 0; i < n_q; i++) {
             const int pos = pos0 + i;
             if (pos < t0) continue;
             const int nv = pos + 1 - t0 < nk ? pos + 1 - t0 : nk; /* valid keys in block */
             for (int g = 0; g < group; g++) {
-                const float *qh = q + (size_t)i * ldq + (size_t)g * head_dim;
-                float *oh = out + (size_t)i * ldo + (size_t)g * head_dim;
-                float *st = state + 2 * (i * group + g);
-                float bm = -INFINITY;
-                for (int j = 0; j < nv; j++) {
-                    sc[j] = dot_f32(qh, kb + (size_t)j * head_dim, head_dim) * scale;
-                    bm = sc[j] > bm ? sc[j] : bm;
+                const float *qh = q + (size_t)i * ldq + (size_t)g * hd;
+                float *ah = acc + (size_t)i * lda + (size_t)g * hd;
+                float *st = ml + 2 * (i * group + g);
+                __m256 vmax = _mm256_set1_ps(-INFINITY);
+                for (int j = 0; j < nv; j += 8) {
+                    __m256 s = _mm256_mul_ps(scores8(qh, kbuf + (size_t)j * hd, hd), vscale);
+                    _mm256_storeu_ps(sc + j, s);
+                    __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nv - j),
+                                                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+                    vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, valid));
                 }
+                __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+                m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+                m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+                const float bm = _mm_cvtss_f32(m4);
                 const float m_new = st[0] > bm ? st[0] : bm;
-                const float corr = exp1(st[0] - m_new); /* 0 on the first block */
+                const float corr = st[0] == -INFINITY ? 0.0f : exp1(st[0] - m_new);
                 const __m256 vm = _mm256_set1_ps(m_new);
                 __m256 lsum = _mm256_setzero_ps();
                 for (int j = 0; j < nv; j += 8) {
@@ -482,21 +519,41 @@ void attention_avx2(float *out, int ldo, const float *q, int ldq, const void *k,
                 }
                 st[1] = st[1] * corr + hsum256(lsum);
                 st[0] = m_new;
-                const __m256 vc = _mm256_set1_ps(corr);
-                for (int c = 0; c < head_dim; c += 8) {
-                    __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(oh + c), vc);
-                    for (int j = 0; j < nv; j++)
-                        acc = _mm256_fmadd_ps(_mm256_set1_ps(sc[j]), _mm256_loadu_ps(vb + (size_t)j * head_dim + c), acc);
-                    _mm256_storeu_ps(oh + c, acc);
+                int c = 0;
+                for (; c + 64 <= hd; c += 64) accumulate_values(8, ah + c, corr, sc, vbuf + c, nv, hd);
+                switch ((hd - c) / 8) {
+                case 1: accumulate_values(1, ah + c, corr, sc, vbuf + c, nv, hd); break;
+                case 2: accumulate_values(2, ah + c, corr, sc, vbuf + c, nv, hd); break;
+                case 3: accumulate_values(3, ah + c, corr, sc, vbuf + c, nv, hd); break;
+                case 4: accumulate_values(4, ah + c, corr, sc, vbuf + c, nv, hd); break;
+                case 5: accumulate_values(5, ah + c, corr, sc, vbuf + c, nv, hd); break;
+                case 6: accumulate_values(6, ah + c, corr, sc, vbuf + c, nv, hd); break;
+                case 7: accumulate_values(7, ah + c, corr, sc, vbuf + c, nv, hd); break;
+                default: break;
                 }
             }
         }
     }
+}
+
+void attention_fold_avx2(float *acc, int lda, float *ml, const float *pacc, int ldp, const float *pml,
+                         int n_q, int group, int head_dim) {
     for (int i = 0; i < n_q; i++)
         for (int g = 0; g < group; g++) {
-            float *oh = out + (size_t)i * ldo + (size_t)g * head_dim;
-            const __m256 inv = _mm256_set1_ps(1.0f / state[2 * (i * group + g) + 1]);
-            for (int c = 0; c < head_dim; c += 8) _mm256_storeu_ps(oh + c, _mm256_mul_ps(_mm256_loadu_ps(oh + c), inv));
+            float *st = ml + 2 * (i * group + g);
+            const float *pst = pml + 2 * (i * group + g);
+            if (pst[0] == -INFINITY) continue; /* empty partial */
+            float *ah = acc + (size_t)i * lda + (size_t)g * head_dim;
+            const float *ph = pacc + (size_t)i * ldp + (size_t)g * head_dim;
+            const float m = st[0] > pst[0] ? st[0] : pst[0];
+            const float a = st[0] == -INFINITY ? 0.0f : exp1(st[0] - m), b = exp1(pst[0] - m);
+            const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
+            int j = 0;
+            for (; j + 8 <= head_dim; j += 8)
+                _mm256_storeu_ps(ah + j, _mm256_fmadd_ps(_mm256_loadu_ps(ph + j), vb, _mm256_mul_ps(_mm256_loadu_ps(ah + j), va)));
+            for (; j < head_dim; j++) ah[j] = ah[j] * a + ph[j] * b;
+            st[0] = m;
+            st[1] = st[1] * a + pst[1] * b;
         }
 }
 

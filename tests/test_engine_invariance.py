@@ -165,3 +165,16 @@ def test_random_schedules_equal_cold(path, tokens, cold, data):
     want_logits, _ = cold(target_len)
     assert np.array_equal(pool.record(0), tokens[:target_len])
     assert np.array_equal(logits, want_logits)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_long_context_decode_equals_prefill(path, threads):
+    """Past several attention chunks (ATTN_CHUNK = 256 keys): decode steps, whose attention is
+    split into per-chunk units across threads, fold to exactly what prefill computes whole."""
+    long = random_tokens(700, N_VOCAB, seed=31)
+    pool = make_pool(path, 2, 720, threads=threads)
+    want = feed(pool, 0, long[:660])
+    feed(pool, 1, long[:600])
+    got = feed(pool, 1, long[600:660], chunks=[1] * 60)
+    assert np.array_equal(got, want)
+    assert greedy(pool, 1, got, 4)[0] == greedy(pool, 0, want, 4)[0]

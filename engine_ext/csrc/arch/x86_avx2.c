@@ -277,6 +277,7 @@ static inline __attribute__((always_inline)) void gemm_x8_tile(
                     __m256i a = _mm256_set1_epi32(*(const int32_t *)(aq[r] + b * QK + 4 * j));
                     __m256i p = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(a, w));
                     isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, ones));
+                    __asm__("" : "+x"(isum[r])); /* a chain, as above */
                 }
             }
         } else {
@@ -299,6 +300,9 @@ static inline __attribute__((always_inline)) void gemm_x8_tile(
                     __m256i p = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(*(const int32_t *)(a + 4 * j)));
                     p = _mm256_add_epi16(p, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(*(const int32_t *)(a + 16 + 4 * j))));
                     isum[r] = _mm256_add_epi16(isum[r], p);
+                    /* NOTE: keeps the sum a chain: otherwise GCC re-associates the integer adds
+                     * into a tree over all 32 products and spills most of them */
+                    __asm__("" : "+x"(isum[r]));
                 }
             }
             for (int r = 0; r < R; r++) isum[r] = _mm256_madd_epi16(isum[r], ones);

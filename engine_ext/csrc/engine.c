@@ -156,16 +156,25 @@ static int model_ok(const model_desc *m) {
 /* Every block-type matmul weight gets its row groups (kernels.h x8 layout), owned by the
  * engine. token_embd keeps its rows for the embedding lookup; as a tied output it is packed. */
 /* Large, long-lived buffers (KV, packed weights) come zeroed from the OS, asking for
- * transparent huge pages: both are streamed every step, and 2 MiB pages spare the TLB. */
-static void *big_alloc(size_t n) {
+ * transparent huge pages: both are streamed every step, and 2 MiB pages spare the TLB.
+ * populate: fault every page in now (KV: the memory is really committed at start-up, and the
+ * first steps on a fresh slot do not pay for zeroing pages). */
+static void *big_alloc(size_t n, int populate) {
 #ifdef __linux__
     if (n >= (1u << 21)) {
         void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED) return NULL;
         madvise(p, n, MADV_HUGEPAGE); /* a hint; failure is harmless */
+        if (populate) {
+#ifdef MADV_POPULATE_WRITE
+            if (madvise(p, n, MADV_POPULATE_WRITE) != 0) /* kernels before 5.14: touch each page */
+#endif
+                for (size_t i = 0; i < n; i += 4096) ((volatile char *)p)[i] = 0;
+        }
         return p;
     }
 #endif
+    (void)populate;
     return calloc(n ? n : 1, 1);
 }
 
@@ -198,7 +207,7 @@ static int pack_weights(engine *e) {
     }
     e->packed_bytes = total;
     if (total == 0) return 1;
-    e->packed = big_alloc(total);
+    e->packed = big_alloc(total, 0);
     if (!e->packed) return 0;
     size_t at = 0;
     for (int i = 0; i < n; i++) {
@@ -238,9 +247,7 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
     e->max_k = max_k > m->ffn_dim ? max_k : m->ffn_dim;
     e->kv_elt = e->kv_f16 ? 2 : 4;
     e->kv_bytes = (size_t)num_slots * m->n_layers * 2 * e->kv_dim * (size_t)ctx_len * e->kv_elt;
-    /* NOTE: zero pages are mapped lazily: the memory is reserved up front and becomes
-     * resident as slots fill. */
-    e->kv = big_alloc(e->kv_bytes);
+    e->kv = big_alloc(e->kv_bytes, 1);
     if (!e->kv) ok = 0;
     e->inv_freq = xalloc(sizeof(double) * (m->head_dim / 2), &ok);
     if (ok)

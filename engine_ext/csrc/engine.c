@@ -41,7 +41,7 @@
 #define PHASES_PER_LAYER 11     /* norm, qkv, rope, attention, merge, quantize, output, norm, gate/up, silu, down */
 #define SPLIT_BELOW_UNITS 4     /* split attention into chunks when it has < this many units per thread */
 #define PART_FLOATS (1 << 18)   /* capacity of the split attention partial states (1 MiB) */
-#define ROWS_PER_UNIT 4         /* rows per unit of the row-wise phases */
+#define ROWS_PER_UNIT 4         /* rows per unit of the row-wise phases (1 for small steps) */
 
 typedef struct {
     int slot;
@@ -358,11 +358,16 @@ static inline void phase_end(engine *e, int p, int n) { threadpool_count_wait(e-
 
 #define FOR_EACH_UNIT(e, p, n, u) for (int u; ((u) = grab((e), (p), (n))) >= 0; unit_done((e), (p)))
 
-static inline int n_row_units(int n_rows) { return (n_rows + ROWS_PER_UNIT - 1) / ROWS_PER_UNIT; }
+/* Rows per unit of a row-wise phase over n_rows rows: single rows while that leaves a thread
+ * idle (a decode step of a few slots), ROWS_PER_UNIT otherwise. */
+static inline int rows_per_unit(int n_rows) { return n_rows < 16 * ROWS_PER_UNIT ? 1 : ROWS_PER_UNIT; }
+
+static inline int n_row_units(int n_rows) { return (n_rows + rows_per_unit(n_rows) - 1) / rows_per_unit(n_rows); }
 
 static inline void unit_rows(int u, int n_rows, int *r0, int *r1) {
-    *r0 = u * ROWS_PER_UNIT;
-    *r1 = *r0 + ROWS_PER_UNIT < n_rows ? *r0 + ROWS_PER_UNIT : n_rows;
+    const int per = rows_per_unit(n_rows);
+    *r0 = u * per;
+    *r1 = *r0 + per < n_rows ? *r0 + per : n_rows;
 }
 
 /* Row r of the float matmul input `in` [n][k] -> the quantized input. */

@@ -42,7 +42,13 @@ _ENGINE_FAULT = -3  # engine.h ENGINE_EFAULT
 
 
 class ComputeError(RuntimeError):
-    """A forward step failed inside the engine; the batch's slots were emptied (tainted)."""
+    """A forward step failed inside the engine. `tainted` names the slots that were emptied;
+    every other slot of the batch is back to its length before the step (a step only writes KV
+    rows past each slot's length, so the rows it holds were never touched)."""
+
+    def __init__(self, message: str, tainted: tuple[int, ...]):
+        super().__init__(message)
+        self.tainted = tainted
 
 
 def kernel_variant(kernels: str | None = None) -> str:
@@ -160,16 +166,22 @@ class SlotPool:
             tokens = np.concatenate([t for _, t, _, _ in items])
             logits = np.empty((sum(w for *_, w in items), self.n_vocab), np.float32)
             slots = [s for s, _, _, _ in items]
-            fault = any(s in self._faults for s in slots)
+            faulted = tuple(s for s in slots if s in self._faults)
             self._faults.difference_update(slots)
             try:
-                status = self._engine.forward(meta, tokens, logits, 0 if fault else -1)
+                status = self._engine.forward(meta, tokens, logits, 0 if faulted else -1)
                 if status == _ENGINE_FAULT:
-                    raise ComputeError(f"injected fault in a forward step over slots {slots}")
+                    # NOTE: the failure is attributable (the injected slot), so only it is emptied.
+                    raise ComputeError(f"injected fault in slot(s) {list(faulted)} of a step over slots {slots}",
+                                       faulted)
                 if status != 0:
-                    raise ComputeError(f"engine status {status} in a forward step over slots {slots}")
+                    raise ComputeError(f"engine status {status} in a forward step over slots {slots}", tuple(slots))
+            except ComputeError as exc:
+                for s in exc.tainted:  # their KV rows may be half written; the record says "empty"
+                    self._lens[s] = 0
+                raise
             except BaseException:
-                for s in slots:  # KV rows of these slots may be half-written
+                for s in slots:  # not attributable: none of the batch's slots can be vouched for
                     self._lens[s] = 0
                 raise
             for s, t, p, _ in items:
@@ -291,7 +303,8 @@ class SlotPool:
     def _inject_fault(self, slot: int) -> None:
         """Make the next forward that touches `slot` fail inside the engine (after the first
         layer has written KV rows), as a compute error would: it raises ComputeError and empties
-        every slot of that batch. For tests of the taint rule."""
+        that slot only; the other slots of the batch keep what they held before the step.
+        For tests of the taint rule."""
         self._faults.add(self._slot(slot))
 
     # -- helpers ---------------------------------------------------------------------------

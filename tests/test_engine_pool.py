@@ -1,5 +1,5 @@
 """SlotPool contract: bad calls raise ValueError and change nothing, a failed step taints only
-its batch's slots, snapshots refuse other models and damage, and the pool reports itself."""
+the slot it failed in, snapshots refuse other models and damage, and the pool reports itself."""
 
 from __future__ import annotations
 
@@ -110,22 +110,28 @@ def test_bad_lengths(pool, call, n):
     assert_unchanged(pool, before, {})
 
 
-def test_fault_taints_only_the_batch(pool, path):
-    """A compute failure empties the slots of that batch (their KV rows may be half written)
-    and leaves every other slot intact."""
+def test_fault_taints_only_the_faulted_slot(pool, path):
+    """A compute failure in one slot empties that slot (its KV rows may be half written); the
+    other slot of the same batch is back to what it held before the step, and slots outside
+    the batch are intact."""
     tokens = random_tokens(40, N_VOCAB, seed=4)
     feed(pool, 2, tokens[:10])
     intact = {0: next_logits(pool, 0)}
     intact_record = pool.record(0)
+    record_2 = pool.record(2)
     pool._inject_fault(1)
-    with pytest.raises(ComputeError):
+    with pytest.raises(ComputeError) as info:
         pool.forward([(1, tokens[:1], 33, True), (2, tokens[10:15], 10, True)])
-    assert pool.slot_len(1) == 0 and pool.slot_len(2) == 0
+    assert info.value.tainted == (1,)
+    assert pool.slot_len(1) == 0 and pool.slot_len(2) == 10
+    assert np.array_equal(pool.record(2), record_2)
     assert np.array_equal(pool.record(0), intact_record)
     assert np.array_equal(next_logits(pool, 0), intact[0])
-    # the fault fires once; the tainted slots are usable again from scratch
-    cold = make_pool(path, 1, 64)
-    assert np.array_equal(feed(pool, 2, tokens[:12]), feed(cold, 0, tokens[:12]))
+    # slot 2 continues as if the failed step never happened; the fault fires once and the
+    # tainted slot is usable again from scratch
+    cold = make_pool(path, 2, 64)
+    assert np.array_equal(feed(pool, 2, tokens[10:12]), feed(cold, 0, tokens[:12]))
+    assert np.array_equal(feed(pool, 1, tokens[:12]), feed(cold, 1, tokens[:12]))
     pool.check_integrity()
 
 

@@ -142,3 +142,22 @@ async def test_engine_fault_on_the_real_engine_fails_the_request_and_the_slot_re
         retry = await collect(sched.submit(make_request(prompt, 6)))
     assert retry.finish.reuse.reused_tokens == 0
     assert retry.tokens == await cold(open_pool, prompt, 6)
+
+
+async def test_a_fault_in_one_slot_fails_only_its_request(open_pool):
+    """Two requests decode in the same steps; a compute fault in one slot fails that request
+    only: the other one's slot keeps its rows and its tokens equal a cold run."""
+    pool, tok = open_pool(2)
+    a, b = ids(7, 40), ids(8, 50)
+    async with sched_for(pool, tok) as sched:
+        ha = sched.submit(make_request(a, 30))
+        hb = sched.submit(make_request(b, 12))
+        async for ev in ha:
+            if isinstance(ev, TokenEvent) and pool.slot_len(1) > 0 and pool.slot_len(0) > 0:
+                pool._inject_fault(next(v.slot for v in sched.slots() if v.request_id == ha.request_id))
+                break
+        out_a, out_b = await collect(ha), await collect(hb)
+        await sched.check_integrity()
+    assert out_a.finish.reason is FinishReason.ERROR
+    assert out_b.finish.reason is FinishReason.LENGTH
+    assert out_b.tokens == await cold(open_pool, b, 12)

@@ -14,7 +14,6 @@ from slotserve.scheduler.config import SchedulerConfig
 from slotserve.scheduler.request import FinishReason, ReuseSource, TokenEvent
 from slotserve.scheduler.scheduler import Scheduler
 
-pytest.importorskip("slotserve.engine_ext.pool", reason="the C engine's SlotPool is not built")
 
 
 class CountingPool:

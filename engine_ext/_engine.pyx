@@ -69,7 +69,7 @@ cdef class Engine:
     cdef engine *e
     cdef object model_file  # keeps the weights' memory map alive
     cdef readonly int num_slots, ctx_len, n_vocab, n_threads, max_batch_tokens
-    cdef readonly size_t kv_bytes, kv_row_bytes
+    cdef readonly size_t kv_bytes
     cdef readonly str kernel_variant, kv_dtype
 
     def __cinit__(self, model_file, int num_slots, int ctx_len, int threads, str kv_dtype,
@@ -126,7 +126,6 @@ cdef class Engine:
         self.n_threads = engine_n_threads(self.e)
         self.max_batch_tokens = max_batch_tokens
         self.kv_bytes = engine_kv_bytes(self.e)
-        self.kv_row_bytes = engine_kv_row_bytes(self.e)
         self.kernel_variant = kt.name.decode()
         self.kv_dtype = kv_dtype
 
@@ -165,11 +164,17 @@ cdef class Engine:
             raise ValueError("forward: the engine rejected the batch (slot, position or token id out of range)")
         return status
 
+    def kv_snapshot_bytes(self, int n) -> int:
+        """Bytes of the KV of n tokens as kv_snapshot writes them."""
+        if not 0 <= n <= self.ctx_len:
+            raise ValueError(f"length {n} out of range")
+        return engine_kv_snapshot_bytes(self.e, n)
+
     def kv_snapshot(self, int slot, int n, bytes head) -> bytes:
-        """bytes: `head` followed by the first n KV rows of `slot` (engine_kv_read order)."""
+        """bytes: `head` followed by the KV of the first n tokens of `slot` (engine_kv_read)."""
         self._check(slot, n)
         cdef Py_ssize_t hlen = len(head)
-        cdef size_t kv_len = <size_t>n * self.kv_row_bytes
+        cdef size_t kv_len = engine_kv_snapshot_bytes(self.e, n)
         out = PyBytes_FromStringAndSize(NULL, hlen + kv_len)
         cdef char *dst = PyBytes_AS_STRING(out)
         memcpy(dst, <const char *>head, hlen)
@@ -178,9 +183,10 @@ cdef class Engine:
         return out
 
     def kv_restore(self, int slot, int n, const uint8_t[::1] kv):
-        """Overwrite the first n KV rows of `slot` from bytes laid out as kv_snapshot writes them."""
+        """Overwrite the KV of the first n tokens of `slot` from bytes laid out as kv_snapshot
+        writes them."""
         self._check(slot, n)
-        if <size_t>kv.shape[0] != <size_t>n * self.kv_row_bytes:
+        if <size_t>kv.shape[0] != engine_kv_snapshot_bytes(self.e, n):
             raise ValueError("kv_restore: wrong KV byte count")
         if n == 0:
             return
@@ -278,9 +284,12 @@ cdef class KernelTable:
                 self.kt.gemm[ggml_type](&ov[0, 0], n_out, &gw, o0, o1, &a, n, accumulate)
         return out
 
-    def attention(self, const float[:, ::1] q, k, v, int pos0, int group, int head_dim, float scale):
-        """q float32 [n_q, group*head_dim]; k, v [>= pos0+n_q, head_dim] float16 or float32:
-        every chunk's partial state folded in order, then normalised (attention_rows)."""
+    def attention(self, const float[:, ::1] q, k, v, int pos0, int group, int head_dim, float scale,
+                  int repeat=1):
+        """q float32 [n_q, group*head_dim]; k, v [>= pos0+n_q, head_dim] float16 or float32 rows
+        (k is rearranged into the engine's blocked key layout here): every chunk's partial
+        state folded in order, then normalised (attention_rows).
+        repeat: run the kernel that many times (timing)."""
         cdef int n_q = q.shape[0], kv_f16 = k.dtype == np.float16
         if n_q * group > ATTN_MAX_ROWS or q.shape[1] != group * head_dim:
             raise ValueError("bad attention shapes")
@@ -288,14 +297,20 @@ cdef class KernelTable:
         vc = np.ascontiguousarray(v).view(np.uint16 if kv_f16 else np.float32)
         if kc.shape[0] < pos0 + n_q or vc.shape != kc.shape or kc.shape[1] != head_dim:
             raise ValueError("bad key/value shapes")
+        n_blocks = -(-kc.shape[0] // KEY_LANES)
+        padded = np.zeros((n_blocks * KEY_LANES, head_dim), kc.dtype)
+        padded[: kc.shape[0]] = kc
+        kc = np.ascontiguousarray(padded.reshape(n_blocks, KEY_LANES, head_dim).transpose(0, 2, 1))
         cdef const uint8_t[::1] kb = kc.reshape(-1).view(np.uint8), vb = vc.reshape(-1).view(np.uint8)
         out = np.zeros((n_q, group * head_dim), np.float32)
         scratch = np.zeros(attn_scratch_floats(kc.shape[0], head_dim), np.float32)
         cdef float[:, ::1] ov = out
         cdef float[::1] sv = scratch
+        cdef int i
         with nogil:
-            attention_rows(self.kt, &ov[0, 0], group * head_dim, &q[0, 0], group * head_dim, &kb[0], &vb[0],
-                           kv_f16, pos0, n_q, group, head_dim, scale, &sv[0])
+            for i in range(repeat):
+                attention_rows(self.kt, &ov[0, 0], group * head_dim, &q[0, 0], group * head_dim, &kb[0], &vb[0],
+                               kv_f16, pos0, n_q, group, head_dim, scale, &sv[0])
         return out
 
     def rmsnorm(self, const float[::1] x, const float[::1] w, float eps):

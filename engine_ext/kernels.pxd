@@ -12,6 +12,7 @@ cdef extern from "kernels.h" nogil:
         GGML_TYPE_COUNT
         QK
         ATTN_MAX_ROWS
+        KEY_LANES
 
     ctypedef struct act_rows:
         const float *f
@@ -112,7 +113,7 @@ cdef extern from "engine.h" nogil:
     size_t engine_kv_bytes(const engine *e)
     int engine_n_threads(const engine *e)
     int engine_forward(engine *e, const engine_item *items, int n_items, float *logits, int fault_layer)
-    size_t engine_kv_row_bytes(const engine *e)
+    size_t engine_kv_snapshot_bytes(const engine *e, int n)
     void engine_kv_read(const engine *e, int slot, int n, void *dst)
     void engine_kv_write(engine *e, int slot, int n, const void *src)
     void engine_kv_copy(engine *e, int src, int dst, int n)

@@ -12,7 +12,7 @@ Snapshot layout (little-endian):
     | head_dim | n_vocab | n tokens | fingerprint length (all u32) | fingerprint utf-8      |
     +---------------------------------------------------------------------------------------+
     | token ids int32 [n]                                                                   |
-    | KV rows [n_layers][2 (k, v)][n_kv_heads][n][head_dim] (f16 or f32)                    |
+    | KV per layer: n_kv_heads k planes (blocked keys), n_kv_heads v planes (rows); engine.h |
     | crc32 u32 of everything before it                                                     |
     +---------------------------------------------------------------------------------------+
 """
@@ -32,7 +32,7 @@ import numpy as np
 from . import _engine
 from .gguf_file import ModelFile, load_model_file
 
-LAYOUT_VERSION = 1  # bump whenever the KV layout or the snapshot format changes
+LAYOUT_VERSION = 2  # bump whenever the KV layout or the snapshot format changes
 SNAP_MAGIC = b"SSKVSNAP"
 HEADER = struct.Struct("<8s8I")
 KV_DTYPE_CODES = {"f16": 1, "f32": 2}
@@ -290,7 +290,7 @@ class SlotPool:
             raise ValueError(f"restore: the snapshot holds {n} tokens > ctx_len {self.ctx_len}; "
                              "use a pool with a larger ctx_len")
         tok_end = fp_end + 4 * n
-        kv_end = tok_end + n * int(self._engine.kv_row_bytes)
+        kv_end = tok_end + int(self._engine.kv_snapshot_bytes(n))
         if kv_end + 4 != len(view):
             raise refuse("the snapshot has the wrong size for its token count")
         tokens = np.frombuffer(view[fp_end:tok_end], dtype="<i4")

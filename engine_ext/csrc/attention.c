@@ -16,7 +16,7 @@ size_t attn_scratch_floats(int ctx_len, int head_dim) {
     (void)ctx_len;
     /* running and partial states [2][ATTN_MAX_ROWS][head_dim + 2], then the chunk kernel's own:
      * generic: a converted row [head_dim] + scores [ATTN_CHUNK];
-     * SIMD: key and value blocks [2][ATTN_KEY_BLOCK][head_dim] + scores [ATTN_KEY_BLOCK]. */
+     * SIMD: scores of a block of keys for a batch of heads (generously sized). */
     size_t states = 2 * (size_t)ATTN_MAX_ROWS * (head_dim + 2);
     size_t generic = (size_t)head_dim + ATTN_CHUNK;
     size_t simd = 2 * (size_t)ATTN_KEY_BLOCK * head_dim + ATTN_KEY_BLOCK;
@@ -29,6 +29,13 @@ static inline void load_row(float *dst, const void *src, int kv_f16, size_t row,
         for (int i = 0; i < head_dim; i++) dst[i] = fp16_to_f32(h[i]);
     } else {
         memcpy(dst, (const float *)src + row * head_dim, sizeof(float) * head_dim);
+    }
+}
+
+static inline void load_key(float *dst, const void *k, int kv_f16, int t, int head_dim) {
+    for (int d = 0; d < head_dim; d++) {
+        size_t at = key_index(t, d, head_dim);
+        dst[d] = kv_f16 ? fp16_to_f32(((const uint16_t *)k)[at]) : ((const float *)k)[at];
     }
 }
 
@@ -50,7 +57,7 @@ void attention_chunk_generic(float *acc, int lda, float *ml, const float *q, int
             if (t1 <= t0) continue;
             float mx = -INFINITY;
             for (int t = t0; t < t1; t++) {
-                load_row(row, k, kv_f16, (size_t)t, head_dim);
+                load_key(row, k, kv_f16, t, head_dim);
                 float dot = 0.0f;
                 for (int j = 0; j < head_dim; j++) dot += qh[j] * row[j];
                 scores[t - t0] = dot * scale;

@@ -15,12 +15,17 @@
  * Which thread computes a row or an output never changes the arithmetic (kernels.h NOTE), so
  * results do not depend on the thread count or on dynamic scheduling.
  *
- * KV memory, one block per slot, head-major so attention streams contiguous rows:
+ * KV memory, one block per slot, head-major so attention streams contiguous memory:
  *
- *   kv = [slot][layer][0 = k, 1 = v][kv head][ctx_len][head_dim]   (f16 or f32 elements)
+ *   kv = [slot][layer][0 = k, 1 = v][kv head][plane of ctx_pad x head_dim]  (f16 or f32)
+ *   v plane: row p = position p
+ *   k plane: blocks of KEY_LANES positions, dimension-major inside (kernels.h key_index)
  *
- * Position p of a slot lives at row p of each (layer, k/v, head) plane; a slot's first n
- * tokens are rows 0..n-1 of every plane (what truncate/copy/snapshot rely on).
+ *   k plane   | block 0: d0[p0..p7] d1[p0..p7] ... | block 1: d0[p8..p15] ... |
+ *
+ * ctx_pad = ctx_len rounded up to KEY_LANES. A slot's first n tokens are the first
+ * ceil(n / KEY_LANES) blocks of every k plane and the first n rows of every v plane (what
+ * truncate, copy and snapshot rely on).
  */
 #define _GNU_SOURCE /* mmap flags, madvise */
 #include "engine.h"
@@ -81,9 +86,10 @@ struct engine {
     const kernel_table *kt;
     threadpool *tp;
     int num_slots, ctx_len, kv_f16, max_tokens;
+    int ctx_pad;              /* ctx_len rounded up to KEY_LANES */
     int q_dim, kv_dim, max_k, group;
     size_t kv_elt;            /* bytes per KV element: 2 (f16) or 4 (f32) */
-    void *kv;                 /* [num_slots][n_layers][2][n_kv_heads][ctx_len][head_dim] */
+    void *kv;                 /* [num_slots][n_layers][2][n_kv_heads][ctx_pad * head_dim] (see top) */
     size_t kv_bytes;
     double *inv_freq;         /* [head_dim/2]: rope_base^(-2i/head_dim) */
 
@@ -238,6 +244,7 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
     e->kt = kt;
     e->num_slots = num_slots;
     e->ctx_len = ctx_len;
+    e->ctx_pad = (ctx_len + KEY_LANES - 1) / KEY_LANES * KEY_LANES;
     e->kv_f16 = kv_f16 ? 1 : 0;
     e->max_tokens = max_tokens;
     e->q_dim = m->n_heads * m->head_dim;
@@ -246,7 +253,7 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
     int max_k = m->dim > e->q_dim ? m->dim : e->q_dim;
     e->max_k = max_k > m->ffn_dim ? max_k : m->ffn_dim;
     e->kv_elt = e->kv_f16 ? 2 : 4;
-    e->kv_bytes = (size_t)num_slots * m->n_layers * 2 * e->kv_dim * (size_t)ctx_len * e->kv_elt;
+    e->kv_bytes = (size_t)num_slots * m->n_layers * 2 * e->kv_dim * (size_t)e->ctx_pad * e->kv_elt;
     e->kv = big_alloc(e->kv_bytes, 1);
     if (!e->kv) ok = 0;
     e->inv_freq = xalloc(sizeof(double) * (m->head_dim / 2), &ok);
@@ -311,36 +318,74 @@ int engine_n_threads(const engine *e) { return threadpool_size(e->tp); }
 
 static inline char *kv_plane(const engine *e, int slot, int layer, int which, int head) {
     size_t idx = (((size_t)slot * e->m.n_layers + layer) * 2 + which) * e->m.n_kv_heads + head;
-    return (char *)e->kv + idx * (size_t)e->ctx_len * e->m.head_dim * e->kv_elt;
+    return (char *)e->kv + idx * (size_t)e->ctx_pad * e->m.head_dim * e->kv_elt;
 }
 
-size_t engine_kv_row_bytes(const engine *e) {
-    return (size_t)e->m.n_layers * 2 * e->kv_dim * e->kv_elt;
+/* Bytes of a slot's first n tokens in one k plane (whole blocks) and one v plane. */
+static inline size_t k_plane_bytes(const engine *e, int n) {
+    return (size_t)(n + KEY_LANES - 1) / KEY_LANES * KEY_LANES * e->m.head_dim * e->kv_elt;
+}
+
+static inline size_t v_plane_bytes(const engine *e, int n) { return (size_t)n * e->m.head_dim * e->kv_elt; }
+
+size_t engine_kv_snapshot_bytes(const engine *e, int n) {
+    return (size_t)e->m.n_layers * e->m.n_kv_heads * (k_plane_bytes(e, n) + v_plane_bytes(e, n));
+}
+
+/* Zero the lanes of key positions n.. in the last (partial) block of a k plane copy. */
+static void clear_tail_lanes(const engine *e, char *kplane, int n) {
+    if (n % KEY_LANES == 0) return;
+    char *block = kplane + (size_t)(n / KEY_LANES) * KEY_LANES * e->m.head_dim * e->kv_elt;
+    for (int d = 0; d < e->m.head_dim; d++)
+        memset(block + ((size_t)d * KEY_LANES + n % KEY_LANES) * e->kv_elt, 0, (KEY_LANES - n % KEY_LANES) * e->kv_elt);
 }
 
 void engine_kv_read(const engine *e, int slot, int n, void *dst) {
-    size_t plane = (size_t)n * e->m.head_dim * e->kv_elt;
+    const size_t kb = k_plane_bytes(e, n), vb = v_plane_bytes(e, n);
     char *out = dst;
-    for (int l = 0; l < e->m.n_layers; l++)
-        for (int w = 0; w < 2; w++)
-            for (int h = 0; h < e->m.n_kv_heads; h++, out += plane) memcpy(out, kv_plane(e, slot, l, w, h), plane);
+    for (int l = 0; l < e->m.n_layers; l++) {
+        for (int h = 0; h < e->m.n_kv_heads; h++, out += kb) {
+            memcpy(out, kv_plane(e, slot, l, 0, h), kb);
+            clear_tail_lanes(e, out, n); /* stale lanes past n: not part of the snapshot */
+        }
+        for (int h = 0; h < e->m.n_kv_heads; h++, out += vb) memcpy(out, kv_plane(e, slot, l, 1, h), vb);
+    }
 }
 
 void engine_kv_write(engine *e, int slot, int n, const void *src) {
-    size_t plane = (size_t)n * e->m.head_dim * e->kv_elt;
+    const size_t kb = k_plane_bytes(e, n), vb = v_plane_bytes(e, n);
     const char *in = src;
-    for (int l = 0; l < e->m.n_layers; l++)
-        for (int w = 0; w < 2; w++)
-            for (int h = 0; h < e->m.n_kv_heads; h++, in += plane) memcpy(kv_plane(e, slot, l, w, h), in, plane);
+    for (int l = 0; l < e->m.n_layers; l++) {
+        for (int h = 0; h < e->m.n_kv_heads; h++, in += kb) memcpy(kv_plane(e, slot, l, 0, h), in, kb);
+        for (int h = 0; h < e->m.n_kv_heads; h++, in += vb) memcpy(kv_plane(e, slot, l, 1, h), in, vb);
+    }
 }
 
 void engine_kv_copy(engine *e, int src, int dst, int n) {
     if (src == dst) return;
-    size_t plane = (size_t)n * e->m.head_dim * e->kv_elt;
+    const size_t kb = k_plane_bytes(e, n), vb = v_plane_bytes(e, n);
     for (int l = 0; l < e->m.n_layers; l++)
-        for (int w = 0; w < 2; w++)
-            for (int h = 0; h < e->m.n_kv_heads; h++)
-                memcpy(kv_plane(e, dst, l, w, h), kv_plane(e, src, l, w, h), plane);
+        for (int h = 0; h < e->m.n_kv_heads; h++) {
+            memcpy(kv_plane(e, dst, l, 0, h), kv_plane(e, src, l, 0, h), kb);
+            memcpy(kv_plane(e, dst, l, 1, h), kv_plane(e, src, l, 1, h), vb);
+        }
+}
+
+/* Store one row's key and value of kv head h at position pos of a slot's planes. */
+static void store_kv(engine *e, int slot, int layer, int h, int pos, const float *key, const float *value) {
+    const int hd = e->m.head_dim;
+    char *kp = kv_plane(e, slot, layer, 0, h), *vd = kv_plane(e, slot, layer, 1, h) + (size_t)pos * hd * e->kv_elt;
+    if (e->kv_f16) {
+        uint16_t *kh = (uint16_t *)kp;
+        uint16_t tmp[hd];
+        e->kt->f32_to_f16(tmp, key, hd);
+        for (int d = 0; d < hd; d++) kh[key_index(pos, d, hd)] = tmp[d];
+        e->kt->f32_to_f16((uint16_t *)vd, value, hd);
+    } else {
+        float *kf = (float *)kp;
+        for (int d = 0; d < hd; d++) kf[key_index(pos, d, hd)] = key[d];
+        memcpy(vd, value, sizeof(float) * hd);
+    }
 }
 
 /* ---- one step ---------------------------------------------------------------------------- */
@@ -510,18 +555,9 @@ static void step_worker(void *ctx, int ith, int nth) {
             for (int r = r0; r < r1; r++) {
                 kt->rope(e->q + (size_t)r * e->q_dim, m->n_heads, hd, e->rope_cs + (size_t)r * hd);
                 kt->rope(e->k + (size_t)r * e->kv_dim, m->n_kv_heads, hd, e->rope_cs + (size_t)r * hd);
-                for (int h = 0; h < m->n_kv_heads; h++) {
-                    const float *kr = e->k + (size_t)r * e->kv_dim + h * hd, *vr = e->v + (size_t)r * e->kv_dim + h * hd;
-                    char *kd = kv_plane(e, e->row_slot[r], l, 0, h) + (size_t)e->row_pos[r] * hd * e->kv_elt;
-                    char *vd = kv_plane(e, e->row_slot[r], l, 1, h) + (size_t)e->row_pos[r] * hd * e->kv_elt;
-                    if (e->kv_f16) {
-                        kt->f32_to_f16((uint16_t *)kd, kr, hd);
-                        kt->f32_to_f16((uint16_t *)vd, vr, hd);
-                    } else {
-                        memcpy(kd, kr, sizeof(float) * hd);
-                        memcpy(vd, vr, sizeof(float) * hd);
-                    }
-                }
+                for (int h = 0; h < m->n_kv_heads; h++)
+                    store_kv(e, e->row_slot[r], l, h, e->row_pos[r], e->k + (size_t)r * e->kv_dim + h * hd,
+                             e->v + (size_t)r * e->kv_dim + h * hd);
             }
         }
         phase_end(e, p++, nu);

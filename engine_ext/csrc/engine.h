@@ -65,8 +65,10 @@ int engine_n_threads(const engine *e);
  * first step fail after that layer wrote its KV rows (test hook). Returns a status. */
 int engine_forward(engine *e, const engine_item *items, int n_items, float *logits, int fault_layer);
 
-/* KV rows of a slot, serialised as [n_layers][2 (k, v)][n_kv_heads][n][head_dim] elements. */
-size_t engine_kv_row_bytes(const engine *e); /* bytes per token */
+/* The first n tokens' KV of a slot, serialised per layer as its n_kv_heads k planes (the
+ * ceil(n / KEY_LANES) blocks, lanes past n zeroed) then its n_kv_heads v planes (n rows):
+ * engine_kv_snapshot_bytes(e, n) bytes. */
+size_t engine_kv_snapshot_bytes(const engine *e, int n);
 void engine_kv_read(const engine *e, int slot, int n, void *dst);
 void engine_kv_write(engine *e, int slot, int n, const void *src);
 void engine_kv_copy(engine *e, int src, int dst, int n);

@@ -87,8 +87,19 @@ typedef void (*gemm_fn)(float *y, int ldy, const gemm_weight *w, int o0, int o1,
  * balance) and then folded.
  *
  * Layouts: q, acc, out: [n_q][ld] with head g of row i at i*ld + g*head_dim;
- * ml: [n_q * group][2] (m, l); k, v: [>= pos0+n_q][head_dim] f16 (uint16) or f32 rows. */
+ * ml: [n_q * group][2] (m, l); v: [>= pos0+n_q][head_dim] rows; k: blocks of KEY_LANES keys,
+ * dimension-major inside a block, so one vector load holds dimension d of 8 keys:
+ *
+ *   k[(t / KEY_LANES) * head_dim * KEY_LANES + d * KEY_LANES + t % KEY_LANES] = key t, dim d
+ *
+ * Elements are f16 (uint16) or f32 (kv_f16). A k buffer spans whole blocks (lanes past the
+ * keys in use are never read into a result). */
 #define ATTN_CHUNK 256
+#define KEY_LANES 8
+
+static inline size_t key_index(int t, int d, int head_dim) {
+    return (size_t)(t / KEY_LANES) * head_dim * KEY_LANES + (size_t)d * KEY_LANES + t % KEY_LANES;
+}
 
 /* Largest n_q * group an attention call may take (callers tile queries to fit). */
 #define ATTN_MAX_ROWS 64

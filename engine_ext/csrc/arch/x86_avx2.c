@@ -428,39 +428,110 @@ void gemm_f16_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, cons
 
 /* ---- attention --------------------------------------------------------------------------- */
 
-/* Scores of 8 consecutive keys (rows k[0..8) of length hd, hd % 8 == 0) for one query:
- * per key an 8-lane FMA chain over hd, then a fixed transpose-and-add tree. */
-static inline __m256 scores8(const float *q, const float *k, int hd) {
-    __m256 a[8];
-    for (int j = 0; j < 8; j++) a[j] = _mm256_setzero_ps();
-    for (int c = 0; c < hd; c += 8) {
-        __m256 qc = _mm256_loadu_ps(q + c);
-        for (int j = 0; j < 8; j++) a[j] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(k + (size_t)j * hd + c), a[j]);
-    }
-    __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
-    __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
-    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3); /* lanes: keys 0-3 | 0-3, 4-7 | 4-7 */
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+#define HEAD_BATCH 3 /* query heads of one kv head whose scores share each loaded key vector */
+
+/* Scores of 8 keys (one key block) for NH heads: s[h] lane j = q_h . key j. Per (head, key) the
+ * sum runs over d in 4 interleaved partial sums, combined as (p0 + p1) + (p2 + p3).
+ * NOTE: pointer-stepped loops (no index arithmetic per load): this loop is the kernel's hot path. */
+static inline __attribute__((always_inline)) void block_scores(
+    const int NH, const int F16, __m256 *s, const float *const *qh, const void *kblock, int hd) {
+    __m256 part[HEAD_BATCH][4];
+    for (int h = 0; h < NH; h++)
+        for (int u = 0; u < 4; u++) part[h][u] = _mm256_setzero_ps();
+    const uint16_t *kh = (const uint16_t *)kblock;
+    const float *kf = (const float *)kblock;
+    const float *q0 = qh[0], *q1 = NH > 1 ? qh[1] : qh[0], *q2 = NH > 2 ? qh[2] : qh[0];
+    for (int d = 0; d < hd; d += 4, kh += 4 * KEY_LANES, kf += 4 * KEY_LANES, q0 += 4, q1 += 4, q2 += 4)
+        for (int u = 0; u < 4; u++) {
+            const __m256 kt = F16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kh + u * KEY_LANES)))
+                                  : _mm256_loadu_ps(kf + u * KEY_LANES);
+            part[0][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q0 + u), kt, part[0][u]);
+            if (NH > 1) part[1][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q1 + u), kt, part[1][u]);
+            if (NH > 2) part[2][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q2 + u), kt, part[2][u]);
+        }
+    for (int h = 0; h < NH; h++)
+        s[h] = _mm256_add_ps(_mm256_add_ps(part[h][0], part[h][1]), _mm256_add_ps(part[h][2], part[h][3]));
 }
 
-/* o[0..8*NC) = o * corr + sum_j p[j] * v[j][0..8*NC): NC accumulators stay in registers,
- * keys in increasing order. */
-static inline __attribute__((always_inline)) void accumulate_values(
-    const int NC, float *o, float corr, const float *p, const float *v, int nv, int hd) {
-    __m256 acc[8];
-    const __m256 vc = _mm256_set1_ps(corr);
-    for (int c = 0; c < NC; c++) acc[c] = _mm256_mul_ps(_mm256_loadu_ps(o + 8 * c), vc);
-    for (int j = 0; j < nv; j++) {
-        const __m256 pj = _mm256_set1_ps(p[j]);
-        for (int c = 0; c < NC; c++) acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + (size_t)j * hd + 8 * c), acc[c]);
+/* acc_h[chunks c0..c0+NC) = acc_h * corr_h + sum_j p_h[j] v[j] for NH heads: keys in order. */
+static inline __attribute__((always_inline)) void block_values(
+    const int NH, const int NC, const int F16, float *const *ah, const float *corr, const float *p,
+    int p_stride, const void *v, int t0, int nv, int hd, int c0) {
+    __m256 a[HEAD_BATCH][4];
+    for (int h = 0; h < NH; h++)
+        for (int c = 0; c < NC; c++)
+            a[h][c] = _mm256_mul_ps(_mm256_loadu_ps(ah[h] + 8 * (c0 + c)), _mm256_set1_ps(corr[h]));
+    const uint16_t *vh = (const uint16_t *)v + (size_t)t0 * hd + 8 * c0;
+    const float *vf = (const float *)v + (size_t)t0 * hd + 8 * c0;
+    const float *p0 = p, *p1 = p + p_stride, *p2 = p + 2 * p_stride;
+    for (int j = 0; j < nv; j++, vh += hd, vf += hd) {
+        const __m256 pj0 = _mm256_broadcast_ss(p0 + j);
+        const __m256 pj1 = NH > 1 ? _mm256_broadcast_ss(p1 + j) : pj0;
+        const __m256 pj2 = NH > 2 ? _mm256_broadcast_ss(p2 + j) : pj0;
+        for (int c = 0; c < NC; c++) {
+            const __m256 vc = F16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vh + 8 * c))) : _mm256_loadu_ps(vf + 8 * c);
+            a[0][c] = _mm256_fmadd_ps(pj0, vc, a[0][c]);
+            if (NH > 1) a[1][c] = _mm256_fmadd_ps(pj1, vc, a[1][c]);
+            if (NH > 2) a[2][c] = _mm256_fmadd_ps(pj2, vc, a[2][c]);
+        }
     }
-    for (int c = 0; c < NC; c++) _mm256_storeu_ps(o + 8 * c, acc[c]);
+    for (int h = 0; h < NH; h++)
+        for (int c = 0; c < NC; c++) _mm256_storeu_ps(ah[h] + 8 * (c0 + c), a[h][c]);
+}
+
+/* One (query row, batch of NH heads) against keys [t0, t0 + nv) of a block of ATTN_KEY_BLOCK:
+ * scores, online-softmax update of (m, l), value accumulation. sc: [HEAD_BATCH][ATTN_KEY_BLOCK]. */
+static inline __attribute__((always_inline)) void attend_block(
+    const int NH, const int F16, const float *const *qh, float *const *ah, float *const *st, const void *k,
+    const void *v, int t0, int nv, int hd, float scale, float *sc) {
+    const __m256 vscale = _mm256_set1_ps(scale);
+    __m256 vmax[HEAD_BATCH];
+    for (int h = 0; h < NH; h++) vmax[h] = _mm256_set1_ps(-INFINITY);
+    for (int j = 0; j < nv; j += KEY_LANES) {
+        __m256 s[HEAD_BATCH];
+        block_scores(NH, F16, s, qh, (const char *)k + key_index(t0 + j, 0, hd) * (F16 ? 2 : 4), hd);
+        const __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nv - j),
+                                                                    _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+        for (int h = 0; h < NH; h++) {
+            s[h] = _mm256_mul_ps(s[h], vscale);
+            _mm256_storeu_ps(sc + h * ATTN_KEY_BLOCK + j, s[h]);
+            vmax[h] = _mm256_max_ps(vmax[h], _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s[h], valid));
+        }
+    }
+    float corr[HEAD_BATCH];
+    for (int h = 0; h < NH; h++) {
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax[h]), _mm256_extractf128_ps(vmax[h], 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        const float bm = _mm_cvtss_f32(m4);
+        const float m_new = st[h][0] > bm ? st[h][0] : bm;
+        corr[h] = st[h][0] == -INFINITY ? 0.0f : exp1(st[h][0] - m_new);
+        const __m256 vm = _mm256_set1_ps(m_new);
+        __m256 lsum = _mm256_setzero_ps();
+        float *p = sc + h * ATTN_KEY_BLOCK;
+        for (int j = 0; j < nv; j += 8) {
+            __m256 e = keep_first(exp256(_mm256_sub_ps(_mm256_loadu_ps(p + j), vm)), nv - j);
+            _mm256_storeu_ps(p + j, e);
+            lsum = _mm256_add_ps(lsum, e);
+        }
+        st[h][1] = st[h][1] * corr[h] + hsum256(lsum);
+        st[h][0] = m_new;
+    }
+    int c = 0;
+    const int n_chunks = hd / 8;
+    for (; c + 4 <= n_chunks; c += 4) block_values(NH, 4, F16, ah, corr, sc, ATTN_KEY_BLOCK, v, t0, nv, hd, c);
+    switch (n_chunks - c) {
+    case 1: block_values(NH, 1, F16, ah, corr, sc, ATTN_KEY_BLOCK, v, t0, nv, hd, c); break;
+    case 2: block_values(NH, 2, F16, ah, corr, sc, ATTN_KEY_BLOCK, v, t0, nv, hd, c); break;
+    case 3: block_values(NH, 3, F16, ah, corr, sc, ATTN_KEY_BLOCK, v, t0, nv, hd, c); break;
+    default: break;
+    }
 }
 
 /* One chunk (kernels.h): online softmax over key blocks [t0, t0 + ATTN_KEY_BLOCK) aligned to
- * absolute positions, state (m, l) in ml and the unnormalised output in acc. Each block's keys
- * and values are converted (f16) or copied (f32) once into scratch, zero padded to a multiple
- * of 8 rows, and shared by every query row and head of the call. */
+ * absolute positions; state (m, l) in ml, the unnormalised output in acc. Keys are read in
+ * their blocked layout (no conversion pass: f16 lanes convert in registers), and each loaded
+ * key vector serves up to HEAD_BATCH query heads. */
 void attention_chunk_avx2(float *acc, int lda, float *ml, const float *q, int ldq, const void *k,
                           const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim,
                           float scale, int chunk, float *scratch) {
@@ -469,12 +540,9 @@ void attention_chunk_avx2(float *acc, int lda, float *ml, const float *q, int ld
         return;
     }
     const int KB = ATTN_KEY_BLOCK, hd = head_dim;
-    float *kbuf = scratch;                     /* [KB][hd] */
-    float *vbuf = kbuf + KB * hd;              /* [KB][hd] */
-    float *sc = vbuf + KB * hd;                /* [KB] scores, then probabilities */
+    float *sc = scratch; /* [HEAD_BATCH][KB] scores, then probabilities */
     const int c0 = chunk * ATTN_CHUNK;
     const int c1 = pos0 + n_q < c0 + ATTN_CHUNK ? pos0 + n_q : c0 + ATTN_CHUNK; /* keys any row needs */
-    const __m256 vscale = _mm256_set1_ps(scale);
     for (int i = 0; i < n_q; i++)
         for (int g = 0; g < group; g++) {
             memset(acc + (size_t)i * lda + (size_t)g * hd, 0, sizeof(float) * hd);
@@ -483,57 +551,27 @@ void attention_chunk_avx2(float *acc, int lda, float *ml, const float *q, int ld
         }
     for (int t0 = c0; t0 < c1; t0 += KB) {
         const int nk = c1 - t0 < KB ? c1 - t0 : KB;
-        const int nk8 = (nk + 7) & ~7;
-        if (kv_f16) {
-            f16_to_f32_avx2(kbuf, (const uint16_t *)k + (size_t)t0 * hd, nk * hd);
-            f16_to_f32_avx2(vbuf, (const uint16_t *)v + (size_t)t0 * hd, nk * hd);
-        } else {
-            memcpy(kbuf, (const float *)k + (size_t)t0 * hd, sizeof(float) * nk * hd);
-            memcpy(vbuf, (const float *)v + (size_t)t0 * hd, sizeof(float) * nk * hd);
-        }
-        memset(kbuf + (size_t)nk * hd, 0, sizeof(float) * (nk8 - nk) * hd);
         for (int i = 0; i < n_q; i++) {
             const int pos = pos0 + i;
             if (pos < t0) continue;
             const int nv = pos + 1 - t0 < nk ? pos + 1 - t0 : nk; /* valid keys in block */
-            for (int g = 0; g < group; g++) {
-                const float *qh = q + (size_t)i * ldq + (size_t)g * hd;
-                float *ah = acc + (size_t)i * lda + (size_t)g * hd;
-                float *st = ml + 2 * (i * group + g);
-                __m256 vmax = _mm256_set1_ps(-INFINITY);
-                for (int j = 0; j < nv; j += 8) {
-                    __m256 s = _mm256_mul_ps(scores8(qh, kbuf + (size_t)j * hd, hd), vscale);
-                    _mm256_storeu_ps(sc + j, s);
-                    __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nv - j),
-                                                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
-                    vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s, valid));
+            for (int h0 = 0; h0 < group; h0 += HEAD_BATCH) {
+                const int nh = group - h0 < HEAD_BATCH ? group - h0 : HEAD_BATCH;
+                const float *qh[HEAD_BATCH];
+                float *ah[HEAD_BATCH], *st[HEAD_BATCH];
+                for (int h = 0; h < nh; h++) {
+                    qh[h] = q + (size_t)i * ldq + (size_t)(h0 + h) * hd;
+                    ah[h] = acc + (size_t)i * lda + (size_t)(h0 + h) * hd;
+                    st[h] = ml + 2 * (i * group + h0 + h);
                 }
-                __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
-                m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-                m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
-                const float bm = _mm_cvtss_f32(m4);
-                const float m_new = st[0] > bm ? st[0] : bm;
-                const float corr = st[0] == -INFINITY ? 0.0f : exp1(st[0] - m_new);
-                const __m256 vm = _mm256_set1_ps(m_new);
-                __m256 lsum = _mm256_setzero_ps();
-                for (int j = 0; j < nv; j += 8) {
-                    __m256 p = keep_first(exp256(_mm256_sub_ps(_mm256_loadu_ps(sc + j), vm)), nv - j);
-                    _mm256_storeu_ps(sc + j, p);
-                    lsum = _mm256_add_ps(lsum, p);
-                }
-                st[1] = st[1] * corr + hsum256(lsum);
-                st[0] = m_new;
-                int c = 0;
-                for (; c + 64 <= hd; c += 64) accumulate_values(8, ah + c, corr, sc, vbuf + c, nv, hd);
-                switch ((hd - c) / 8) {
-                case 1: accumulate_values(1, ah + c, corr, sc, vbuf + c, nv, hd); break;
-                case 2: accumulate_values(2, ah + c, corr, sc, vbuf + c, nv, hd); break;
-                case 3: accumulate_values(3, ah + c, corr, sc, vbuf + c, nv, hd); break;
-                case 4: accumulate_values(4, ah + c, corr, sc, vbuf + c, nv, hd); break;
-                case 5: accumulate_values(5, ah + c, corr, sc, vbuf + c, nv, hd); break;
-                case 6: accumulate_values(6, ah + c, corr, sc, vbuf + c, nv, hd); break;
-                case 7: accumulate_values(7, ah + c, corr, sc, vbuf + c, nv, hd); break;
-                default: break;
+                if (kv_f16) {
+                    if (nh == 3) attend_block(3, 1, qh, ah, st, k, v, t0, nv, hd, scale, sc);
+                    else if (nh == 2) attend_block(2, 1, qh, ah, st, k, v, t0, nv, hd, scale, sc);
+                    else attend_block(1, 1, qh, ah, st, k, v, t0, nv, hd, scale, sc);
+                } else {
+                    if (nh == 3) attend_block(3, 0, qh, ah, st, k, v, t0, nv, hd, scale, sc);
+                    else if (nh == 2) attend_block(2, 0, qh, ah, st, k, v, t0, nv, hd, scale, sc);
+                    else attend_block(1, 0, qh, ah, st, k, v, t0, nv, hd, scale, sc);
                 }
             }
         }

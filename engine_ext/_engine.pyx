@@ -229,7 +229,8 @@ cdef class KernelTable:
         return qs, d, s
 
     def dequantize_row(self, int ggml_type, const uint8_t[::1] raw, int k):
-        if raw.shape[0] != ggml_row_bytes(ggml_type, k) or ggml_row_bytes(ggml_type, k) == 0:
+        if not 0 <= ggml_type < GGML_TYPE_COUNT or ggml_row_bytes(ggml_type, k) == 0 \
+                or raw.shape[0] != ggml_row_bytes(ggml_type, k):
             raise ValueError("row bytes do not match type and k")
         out = np.empty(k, np.float32)
         cdef float[::1] ov = out
@@ -245,6 +246,9 @@ cdef class KernelTable:
         cdef int n = x.shape[0], k = x.shape[1]
         if o1 < 0:
             o1 = n_out
+        if ggml_type not in (GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1) \
+                or n < 1 or n_out < 1 or ggml_row_bytes(ggml_type, k) == 0:
+            raise ValueError("unsupported type or empty operands")
         if w.shape[0] != ggml_row_bytes(ggml_type, k) * n_out:
             raise ValueError("weight bytes do not match type, k and n_out")
         if o0 % ROW_GROUP or not (0 <= o0 <= o1 <= n_out) or (o1 % ROW_GROUP and o1 != n_out):

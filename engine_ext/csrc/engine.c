@@ -2,13 +2,15 @@
  *
  * Design: a forward call is cut into steps of at most max_tokens rows; a step holds segments
  * (consecutive tokens of one slot) from any number of slots, so one step streams every weight
- * matrix once for all of its rows. All threads of the pool run the whole step (SPMD), each
- * taking its share of every phase, with a barrier between phases:
+ * matrix once for all of its rows. The threads of the pool walk the step's phases together;
+ * a phase is a list of units that any thread grabs, and it ends when all its units are done
+ * (a late or descheduled thread finds them taken; threadpool.h):
  *
  *   embed + rope angles (rows)
  *   per layer: norm+quantize (rows) | q,k,v matmuls (output rows, dynamic)
- *              | rope + KV store (rows) | attention (segment x kv head x query tile, dynamic)
- *              | quantize (rows) | output matmul += residual | norm+quantize | gate,up matmuls
+ *              | rope + KV store (rows) | attention (segment x kv head x query tile, or per key
+ *              chunk + merge when there are few) | quantize (rows) | output matmul += residual
+ *              | norm+quantize | gate,up matmuls
  *              | silu*up + quantize (rows) | down matmul += residual
  *   logits: final norm+quantize of the requested rows only | output matmul (vocab, dynamic)
  *

@@ -72,3 +72,20 @@ def test_untied_output_matrix(tiny_model_factory):
     want = ReferenceLlama(path).logits(tokens)[-1]
     got = make_pool(path, 1, 32, kv_dtype="f32").forward([(0, tokens, 0, True)])[0]
     assert np.abs(got - want).max() <= FLOAT_F32KV_ATOL[0]
+
+
+@pytest.mark.parametrize("kv_dtype", ["f16", "f32"])
+def test_long_context_matches_reference(tiny_model_factory, kv_dtype):
+    """Past several attention chunks (256 keys each) and with decode steps split across
+    threads, the engine still computes the reference's attention."""
+    path = tiny_model_factory("F32")
+    tokens = random_tokens(600, 299, seed=12)
+    want = ReferenceLlama(path).logits(tokens)[[579, 599]]
+    pool = make_pool(path, 1, 640, kv_dtype=kv_dtype, threads=2)
+    got = [pool.forward([(0, tokens[:580], 0, True)])[0]]
+    for p in range(580, 600):
+        last = pool.forward([(0, tokens[p : p + 1], p, True)])[0]
+    got.append(last)
+    max_atol, _ = FLOAT_F32KV_ATOL if kv_dtype == "f32" else FLOAT_F16KV_ATOL
+    diff = np.abs(np.array(got) - want).max()
+    assert diff <= max_atol, f"largest difference {diff:.4g} > {max_atol}"

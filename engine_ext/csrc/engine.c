@@ -32,6 +32,7 @@
 #define _GNU_SOURCE /* mmap flags, madvise */
 #include "engine.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -175,9 +176,16 @@ static void *big_alloc(size_t n, int populate) {
         madvise(p, n, MADV_HUGEPAGE); /* a hint; failure is harmless */
         if (populate) {
 #ifdef MADV_POPULATE_WRITE
-            if (madvise(p, n, MADV_POPULATE_WRITE) != 0) /* kernels before 5.14: touch each page */
+            if (madvise(p, n, MADV_POPULATE_WRITE) != 0) {
+                if (errno != EINVAL) { /* out of memory: fail here rather than later */
+                    munmap(p, n);
+                    return NULL;
+                }
+#else
+            {
 #endif
-                for (size_t i = 0; i < n; i += 4096) ((volatile char *)p)[i] = 0;
+                for (size_t i = 0; i < n; i += 4096) ((volatile char *)p)[i] = 0; /* kernels < 5.14 */
+            }
         }
         return p;
     }

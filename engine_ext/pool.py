@@ -131,8 +131,10 @@ class SlotPool:
         self.kernel_variant = self._engine.kernel_variant
         self.n_threads = int(self._engine.n_threads)
         self.max_batch_tokens = max_batch_tokens
+        # NOTE: the kernel variant is part of the identity: scalar and AVX2 kernels sum in other
+        # orders, so KV from one continued by the other would not match a cold run bit for bit.
         self.fingerprint = (f"{model.fingerprint}-{_weights_digest(model)}"
-                            f"/kv={kv_dtype}/layout={LAYOUT_VERSION}")
+                            f"/kv={kv_dtype}/layout={LAYOUT_VERSION}/kernels={self.kernel_variant}")
         self._records = np.zeros((num_slots, ctx_len), np.int32)  # [slot][pos] token ids
         self._lens = [0] * num_slots  # tokens held per slot
         self._faults: set[int] = set()  # slots whose next forward fails (test hook)

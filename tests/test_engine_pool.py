@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-from slotserve.engine_ext import SlotPool
+from slotserve.engine_ext import SlotPool, _engine
 from slotserve.engine_ext.pool import LAYOUT_VERSION, ComputeError
 from slotserve.scheduler.interface import BatchItem
 from slotserve.scheduler.interface import SlotPool as SlotPoolProtocol
@@ -155,10 +155,14 @@ def test_restore_refuses_another_model(pool, tiny_model_factory):
         assert_unchanged(other, before, {})
 
 
-def test_restore_refuses_other_kv_dtype_and_small_ctx(path, pool):
+def test_restore_refuses_other_kv_dtype_kernels_and_small_ctx(path, pool):
     snap = pool.snapshot(1, 30)
     with pytest.raises(ValueError, match="another model or KV layout"):
         make_pool(path, 1, 64, kv_dtype="f32").restore(0, snap)
+    other = "scalar" if pool.kernel_variant != "scalar" else "avx2"
+    if other == "scalar" or _engine.avx2_supported():  # KV summed in another order
+        with pytest.raises(ValueError, match="another model or KV layout"):
+            make_pool(path, 1, 64, kernels=other).restore(0, snap)
     with pytest.raises(ValueError, match="ctx_len"):
         make_pool(path, 1, 16).restore(0, snap)
 

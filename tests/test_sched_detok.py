@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import codecs
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -49,11 +51,26 @@ def test_earliest_of_several_stop_strings_wins():
     st.lists(st.text(alphabet="abcé€ ", min_size=1, max_size=3), max_size=2),
 )
 def test_streamed_text_equals_the_whole_decode_cut_at_the_first_stop(ids, stops):
+    """The stream stops after the first token whose text completes a stop string (generation
+    ends there, as in vLLM: a longer stop string that began earlier cannot complete any more);
+    the released text is that text cut at the earliest stop string in it."""
     pieces, tail, stopped = run(ids, stops)
-    full = b"".join(TABLE[i] for i in ids).decode("utf-8", errors="replace")
-    hits = [full.find(s) for s in stops if full.find(s) >= 0]
-    want = full[: min(hits)] if hits else full
+    want, hit = b"".join(TABLE[i] for i in ids).decode("utf-8", errors="replace"), False
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    text = ""
+    for i in ids:  # the complete characters decoded after each token
+        text += decoder.decode(TABLE[i])
+        hits = [text.find(s) for s in stops if text.find(s) >= 0]
+        if hits:
+            want, hit = text[: min(hits)], True
+            break
     assert "".join(pieces) + tail == want
-    assert stopped == bool(hits)
+    assert stopped == hit
     for s in stops:  # nothing past a stop string was ever streamed
         assert s not in "".join(pieces)
+
+
+def test_a_stop_string_completed_first_wins_over_a_longer_one_begun_earlier():
+    # "ab " began at the "a", but "b" completed first: generation stops at the "b"
+    pieces, tail, stopped = run([0, 1, 5], stop=("b", "ab "))
+    assert "".join(pieces) + tail == "a" and stopped

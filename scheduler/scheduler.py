@@ -560,6 +560,11 @@ class Scheduler:
             log.warning("preparing slot %d for %s failed (%s); rerouting", d.dest, seq.request_id, err)
             if d.action is RouteAction.RESTORE_MEMORY:
                 self._ckpt.drop_memory(d.checkpoint.key, d.checkpoint.num_tokens)
+            if seq.cancel_requested:
+                # NOTE: requeued, a cancelled request would wait for a free slot before its
+                # cancel is acknowledged (the queue only honours cancels as they arrive).
+                self._finish(seq, FinishReason.CANCELLED, now, cancel_phase=seq.phase.value)
+                continue
             self._release_slot(seq, now)
             seq.reuse = None
             if seq.phase is not Phase.DONE:

@@ -87,6 +87,17 @@ async def collect(handle) -> Outcome:
     raise AssertionError("stream ended without a FinishEvent")
 
 
+async def wait_tokens(handle, n: int) -> None:
+    """Consume `handle`'s events until its n-th TokenEvent (the request keeps running)."""
+    got = 0
+    async for ev in handle:
+        if isinstance(ev, TokenEvent):
+            got += 1
+            if got == n:
+                return
+    raise AssertionError(f"the request finished after {got} of {n} tokens")
+
+
 async def run_one(sched: Scheduler, prompt, max_tokens: int = 8, **kw) -> Outcome:
     return await collect(sched.submit(make_request(prompt, max_tokens, **kw)))
 

@@ -18,6 +18,7 @@ from sched_support import (
     make_scheduler,
     prompt_of,
     run_one,
+    wait_tokens,
 )
 
 from slotserve.scheduler.request import FinishEvent, FinishReason, ReuseSource, TokenEvent
@@ -140,3 +141,41 @@ async def test_no_slot_leaked_after_a_thousand_random_cancels():
     assert out.tokens == await cold_tokens(prompt, 6)
     assert out.finish.reuse.reused_tokens >= 24  # the shared system prompt is still live
     assert pool.num_concurrent_calls == 0 and len(pool.caller_threads) == 1
+
+
+async def test_cancel_during_a_failed_slot_preparation_is_acknowledged_in_that_step():
+    import threading
+
+    pool = make_pool(2, 2048)
+    sink = RecordingSink()
+    shared = prompt_of(30, 100)
+    reached, release = threading.Event(), threading.Event()
+    real_truncate = pool.truncate
+
+    def failing_truncate(slot, n):  # the rewind prepare: hold the step, then fail
+        reached.set()
+        assert release.wait(10), "never released"
+        raise RuntimeError("prepare failed")
+
+    async with make_scheduler(pool, stats_sink=sink) as sched:
+        await run_one(sched, shared, 2)  # one slot holds `shared`; the other stays empty
+        busy = sched.submit(make_request(prompt_of(31, 20), 400))  # takes the empty slot
+        await wait_tokens(busy, 2)
+        pool.truncate = failing_truncate
+        victim = sched.submit(make_request(shared[:80] + prompt_of(32, 30), 5))  # rewinds
+        assert await asyncio.to_thread(reached.wait, 10)
+        cancel = asyncio.create_task(victim.cancel())
+        urgent = sched.submit(make_request(prompt_of(33, 20), 400, priority=1))
+        await asyncio.sleep(0.01)
+        pool.truncate = real_truncate
+        release.set()
+        assert await asyncio.wait_for(cancel, 10) is True
+        # acknowledged at the end of the failed step, not after a slot frees up again
+        assert busy.finish is None and urgent.finish is None
+        assert victim.finish.reason is FinishReason.CANCELLED
+        await busy.cancel()
+        await urgent.cancel()
+        await sched.check_integrity()
+        assert sched.stats().num_running == 0
+    assert [c.phase for c in sink.cancels][0] == "prefill"
+

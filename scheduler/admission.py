@@ -20,9 +20,15 @@ _OUTCOME = {
 
 def validate_request(req: GenerationRequest, n_vocab: int, ctx_len: int) -> np.ndarray:
     """The prompt as int32 [L], or ValueError / PromptTooLong with the fix in the message."""
-    prompt = np.asarray(req.prompt_ids, dtype=np.int64)
-    if prompt.ndim != 1 or prompt.shape[0] == 0:
+    try:
+        prompt = np.asarray(req.prompt_ids)
+    except (TypeError, ValueError):  # ragged nesting
+        prompt = np.empty((0, 0))
+    if prompt.size == 0 and prompt.ndim == 1:
         raise ValueError("prompt_ids is empty; send at least one token")
+    # NOTE: no dtype= above: it would truncate 6.5 to 6 and overflow on ids past int64.
+    if prompt.ndim != 1 or prompt.dtype.kind not in "iu":
+        raise ValueError("prompt_ids must be a flat list of integer token ids")
     if prompt.min() < 0 or prompt.max() >= n_vocab:
         raise ValueError(f"prompt_ids holds a token id outside the vocabulary 0..{n_vocab - 1}")
     if prompt.shape[0] + 1 > ctx_len:

@@ -274,3 +274,13 @@ async def test_drain_lets_requests_finish_within_grace_then_cancels_the_rest():
     assert s.finish.reason is FinishReason.LENGTH
     assert e.finish.reason is FinishReason.CANCELLED
     assert 0 < e.finish.completion_tokens < 1000
+
+
+async def test_prompt_ids_that_are_not_flat_integers_are_a_value_error():
+    pool = make_pool(1, 256)
+    async with make_scheduler(pool) as sched:
+        for bad in ([5, 6.5], [5, 2**64], [[5, 6]], [[5], [6, 7]], [5, None], [5, "6"]):
+            with pytest.raises(ValueError, match="prompt_ids"):
+                sched.submit(GenerationRequest(prompt_ids=bad))
+        assert sched.stats().queue_depth == 0
+    assert pool.num_forward_calls == 0

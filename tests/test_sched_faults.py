@@ -18,19 +18,11 @@ from sched_support import (
     make_scheduler,
     prompt_of,
     run_one,
+    wait_tokens,
 )
 
 from slotserve.scheduler.disk_store import DiskCheckpointStore
-from slotserve.scheduler.request import FinishReason, ReuseSource, TokenEvent
-
-
-async def _tokens_then(handle, n):
-    got = 0
-    async for ev in handle:
-        if isinstance(ev, TokenEvent):
-            got += 1
-            if got == n:
-                return
+from slotserve.scheduler.request import FinishReason, ReuseSource
 
 
 async def test_engine_error_fails_only_the_request_in_the_faulty_slot():
@@ -40,7 +32,7 @@ async def test_engine_error_fails_only_the_request_in_the_faulty_slot():
     async with make_scheduler(pool, stats_sink=sink) as sched:
         a = sched.submit(make_request(pa, 40))
         b = sched.submit(make_request(pb, 20))
-        await _tokens_then(a, 3)
+        await wait_tokens(a, 3)
         pool._inject_fault(a.finish.reuse.slot if a.finish else 0)
         a_out = await collect(a)
         b_out = await collect(b)

@@ -113,7 +113,8 @@ class Gateway:
         return name
 
     async def read_body(self, request: Request, kind: type[T]) -> T:
-        """Read at most --max-body-bytes and decode into `kind` (400 / 413 on failure)."""
+        """Read at most --max-body-bytes and decode into `kind` (400 / 413 on failure, also for
+        JSON nested too deeply to decode)."""
         limit = self.config.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -132,6 +133,8 @@ class Gateway:
             return decoder.decode(b"".join(chunks))
         except msgspec.DecodeError as exc:
             raise from_decode_error(exc) from None
+        except RecursionError:  # msgspec's answer to arrays/objects nested past the recursion limit
+            raise bad_request("Request body is not valid JSON: nested too deeply", code="invalid_json") from None
 
     def submit(self, gen: GenerationRequest, prompt_param: str) -> Any:
         """Hand `gen` to the scheduler; admission errors become 429/400/503 (`prompt_param`

@@ -152,6 +152,20 @@ async def test_body_past_the_limit_is_413() -> None:
     assert_error(streamed, 413, code="request_too_large")
 
 
+async def test_deeply_nested_body_is_400_not_500() -> None:
+    # 20 kB of brackets in a free-form field: msgspec raises RecursionError, not DecodeError
+    depth = 10_000
+    nested = b"[" * depth + b"]" * depth
+    chat = b'{"messages": [{"role": "user", "content": "x"}], "tool_choice": ' + nested + b"}"
+    comp = b'{"prompt": "x", "logprobs": ' + nested + b"}"
+    app, _, _ = make_app()
+    async with running_app(app) as client:
+        r_chat = await client.post("/v1/chat/completions", content=chat)
+        r_comp = await client.post("/v1/completions", content=comp)
+    assert_error(r_chat, 400, code="invalid_json")
+    assert_error(r_comp, 400, code="invalid_json")
+
+
 async def test_unknown_route_and_wrong_method_use_the_error_shape() -> None:
     app, _, _ = make_app()
     async with running_app(app) as client:

@@ -218,8 +218,8 @@ class SlotPool:
                 bad = lo if lo < 0 else hi
                 raise ValueError(f"forward: item {i} (slot {slot}) token id {bad} is outside the vocabulary "
                                  f"[0, {self.n_vocab})")
-            if isinstance(start_pos, bool) or int(start_pos) != start_pos:
-                raise ValueError(f"forward: item {i} start_pos must be an integer")
+            if isinstance(start_pos, bool) or not isinstance(start_pos, (int, np.integer)):
+                raise ValueError(f"forward: item {i} start_pos must be an integer, got {start_pos!r}")
             start_pos = int(start_pos)
             if start_pos != self._lens[slot]:
                 raise ValueError(f"forward: item {i} starts at position {start_pos} but slot {slot} holds "

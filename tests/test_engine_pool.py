@@ -66,6 +66,8 @@ BAD_BATCHES = {
     "float tokens": lambda t: [(2, np.array([1.0, 2.0]), 0, True)],
     "2-D tokens": lambda t: [(2, t[:4].reshape(2, 2), 0, True)],
     "not an item": lambda t: [(2, t[:2])],
+    "start_pos None": lambda t: [(2, t[:2], None, True)],
+    "start_pos text": lambda t: [(2, t[:2], "0", True)],
 }
 
 

@@ -142,9 +142,13 @@ cdef class Engine:
         """items: int32 [n, 4] (slot, start_pos, n_tokens, want_logits), validated by the caller;
         tokens: the items' ids concatenated; logits: float32 [n_want, n_vocab] written in place.
         Returns the engine status (0 ok, ENGINE_EFAULT when the test fault fired)."""
-        cdef int n = items.shape[0], i, off = 0, status
+        cdef int n = items.shape[0], i, off = 0, n_want = 0, status
         if items.shape[1] != 4 or logits.shape[1] != self.n_vocab:
             raise ValueError("forward: bad array shapes")
+        for i in range(n):
+            n_want += items[i, 3] != 0
+        if logits.shape[0] != n_want:
+            raise ValueError(f"forward: {n_want} items want logits but the logits array has {logits.shape[0]} rows")
         cdef engine_item *its = <engine_item *>malloc(sizeof(engine_item) * max(n, 1))
         if its == NULL:
             raise MemoryError()

@@ -248,3 +248,13 @@ def test_bad_construction(path, kwargs, match):
 def test_accepts_a_path(path):
     pool = SlotPool(path, 1, 8)
     assert pool.forward([(0, [1, 2], 0, True)]).shape == (1, N_VOCAB)
+
+
+def test_engine_forward_refuses_a_logits_array_of_the_wrong_height(pool):
+    # the C engine writes one logits row per want_logits item: a shorter array must be refused
+    meta = np.array([[2, 0, 3, 1], [3, 0, 2, 1]], dtype=np.int32)
+    tokens = random_tokens(5, N_VOCAB, seed=4).astype(np.int32)
+    for rows in (0, 1, 3):
+        with pytest.raises(ValueError, match="logits"):
+            pool._engine.forward(meta, tokens, np.empty((rows, N_VOCAB), np.float32))
+    assert pool.slot_len(2) == pool.slot_len(3) == 0

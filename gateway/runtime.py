@@ -171,12 +171,9 @@ def with_kv_events(pool: Any, config: ServeConfig) -> tuple[Any, list[Callable[[
     events_config = config.kv_events_config()
     if events_config is None:
         return pool, []
-    from .kv_events import KVEventPool, ZmqPublisher
+    from .kv_events import wrap_pool
 
-    publisher = ZmqPublisher(events_config)
-    publisher.start()
-    wrapped = KVEventPool(pool, publisher.publish, block_size=events_config.block_size,
-                          resync=publisher.resync_requested)
+    wrapped, publisher = wrap_pool(pool, events_config)
     return wrapped, [publisher.close]
 
 

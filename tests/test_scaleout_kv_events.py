@@ -332,3 +332,23 @@ def test_publisher_reports_bind_failure():
     pytest.importorskip("zmq")
     with pytest.raises(ValueError, match="kv-events-endpoint"):
         ZmqPublisher(KVEventsConfig(endpoint="ipc:///nonexistent-dir/for/sure/kv.sock")).start()
+
+
+def test_server_wiring_wraps_the_pool_only_with_an_endpoint(tmp_path):
+    pytest.importorskip("zmq")
+    from slotserve.gateway.config import ServeConfig
+    from slotserve.gateway.runtime import with_kv_events
+
+    pool = FakeSlotPool(2, 32, n_vocab=16)
+    same, closers = with_kv_events(pool, ServeConfig())
+    assert same is pool and closers == []
+    config = ServeConfig(kv_events_endpoint=f"ipc://{tmp_path}/kv.sock", kv_events_block_size=BS)
+    wrapped, closers = with_kv_events(pool, config)
+    try:
+        assert isinstance(wrapped, KVEventPool) and wrapped.wrapped is pool
+        assert wrapped.block_size == BS and len(closers) == 1
+        feed(wrapped, 0, [1, 2, 3, 4, 5])
+        assert wrapped.live_hashes() == expected_live(pool, BS) and len(wrapped.live_hashes()) == 1
+    finally:
+        for close in closers:
+            close()

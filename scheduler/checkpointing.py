@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from .checkpoints import CaptureRule, MemoryCheckpointStore
+from .checkpoints import CaptureRule, MemoryCheckpointStore, tokens_key
 from .config import SchedulerConfig
 from .disk_store import DiskCheckpointStore
 from .policy import CheckpointMatch, CheckpointTier, RouteAction, RouteDecision
@@ -77,7 +77,7 @@ class Checkpointing:
         self, prompt: np.ndarray, staged: tuple[np.ndarray, bytes] | None
     ) -> list[CheckpointMatch]:
         """Best candidate of each tier for `prompt`. A disk checkpoint already loaded for this
-        request (`staged`) stands in for the disk tier under the key "staged"."""
+        request (`staged`) stands in for the disk tier, under its disk key."""
         if not self.enabled:
             return []
         out = []
@@ -87,7 +87,7 @@ class Checkpointing:
         if staged is not None:
             tokens, _ = staged
             c = common_prefix_len(prompt, tokens)
-            out.append(CheckpointMatch(CheckpointTier.DISK, "staged", len(tokens), c))
+            out.append(CheckpointMatch(CheckpointTier.DISK, tokens_key(tokens), len(tokens), c))
         elif self.disk is not None:
             d = self.disk.find(prompt)
             if d is not None:
@@ -149,3 +149,9 @@ class Checkpointing:
         e = self.memory.remove(key)
         if e is not None:
             self._emit("drop", "memory", e.rule.value, e.num_bytes, num_tokens)
+
+    def drop_disk(self, key: str, why: Exception) -> None:
+        """Remove a disk checkpoint the pool refused to restore (it verified on disk, but e.g.
+        holds more tokens than this pool's ctx_len): otherwise it would be reloaded forever."""
+        if self.disk is not None:
+            self.disk.drop(key, why)

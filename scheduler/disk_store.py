@@ -135,6 +135,8 @@ class DiskCheckpointStore:
                     self._build_index()
                 elif job[0] == "put":
                     self._write(*job[1:])
+                elif job[0] == "unlink":
+                    self._drop(*job[1:])
                 elif job[0] == "barrier":
                     job[1].set()
             except Exception:  # noqa: BLE001 - the disk tier must never stop serving
@@ -237,6 +239,13 @@ class DiskCheckpointStore:
         with self._lock:
             e = self._entries.get(tokens_key(tokens))
         return e is not None and np.array_equal(e.tokens, tokens)
+
+    def drop(self, key: str, why: Exception) -> None:
+        """Forget the checkpoint under `key` at once (find no longer returns it) and delete its
+        file on the IO thread: for a file that verified but the pool refused to restore."""
+        e = self._index_remove(key)
+        if e is not None and self._thread is not None:
+            self._jobs.put(("unlink", e.path, why))
 
     # -- writes ----------------------------------------------------------------------------
     def put(self, tokens: np.ndarray, data: bytes, rule: str) -> None:

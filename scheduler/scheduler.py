@@ -560,6 +560,8 @@ class Scheduler:
             log.warning("preparing slot %d for %s failed (%s); rerouting", d.dest, seq.request_id, err)
             if d.action is RouteAction.RESTORE_MEMORY:
                 self._ckpt.drop_memory(d.checkpoint.key, d.checkpoint.num_tokens)
+            elif d.action is RouteAction.RESTORE_DISK:
+                self._ckpt.drop_disk(d.checkpoint.key, err)
             if seq.cancel_requested:
                 # NOTE: requeued, a cancelled request would wait for a free slot before its
                 # cancel is acknowledged (the queue only honours cancels as they arrive).

@@ -188,3 +188,22 @@ async def test_an_internal_error_fails_held_requests_and_refuses_new_ones(monkey
             with pytest.raises(Draining):
                 sched.submit(make_request(prompt_of(61, 20), 3))
     assert any("scheduler loop failed" in r.getMessage() for r in caplog.records)
+
+
+async def test_disk_checkpoint_the_pool_refuses_is_dropped_not_retried(tmp_path):
+    # written by a server with a longer ctx_len (not part of the fingerprint): this pool's
+    # restore refuses it, and the request must not keep reloading it
+    system = prompt_of(33, 300)
+    config, path = await _write_one_checkpoint(tmp_path, system)
+    pool = make_pool(1, 256)
+    sink = RecordingSink()
+    prompt = system[:200] + prompt_of(34, 20)
+    async with make_scheduler(pool, config, stats_sink=sink) as sched:
+        await sched.wait_ready()
+        out = await asyncio.wait_for(run_one(sched, prompt, 4), 10)
+        await sched.check_integrity()
+    assert out.finish.reason is FinishReason.LENGTH
+    assert out.finish.reuse.source is ReuseSource.NONE and pool.num_restores == 0
+    assert not path.exists()
+    assert [e.kind for e in sink.checkpoints if e.tier == "disk"].count("drop") == 1
+    assert out.tokens == await cold_tokens(prompt, 4)

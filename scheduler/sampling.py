@@ -58,7 +58,11 @@ class Sampler:
         if p.temperature == 0:
             tok = int(np.argmax(x))
         else:
-            tok = self._draw(x / p.temperature)
+            # NOTE: shift before scaling: x / 1e-320 overflows to inf, and inf - inf is NaN.
+            # Shifted, the best logit scales to 0 and the others at worst to -inf (weight 0).
+            with np.errstate(over="ignore"):
+                scaled = (x - x.max()) / p.temperature
+            tok = self._draw(scaled)
         if self._counts is not None:
             self._counts[tok] += 1
         return tok

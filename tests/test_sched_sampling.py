@@ -28,6 +28,14 @@ def test_greedy_is_argmax_and_top_k_1_is_greedy_at_any_temperature():
     }
 
 
+@pytest.mark.parametrize("min_p", [0.0, 0.1])
+def test_a_tiny_temperature_is_greedy_not_an_overflow(min_p):
+    # logits / 1e-320 overflow to inf; the draw must still be the argmax (and never raise)
+    row = logits(2) * 20
+    got = draws(SamplingParams(temperature=1e-320, min_p=min_p, top_p=0.9, seed=1), row, 5)
+    assert set(got) == {int(np.argmax(row))}
+
+
 def test_same_seed_same_tokens_other_seed_other_tokens():
     row = logits(2)
     a = draws(SamplingParams(temperature=1.0, seed=11), row, 40)

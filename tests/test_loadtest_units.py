@@ -36,6 +36,23 @@ def test_sse_flushes_an_event_without_its_blank_line():
     assert list(iter_sse(["data: [DONE]"])) == []
 
 
+@pytest.mark.parametrize("payload", ["null", "[1, 2]", '"text"', '{"choices": ["x"]}',
+                                     '{"choices": "abc"}'])
+async def test_a_malformed_stream_chunk_is_an_error_exchange_not_an_exception(payload: str):
+    import httpx
+
+    from slotserve.bench.loadtest.client import send
+
+    body = f"data: {payload}\n\ndata: [DONE]\n\n".encode()
+    transport = httpx.MockTransport(lambda request: httpx.Response(
+        200, content=body, headers={"content-type": "text/event-stream"}))
+    spec = RequestSpec(conversation_id="c", turn_index=0, max_tokens=4, prompt="hi")
+    async with httpx.AsyncClient(transport=transport) as client:
+        ex = await send(client, "http://t", spec, 0, SendParams(model="m"))
+    assert ex.outcome is Outcome.ERROR
+    assert ex.error is not None and "malformed" in ex.error
+
+
 # ------------------------------------------------------------------ percentiles
 
 

@@ -87,8 +87,12 @@ def _error_message(raw: bytes) -> str:
         return raw[:300].decode("utf-8", "replace")
 
 
-def _apply_chunk(ex: Exchange, chunk: dict[str, Any], now: float) -> None:
-    """Fold one decoded stream chunk into `ex`."""
+def _apply_chunk(ex: Exchange, chunk: Any, now: float) -> None:
+    """Fold one decoded stream chunk into `ex` (raises _StreamError for an error chunk or a
+    chunk that is not an object with a list of object `choices`)."""
+    choices = (chunk.get("choices") or []) if isinstance(chunk, dict) else None
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise _StreamError(f"malformed stream chunk: {json.dumps(chunk)[:200]}")
     if "error" in chunk:
         err = chunk["error"]
         raise _StreamError(err.get("message", str(err)) if isinstance(err, dict) else str(err))
@@ -99,7 +103,7 @@ def _apply_chunk(ex: Exchange, chunk: dict[str, Any], now: float) -> None:
         details = usage.get("prompt_tokens_details")
         if isinstance(details, dict):
             ex.cached_tokens = details.get("cached_tokens")
-    for choice in chunk.get("choices") or ():
+    for choice in choices:
         delta = choice.get("delta")
         piece = (delta.get("content") or delta.get("reasoning_content")) if isinstance(
             delta, dict) else choice.get("text")

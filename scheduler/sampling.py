@@ -11,6 +11,8 @@ min-p -> top-p -> draw.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .request import SamplingParams
@@ -30,6 +32,9 @@ def validate_params(params: SamplingParams, n_vocab: int) -> None:
         raise ValueError(f"top_p={params.top_p} must be in (0, 1]")
     if not 0 <= params.min_p <= 1:
         raise ValueError(f"min_p={params.min_p} must be in [0, 1]")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if not math.isfinite(getattr(params, name)):
+            raise ValueError(f"{name}={getattr(params, name)} must be a finite number (0 = off)")
     if params.max_tokens < 1:
         raise ValueError(f"max_tokens={params.max_tokens} must be >= 1")
     for tid in params.stop_token_ids:

@@ -99,6 +99,8 @@ def test_frequency_and_presence_penalties_discourage_repeats():
         (SamplingParams(top_p=1.5), "top_p"),
         (SamplingParams(min_p=2), "min_p"),
         (SamplingParams(max_tokens=0), "max_tokens"),
+        (SamplingParams(presence_penalty=float("nan")), "presence_penalty"),
+        (SamplingParams(frequency_penalty=float("-inf")), "frequency_penalty"),
         (SamplingParams(stop_token_ids=(V,)), "stop token id"),
         (SamplingParams(stop=("",)), "stop strings"),
     ],

@@ -258,3 +258,12 @@ def test_engine_forward_refuses_a_logits_array_of_the_wrong_height(pool):
         with pytest.raises(ValueError, match="logits"):
             pool._engine.forward(meta, tokens, np.empty((rows, N_VOCAB), np.float32))
     assert pool.slot_len(2) == pool.slot_len(3) == 0
+
+
+def test_engine_forward_refuses_a_start_pos_whose_end_overflows(pool):
+    # start_pos + n_tokens past INT32_MAX must not wrap around into range
+    meta = np.array([[2, 2**31 - 3, 5, 1]], dtype=np.int32)
+    tokens = random_tokens(5, N_VOCAB, seed=5).astype(np.int32)
+    with pytest.raises(ValueError, match="rejected the batch"):
+        pool._engine.forward(meta, tokens, np.empty((1, N_VOCAB), np.float32))
+    assert pool.slot_len(2) == 0

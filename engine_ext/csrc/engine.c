@@ -683,8 +683,10 @@ static void plan_attention(engine *e) {
 int engine_forward(engine *e, const engine_item *items, int n_items, float *logits, int fault_layer) {
     for (int i = 0; i < n_items; i++) {
         const engine_item *it = &items[i];
+        /* NOTE: n_tokens > ctx_len - start_pos, not start_pos + n_tokens > ctx_len: the sum can
+         * overflow int and wrap into range. */
         if (it->slot < 0 || it->slot >= e->num_slots || it->n_tokens < 1 || it->start_pos < 0 ||
-            it->start_pos + it->n_tokens > e->ctx_len)
+            it->start_pos > e->ctx_len || it->n_tokens > e->ctx_len - it->start_pos)
             return ENGINE_EINVAL;
         for (int j = 0; j < it->n_tokens; j++)
             if (it->tokens[j] < 0 || it->tokens[j] >= e->m.n_vocab) return ENGINE_EINVAL;

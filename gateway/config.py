@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping
 
 from .kv_events import KVEventsConfig
@@ -37,7 +37,8 @@ class ServeConfig:
     checkpoint_memory_mb: int | None = None  # in-memory checkpoint budget; None = scheduler default
     kv_disk_dir: str | None = None  # disk tier for checkpoints; None = no disk writes
     kv_disk_space_mb: int | None = None  # disk tier budget; None = the scheduler's default
-    api_key: str | None = None  # when set, /v1/*, /tokenize, /detokenize, /slots need it
+    # when set, /v1/*, /tokenize, /detokenize, /slots need it; kept out of repr (logs, tracebacks)
+    api_key: str | None = field(default=None, repr=False)
     max_queue: int = 64  # requests admitted but waiting for a slot; past it -> 429
     no_reuse: bool = False  # disable every form of prefix reuse (benchmark baseline)
     log_level: str = "info"

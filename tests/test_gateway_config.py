@@ -26,6 +26,12 @@ def test_defaults_are_safe() -> None:
     assert c.max_body_bytes == 4 * 1024 * 1024
 
 
+def test_the_api_key_never_appears_in_the_config_repr() -> None:
+    c = ServeConfig(api_key="s3cret-key")
+    assert c.api_key == "s3cret-key"
+    assert "s3cret-key" not in repr(c) and "s3cret-key" not in str(c)
+
+
 def test_command_line_beats_environment_beats_default() -> None:
     env = {"SLOTSERVE_PORT": "9001", "SLOTSERVE_CTX_SIZE": "2048"}
     c = parse(["--port", "9002"], env)

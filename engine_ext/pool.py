@@ -37,6 +37,7 @@ SNAP_MAGIC = b"SSKVSNAP"
 HEADER = struct.Struct("<8s8I")
 KV_DTYPE_CODES = {"f16": 1, "f32": 2}
 KERNELS_ENV = "SLOTSERVE_KERNELS"  # auto | scalar | avx2: which kernel variant pools use
+MAX_DIM = 1 << 30  # bound on num_slots, ctx_len, max_batch_tokens: positions stay C ints with room
 
 _ENGINE_FAULT = -3  # engine.h ENGINE_EFAULT
 
@@ -109,10 +110,9 @@ class SlotPool:
     ) -> None:
         if not isinstance(model, ModelFile):
             model = load_model_file(Path(model))
-        for name, value, low in (("num_slots", num_slots, 1), ("ctx_len", ctx_len, 1),
-                                 ("max_batch_tokens", max_batch_tokens, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        for name, value in (("num_slots", num_slots), ("ctx_len", ctx_len), ("max_batch_tokens", max_batch_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DIM:
+                raise ValueError(f"{name} must be an integer in 1..{MAX_DIM}, got {value!r}")
         if threads is None:
             threads = _default_threads()
         if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 256:

@@ -237,6 +237,9 @@ def test_batch_items_and_records(path):
     ({"threads": 0}, "threads"),
     ({"kv_dtype": "bf16"}, "kv_dtype"),
     ({"max_batch_tokens": 0}, "max_batch_tokens"),
+    ({"num_slots": 2**40}, "num_slots"),
+    ({"ctx_len": 2**31 - 1}, "ctx_len"),
+    ({"max_batch_tokens": 2**31}, "max_batch_tokens"),
     ({"kernels": "sse9"}, "sse9"),
 ])
 def test_bad_construction(path, kwargs, match):

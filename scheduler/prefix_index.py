@@ -39,7 +39,3 @@ def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
             break
     return n
 
-
-def as_tokens(ids) -> np.ndarray:
-    """A contiguous int32 copy of `ids` (list or array)."""
-    return np.ascontiguousarray(np.asarray(ids, dtype=np.int32)).copy()

@@ -29,10 +29,6 @@ class EngineWorker:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    @property
-    def thread_id(self) -> int | None:
-        return self._thread.ident if self._thread is not None else None
-
     def start(self) -> None:
         if self._thread is not None:
             return

@@ -225,8 +225,10 @@ def _error_chunk(err: APIError) -> bytes:
     return sse_data(_encode(err.body()))
 
 
-class ChatStream(StreamFormat):
-    """chat.completion.chunk events: role delta, content deltas, finish chunk, optional usage."""
+class _OpenAIStream(StreamFormat):
+    """What chat and text-completion streams share: their ids, and the closing chunks (the
+    released text, the finish chunk with `slotserve` info, the optional usage chunk; or one
+    error chunk for a failed request)."""
 
     def __init__(self, request_id: str, model: str, include_usage: bool):
         self.request_id = request_id
@@ -234,13 +236,36 @@ class ChatStream(StreamFormat):
         self.created = int(time.time())
         self.include_usage = include_usage
 
+    def _envelope(self, choices: list[Any], **extra: Any) -> msgspec.Struct:
+        raise NotImplementedError
+
+    def _finish_chunk(self, reason: str, info: p.SlotserveInfo) -> bytes:
+        raise NotImplementedError
+
+    def closing(self, finish: FinishEvent, text: str) -> list[bytes]:
+        err = failure(finish)
+        if err is not None:
+            return [_error_chunk(err)]
+        out = [self.delta(text)] if text else []
+        out.append(self._finish_chunk(finish_reason(finish), slotserve_info(finish)))
+        if self.include_usage:
+            out.append(sse_data(_encode(self._envelope([], usage=usage(finish)))))
+        return out
+
+
+class ChatStream(_OpenAIStream):
+    """chat.completion.chunk events: role delta, content deltas, finish chunk, optional usage."""
+
     def _chunk(self, delta: p.Delta, finish: str | None = None, **extra: Any) -> bytes:
         choice = p.ChatChunkChoice(index=0, delta=delta, finish_reason=finish)
         return sse_data(_encode(self._envelope([choice], **extra)))
 
-    def _envelope(self, choices: list[p.ChatChunkChoice], **extra: Any) -> p.ChatCompletionChunk:
+    def _envelope(self, choices: list[Any], **extra: Any) -> p.ChatCompletionChunk:
         return p.ChatCompletionChunk(id=self.request_id, object="chat.completion.chunk", created=self.created,
                                      model=self.model, choices=choices, **extra)
+
+    def _finish_chunk(self, reason: str, info: p.SlotserveInfo) -> bytes:
+        return self._chunk(p.Delta(), reason, slotserve=info)
 
     def opening(self) -> list[bytes]:
         return [self._chunk(p.Delta(role="assistant", content=""))]
@@ -248,43 +273,20 @@ class ChatStream(StreamFormat):
     def delta(self, text: str) -> bytes:
         return self._chunk(p.Delta(content=text))
 
-    def closing(self, finish: FinishEvent, text: str) -> list[bytes]:
-        err = failure(finish)
-        if err is not None:
-            return [_error_chunk(err)]
-        out = [self.delta(text)] if text else []
-        out.append(self._chunk(p.Delta(), finish_reason(finish), slotserve=slotserve_info(finish)))
-        if self.include_usage:
-            out.append(sse_data(_encode(self._envelope([], usage=usage(finish)))))
-        return out
 
-
-class CompletionStream(StreamFormat):
+class CompletionStream(_OpenAIStream):
     """text_completion events: text deltas, finish chunk, optional usage."""
-
-    def __init__(self, request_id: str, model: str, include_usage: bool):
-        self.request_id = request_id
-        self.model = model
-        self.created = int(time.time())
-        self.include_usage = include_usage
 
     def _chunk(self, text: str, finish: str | None = None, **extra: Any) -> bytes:
         choice = p.CompletionChoice(index=0, text=text, finish_reason=finish)
         return sse_data(_encode(self._envelope([choice], **extra)))
 
-    def _envelope(self, choices: list[p.CompletionChoice], **extra: Any) -> p.Completion:
+    def _envelope(self, choices: list[Any], **extra: Any) -> p.Completion:
         return p.Completion(id=self.request_id, object="text_completion", created=self.created, model=self.model,
                             choices=choices, **extra)
 
+    def _finish_chunk(self, reason: str, info: p.SlotserveInfo) -> bytes:
+        return self._chunk("", reason, slotserve=info)
+
     def delta(self, text: str) -> bytes:
         return self._chunk(text)
-
-    def closing(self, finish: FinishEvent, text: str) -> list[bytes]:
-        err = failure(finish)
-        if err is not None:
-            return [_error_chunk(err)]
-        out = [self.delta(text)] if text else []
-        out.append(self._chunk("", finish_reason(finish), slotserve=slotserve_info(finish)))
-        if self.include_usage:
-            out.append(sse_data(_encode(self._envelope([], usage=usage(finish)))))
-        return out

@@ -286,6 +286,11 @@ cdef class KernelTable:
             a.s = &sv[0, 0]
         elif ggml_type not in (GGML_TYPE_F32, GGML_TYPE_F16):
             raise ValueError("block weights need the quantized activations")
+        if quantized is not None and not (qv.shape[0] == n and qv.shape[1] == k and dv.shape[0] == n
+                                          and dv.shape[1] == k // QK and sv.shape[0] == n and sv.shape[1] == k // QK):
+            raise ValueError("quantized activations do not match x (use quantize_q8a(x))")
+        if y is not None and (y.dtype != np.float32 or y.shape != (n, n_out) or not y.flags.c_contiguous):
+            raise ValueError(f"y must be a C-contiguous float32 array of shape ({n}, {n_out})")
         cdef int accumulate = y is not None
         out = np.zeros((n, n_out), np.float32) if y is None else y
         cdef float[:, ::1] ov = out
@@ -325,18 +330,25 @@ cdef class KernelTable:
         return out
 
     def rmsnorm(self, const float[::1] x, const float[::1] w, float eps):
+        if x.shape[0] < 1 or w.shape[0] != x.shape[0]:
+            raise ValueError("x and w must be non-empty and of one length")
         out = np.empty(x.shape[0], np.float32)
         cdef float[::1] ov = out
         self.kt.rmsnorm(&ov[0], &x[0], &w[0], x.shape[0], eps)
         return out
 
     def rope(self, const float[::1] x, int n_heads, int head_dim, const float[::1] cos_sin):
+        if n_heads < 1 or head_dim < 2 or head_dim % 2 or x.shape[0] != n_heads * head_dim \
+                or cos_sin.shape[0] != head_dim:
+            raise ValueError("x must hold n_heads * head_dim floats (head_dim even), cos_sin head_dim")
         out = np.array(x, np.float32)
         cdef float[::1] ov = out
         self.kt.rope(&ov[0], n_heads, head_dim, &cos_sin[0])
         return out
 
     def silu_mul(self, const float[::1] g, const float[::1] u):
+        if g.shape[0] < 1 or u.shape[0] != g.shape[0]:
+            raise ValueError("g and u must be non-empty and of one length")
         out = np.empty(g.shape[0], np.float32)
         cdef float[::1] ov = out
         self.kt.silu_mul(&ov[0], &g[0], &u[0], g.shape[0])

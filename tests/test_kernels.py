@@ -362,3 +362,25 @@ def test_kernel_env_rejects_unknown_value(tiny_model_path, monkeypatch):
         make_pool(tiny_model_path, 1, 16)
     monkeypatch.setenv("SLOTSERVE_KERNELS", "scalar")
     assert make_pool(tiny_model_path, 1, 16).kernel_variant == "scalar"
+
+
+def test_kernel_table_refuses_mismatched_operands(generic):
+    # lengths that disagree would make the C kernels read or write past a buffer
+    f = lambda n: np.ones(n, np.float32)  # noqa: E731
+    x = rng(1).standard_normal((2, 64)).astype(np.float32)
+    raw, _ = weight_bytes("Q8_0", 16, 64)
+    q8 = int(GGMLQuantizationType.Q8_0)
+    q = generic.quantize_q8a(x)
+    calls = {
+        "rmsnorm w short": lambda: generic.rmsnorm(f(64), f(32), 1e-5),
+        "rmsnorm empty": lambda: generic.rmsnorm(f(0), f(0), 1e-5),
+        "silu_mul u short": lambda: generic.silu_mul(f(64), f(8)),
+        "rope x short": lambda: generic.rope(f(64), 2, 64, f(64)),
+        "rope cos_sin short": lambda: generic.rope(f(128), 2, 64, f(32)),
+        "gemm y shape": lambda: generic.gemm(q8, raw, 16, x, quantized=q, y=np.zeros((2, 8), np.float32)),
+        "gemm quantized of other x": lambda: generic.gemm(q8, raw, 16, x, quantized=generic.quantize_q8a(x[:1].copy())),
+    }
+    for what, call in calls.items():
+        with pytest.raises(ValueError):
+            call()
+            pytest.fail(f"{what}: accepted")

@@ -35,8 +35,10 @@ def sampling_params(
     *,
     max_tokens: int | None,
     default_max_tokens: int,
+    max_tokens_param: str = "max_tokens",
 ) -> SamplingParams:
-    """Map the sampling fields, enforcing --max-tokens-limit and the unsupported options."""
+    """Map the sampling fields, enforcing --max-tokens-limit and the unsupported options
+    (`max_tokens_param`: the body field `max_tokens` came from, named by its error)."""
     if req.n != 1:
         raise bad_request("Only n=1 is supported; send one request per completion", param="n")
     if req.logprobs not in (None, False, 0):
@@ -44,8 +46,8 @@ def sampling_params(
     wanted = default_max_tokens if max_tokens is None else max_tokens
     if wanted > config.max_tokens_limit:
         raise bad_request(
-            f"max_tokens={wanted} exceeds this server's limit of {config.max_tokens_limit}",
-            param="max_tokens",
+            f"{max_tokens_param}={wanted} exceeds this server's limit of {config.max_tokens_limit}",
+            param=max_tokens_param,
         )
     if req.stop is None:
         stop: tuple[str, ...] = ()
@@ -113,8 +115,12 @@ def chat_request(req: p.ChatCompletionRequest, config: ServeConfig, runtime: Run
         ids, hint = runtime.encode_chat(messages, tools)
     except PromptError as exc:
         raise bad_request(str(exc), param="messages") from None
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    params = sampling_params(req, config, runtime, max_tokens=max_tokens, default_max_tokens=config.default_max_tokens)
+    if req.max_completion_tokens is not None:
+        max_tokens, max_tokens_param = req.max_completion_tokens, "max_completion_tokens"
+    else:
+        max_tokens, max_tokens_param = req.max_tokens, "max_tokens"
+    params = sampling_params(req, config, runtime, max_tokens=max_tokens, default_max_tokens=config.default_max_tokens,
+                             max_tokens_param=max_tokens_param)
     return GenerationRequest(prompt_ids=ids, params=params, request_id=request_id, prefix_hint=hint)
 
 

@@ -49,6 +49,8 @@ def make_app(**config: Any) -> tuple[Any, Any, Any]:
         (b'{"messages": [{"role": "user", "content": "x"}], "temperature": 9}', "temperature"),
         (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}', "max_tokens"),
         (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000}', "max_tokens"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 100000}',
+         "max_completion_tokens"),
         (b'{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}', "stream"),
         (b'{"messages": [{"role": "user", "content": "x"}], "n": 2}', "n"),
         (b'{"messages": [{"role": "user", "content": "x"}], "logprobs": true}', "logprobs"),

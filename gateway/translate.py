@@ -84,9 +84,12 @@ def _message_dict(i: int, m: p.ChatMessage) -> dict[str, Any]:
     if isinstance(m.content, list):
         texts = []
         for j, part in enumerate(m.content):
-            if part.type != "text" or part.text is None:
+            if part.type != "text":
                 raise bad_request(f"only text content parts are supported; got type {part.type!r}",
                                   param=f"messages[{i}].content[{j}]")
+            if part.text is None:
+                raise bad_request("a content part of type 'text' needs a string field `text`",
+                                  param=f"messages[{i}].content[{j}].text")
             texts.append(part.text)
         content = "".join(texts)
     else:

@@ -57,6 +57,7 @@ def make_app(**config: Any) -> tuple[Any, Any, Any]:
         (b'{"messages": [{"role": "user", "content": "x"}], "stop": [""]}', "stop"),
         (b'{"messages": [{"role": "wizard", "content": "x"}]}', "messages[0].role"),
         (b'{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', "messages[0].content[0]"),
+        (b'{"messages": [{"role": "user", "content": [{"type": "text"}]}]}', "messages[0].content[0].text"),
         (b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}',
          "response_format"),
         (b'{"messages": [{"role": "user", "content": "x"}], "stop_token_ids": [99999]}', "stop_token_ids"),

@@ -29,7 +29,6 @@ request the generation route would reject is rejected here with the same 4xx.
 
 from __future__ import annotations
 
-from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -61,13 +60,6 @@ def _json(body: Any, status: int = 200) -> Response:
     return Response(_encoder.encode(body), status_code=status, media_type="application/json")
 
 
-def _version() -> str:
-    try:
-        return metadata.version("slotserve")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
 async def model_info(gw: "Gateway", request: Request) -> Response:
     rt = gw.runtime
     return _json({
@@ -83,11 +75,13 @@ async def model_info(gw: "Gateway", request: Request) -> Response:
 
 
 async def server_info(gw: "Gateway", request: Request) -> Response:
+    from slotserve.metrics.prom import package_version
+
     rt = gw.runtime
     stats = rt.scheduler.stats()
     return _json({
         "server": "slotserve",
-        "version": _version(),
+        "version": package_version(),
         "served_model_name": rt.model_name,
         "dp_size": 1,
         "tp_size": 1,

@@ -35,7 +35,8 @@ from .levels import FamilyMaker, LevelCollector, StatsSource
 from .recorder import StatsRecorder
 
 
-def _version() -> str:
+def package_version() -> str:
+    """The installed slotserve version ("unknown" when run from a tree that is not installed)."""
     try:
         return metadata.version("slotserve")
     except metadata.PackageNotFoundError:
@@ -70,7 +71,7 @@ class ServerMetrics:
         self.registry.register(self._levels)
         info = Gauge("slotserve_build_info", "Always 1; labels carry the slotserve version.", ["version"],
                      registry=self.registry)
-        info.labels(_version()).set(1)
+        info.labels(package_version()).set(1)
         ProcessCollector(namespace="slotserve", registry=self.registry)  # slotserve_process_* (Linux)
 
     @property

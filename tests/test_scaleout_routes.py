@@ -6,6 +6,7 @@ generation route really handed the scheduler for the same body.
 
 from __future__ import annotations
 
+from importlib import metadata
 from typing import Any
 
 import pytest
@@ -48,6 +49,7 @@ async def test_model_and_server_info_answer_sglang_probes():
             info = r.json()
             assert (info["served_model_name"], info["dp_size"], info["max_running_requests"]) == (MODEL, 1, 2)
             assert info["max_total_num_tokens"] == 2 * 256
+            assert info["version"] == metadata.version("slotserve")  # the installed package's
             assert info["internal_states"][0]["num_waiting_requests"] == 0
 
 

@@ -196,6 +196,14 @@ def test_compare_prints_ratios(reuse_server: MockServer, no_reuse_server: MockSe
     assert "oracle maximum (tokenize)" in console.file.getvalue()
 
 
+def test_api_key_from_the_environment(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("SLOTSERVE_LOADTEST_API_KEY", "sekrit")
+    with MockServer(api_key="sekrit") as server:
+        res = run_loadtest(server.url, "shared-prefix", tmp_path / "e.json", "--conversations", "2")
+    assert res.summary.num_ok == 2
+    assert "sekrit" not in (tmp_path / "e.json").read_text()
+
+
 def test_api_key_is_sent(tmp_path: Path):
     with MockServer(api_key="sekrit") as server:
         res = run_loadtest(server.url, "shared-prefix", tmp_path / "k.json", "--api-key", "sekrit",

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .driver import DriveConfig
 
+API_KEY_ENV = "SLOTSERVE_LOADTEST_API_KEY"  # the --api-key default
 WORKLOADS = ("multi-turn", "agent", "abort-resend", "shared-prefix", "oversubscribed", "trace")
 
 
@@ -31,7 +33,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     run_p.add_argument("--json", required=True, metavar="PATH", help="write results here")
     run_p.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
     run_p.add_argument("--model", help="model name to send (default: the first in /v1/models)")
-    run_p.add_argument("--api-key", metavar="KEY", help="send 'Authorization: Bearer KEY'")
+    run_p.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV) or None,
+                       help=f"send 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, which keeps the "
+                            "key out of the process list)")
     sizes = run_p.add_argument_group("workload sizes (lengths in words, ~1 token each)")
     sizes.add_argument("--conversations", type=int, metavar="N", help=(
         "conversations (default: C; shared-prefix and oversubscribed: 4 x C; open loop: 8)"))

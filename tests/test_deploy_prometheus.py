@@ -23,6 +23,7 @@ from typing import Iterator
 import httpx
 import pytest
 import yaml
+from process_support import wait_http_ready
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parent.parent
@@ -121,16 +122,7 @@ def run_prometheus(binary: str, workdir: Path, target: str) -> Iterator[Promethe
         )
     prom = Prometheus(f"http://127.0.0.1:{port}", proc, log_path)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"prometheus exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{prom.url}/-/ready", timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                pytest.fail(f"prometheus not ready after 30s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.1)
+        wait_http_ready(proc, f"{prom.url}/-/ready", what="prometheus", log=log_path, timeout_s=30)
         yield prom
     finally:
         proc.terminate()
@@ -185,16 +177,7 @@ def run_slotserve(model: Path, workdir: Path, *args: str) -> Iterator[str]:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"slotserve exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                pytest.fail(f"slotserve not ready after 60s:\n{log_path.read_text()[-3000:]}")
-            time.sleep(0.1)
+        wait_http_ready(proc, f"{url}/ready", what="slotserve", log=log_path, timeout_s=60)
         yield url
     finally:
         proc.terminate()  # SIGTERM: drains (nothing runs) and exits

@@ -23,7 +23,7 @@ import httpx
 import openai
 import pytest
 from gateway_support import LiveServer, free_port, make_runtime, serve_config
-
+from process_support import wait_http_ready
 from slotserve.gateway.app import create_app
 from slotserve.gateway.config import ServeConfig
 from slotserve.metrics import ServerMetrics
@@ -222,16 +222,7 @@ def test_serve_process_exits_0_on_sigterm(tiny_model_path: Path) -> None:
     )
     try:
         summary = proc.stdout.readline()
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, proc.stderr.read()
-            assert time.monotonic() < deadline, "server did not become ready"
-            time.sleep(0.1)
+        wait_http_ready(proc, f"http://127.0.0.1:{port}/ready", what="slotserve serve")
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, proc.stderr.read()
     finally:

@@ -14,13 +14,11 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 from loadtest_support import assert_consistent, run_loadtest
-
+from process_support import wait_http_ready
 from slotserve.bench.loadtest import results
 from slotserve.bench.loadtest.plots import PLOT_FILES
 from slotserve.bench.loadtest.trace import write_trace
@@ -58,19 +56,8 @@ class ServeProcess:
 
     def _wait_ready(self, timeout_s: float) -> None:
         assert self._proc is not None
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                pytest.fail(f"slotserve serve exited {self._proc.returncode}:\n"
-                            + self._log.read_text(errors="replace")[-3000:])
-            try:
-                if httpx.get(self.url + "/ready", timeout=1.0, trust_env=False).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        pytest.fail(f"slotserve serve not ready after {timeout_s} s:\n"
-                    + self._log.read_text(errors="replace")[-3000:])
+        wait_http_ready(self._proc, self.url + "/ready", what="slotserve serve", log=self._log,
+                        timeout_s=timeout_s)
 
     def __exit__(self, *exc: object) -> None:
         if self._proc is None:

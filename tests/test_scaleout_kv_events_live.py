@@ -11,7 +11,6 @@ that depth, and an unbroken sequence of batches.
 from __future__ import annotations
 
 import collections
-import contextlib
 import os
 import random
 import signal
@@ -21,11 +20,11 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import msgpack
 import pytest
+from process_support import wait_http_ready
 
 pytestmark = pytest.mark.slow
 
@@ -121,14 +120,7 @@ def test_live_server_events_match_slots(tiny_model_path, tmp_path):
             "--kv-events-block-size", str(BLOCK), "--log-level", "warning",
         ], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert server.poll() is None, f"server exited {server.returncode}:\n{log.read_text()[-3000:]}"
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
+        wait_http_ready(server, f"{url}/ready", what="slotserve serve", log=log, timeout_s=90)
         model = httpx.get(f"{url}/v1/models", timeout=5).json()["data"][0]["id"]
 
         rng = random.Random(7)

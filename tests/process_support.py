@@ -1,0 +1,33 @@
+"""Subprocess helpers shared by the tests that start real servers (slotserve, Prometheus)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+def log_tail(log: Path | None, num_chars: int = 3000) -> str:
+    return log.read_text(errors="replace")[-num_chars:] if log is not None and log.exists() else ""
+
+
+def wait_http_ready(proc: subprocess.Popen, url: str, *, what: str, log: Path | None = None,
+                    timeout_s: float = 60.0) -> None:
+    """Poll `url` until it answers 200. Fails the test, with the tail of `log` (or, without a
+    log, the exited process's piped stderr), if `proc` exits first or `timeout_s` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            output = log_tail(log) if log is not None else (proc.stderr.read() if proc.stderr else "")
+            pytest.fail(f"{what} exited with {proc.returncode}:\n{output}")
+        try:
+            if httpx.get(url, timeout=1.0, trust_env=False).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} not ready after {timeout_s:.0f} s:\n{log_tail(log)}")
+        time.sleep(0.1)

@@ -7,8 +7,8 @@ them (`gguf_fixtures`, `reference`) under --import-mode=importlib.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -71,6 +71,8 @@ def shared_fixtures_dir() -> Path:
     """The team's shared fixture files: `shared/fixtures` beside the repository checkout."""
     path = REPO_ROOT.parent / "shared" / "fixtures"
     if not path.is_dir():
-        pytest.fail(f"shared fixtures not found at {path}: put the `shared/` folder beside the "
-                    f"repository checkout ({REPO_ROOT})")
+        pytest.fail(
+            f"shared fixtures not found at {path}: put the `shared/` folder beside the "
+            f"repository checkout ({REPO_ROOT})"
+        )
     return path

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import numpy as np
-
 from slotserve.engine_ext import SlotPool
 from slotserve.engine_ext.gguf_file import ModelFile, load_model_file
 

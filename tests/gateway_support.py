@@ -15,10 +15,10 @@ import re
 import socket
 import threading
 import time
-from typing import Any, AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any
 
 import httpx
-
 from slotserve.gateway.config import ServeConfig
 from slotserve.gateway.runtime import Runtime
 from slotserve.metrics import ServerMetrics
@@ -54,15 +54,21 @@ class ByteTokenizer:
 class ChatML:
     """The ChatML layout in plain Python (what the engine's jinja template renders)."""
 
-    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
-               tools: list[dict[str, Any]] | None = None) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
         if any(m["role"] not in ("system", "user", "assistant", "tool") for m in messages):
             raise ValueError("unsupported role")
         out = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
         return out + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
-    def system_prefix(self, messages: list[dict[str, Any]], *,
-                      tools: list[dict[str, Any]] | None = None) -> str | None:
+    def system_prefix(
+        self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None
+    ) -> str | None:
         if messages and messages[0]["role"] == "system":
             return self.render(messages[:1], add_generation_prompt=False)
         return None
@@ -71,25 +77,47 @@ class ChatML:
 MODEL = "fake-model"
 
 
-def make_runtime(*, num_slots: int = 2, ctx_len: int = 512, max_queue: int = 8, reuse: bool = True,
-                 metrics: ServerMetrics | None = None, timeout_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> tuple[Runtime, FakeSlotPool]:
+def make_runtime(
+    *,
+    num_slots: int = 2,
+    ctx_len: int = 512,
+    max_queue: int = 8,
+    reuse: bool = True,
+    metrics: ServerMetrics | None = None,
+    timeout_s: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[Runtime, FakeSlotPool]:
     """A Runtime over FakeSlotPool (segments of 64 tokens); `timeout_s` is the scheduler's
     default per-request timeout, `clock` its time source."""
     tok = ByteTokenizer()
     pool = FakeSlotPool(num_slots, ctx_len, n_vocab=tok.n_vocab)
     sched = Scheduler(
         pool,
-        SchedulerConfig(max_queue=max_queue, reuse_enabled=reuse, segment_tokens=64, step_token_budget=64,
-                        default_timeout_s=timeout_s),
+        SchedulerConfig(
+            max_queue=max_queue,
+            reuse_enabled=reuse,
+            segment_tokens=64,
+            step_token_budget=64,
+            default_timeout_s=timeout_s,
+        ),
         token_bytes=tok.token_bytes,
         eos_token_ids=set(tok.eos_token_ids),
         stats_sink=metrics.sink if metrics is not None else None,
         clock=clock,
     )
-    runtime = Runtime(scheduler=sched, tokenizer=tok, chat=ChatML(), model_names=(MODEL, "alias"),
-                      ctx_len=ctx_len, num_slots=num_slots, kv_bytes=pool.kv_bytes, kernel_variant="fake",
-                      model_path="fake.gguf", created=1700000000, extra={"pool": pool})
+    runtime = Runtime(
+        scheduler=sched,
+        tokenizer=tok,
+        chat=ChatML(),
+        model_names=(MODEL, "alias"),
+        ctx_len=ctx_len,
+        num_slots=num_slots,
+        kv_bytes=pool.kv_bytes,
+        kernel_variant="fake",
+        model_path="fake.gguf",
+        created=1700000000,
+        extra={"pool": pool},
+    )
     return runtime, pool
 
 
@@ -114,7 +142,7 @@ def sse_events(body: str) -> list[Any]:
     events = []
     for block in body.split("\n\n")[:-1]:
         assert block.startswith("data: "), block
-        data = block[len("data: "):]
+        data = block[len("data: ") :]
         events.append(data if data == "[DONE]" else json.loads(data))
     return events
 
@@ -129,8 +157,9 @@ class ASGIDriver:
     def __init__(self, app: Any):
         self.app = app
 
-    async def request(self, method: str, path: str, body: bytes,
-                      disconnect: asyncio.Event) -> tuple[list[dict[str, Any]], asyncio.Task[None]]:
+    async def request(
+        self, method: str, path: str, body: bytes, disconnect: asyncio.Event
+    ) -> tuple[list[dict[str, Any]], asyncio.Task[None]]:
         """Start a request; returns (sent messages, task running the app). Setting `disconnect`
         makes receive() report http.disconnect."""
         sent: list[dict[str, Any]] = []
@@ -148,11 +177,19 @@ class ASGIDriver:
             sent.append(message)
 
         scope = {
-            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-            "method": method, "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
-            "query_string": b"", "headers": [(b"content-type", b"application/json"),
-                                             (b"content-length", str(len(body)).encode())],
-            "client": ("127.0.0.1", 1), "server": ("test", 80), "state": {},
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": "1.1",
+            "method": method,
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "root_path": "",
+            "query_string": b"",
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            "client": ("127.0.0.1", 1),
+            "server": ("test", 80),
+            "state": {},
         }
         task = asyncio.ensure_future(self.app(scope, receive, send))
         return sent, task
@@ -172,12 +209,17 @@ class LiveServer:
 
         self.config = config
         self.stuck = threading.Event()  # set by the shutdown watchdog instead of ending pytest
-        self.server = DrainingServer(uvicorn_config(app, config), runtime.scheduler, config.drain_grace_s,
-                                     stop_timeout_s=config.shutdown_timeout_s, on_stuck=self.stuck.set)
+        self.server = DrainingServer(
+            uvicorn_config(app, config),
+            runtime.scheduler,
+            config.drain_grace_s,
+            stop_timeout_s=config.shutdown_timeout_s,
+            on_stuck=self.stuck.set,
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = config.url
 
-    def __enter__(self) -> "LiveServer":
+    def __enter__(self) -> LiveServer:
         self.thread.start()
         deadline = time.monotonic() + 30
         while not self.server.started:

@@ -14,8 +14,8 @@ Variants for load errors: `write_wrong_arch` and `write_unsupported_type`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFWriter, TokenType
@@ -29,10 +29,46 @@ BYTE_TOKEN_OFFSET = len(SPECIAL_TOKENS)
 
 # Merges of common English pairs, each "left right" over tokens that exist before it.
 TINY_MERGES = (
-    "Ġ t", "h e", "Ġt he", "i n", "e r", "a n", "o n", "r e", "Ġ a", "e n",
-    "a t", "o u", "e d", "i s", "Ġ s", "Ġ w", "Ġ o", "o r", "e s", "i t",
-    "Ġ b", "Ġ c", "in g", "Ġ f", "Ġ m", "Ġ p", "a r", "Ġt o", "l l", "Ġa n",
-    "Ġan d", "Ġ i", "Ġi n", "Ġo f", "h a", "Ġ h", "Ġh e", "Ġ d", "l e", "Ġ is",
+    "Ġ t",
+    "h e",
+    "Ġt he",
+    "i n",
+    "e r",
+    "a n",
+    "o n",
+    "r e",
+    "Ġ a",
+    "e n",
+    "a t",
+    "o u",
+    "e d",
+    "i s",
+    "Ġ s",
+    "Ġ w",
+    "Ġ o",
+    "o r",
+    "e s",
+    "i t",
+    "Ġ b",
+    "Ġ c",
+    "in g",
+    "Ġ f",
+    "Ġ m",
+    "Ġ p",
+    "a r",
+    "Ġt o",
+    "l l",
+    "Ġa n",
+    "Ġan d",
+    "Ġ i",
+    "Ġi n",
+    "Ġo f",
+    "h a",
+    "Ġ h",
+    "Ġh e",
+    "Ġ d",
+    "l e",
+    "Ġ is",
 )
 
 CHATML_TEMPLATE = (
@@ -169,7 +205,9 @@ def write_wrong_arch(path: str | Path) -> Path:
     return write_tiny_llama(path, architecture="qwen2")
 
 
-def write_unsupported_type(path: str | Path, tensor: str = "blk.1.ffn_down.weight", type_name: str = "Q5_0") -> Path:
+def write_unsupported_type(
+    path: str | Path, tensor: str = "blk.1.ffn_down.weight", type_name: str = "Q5_0"
+) -> Path:
     """A tiny Q8_0 model with one weight stored as `type_name` (not implemented by the engine)."""
     return write_tiny_llama(path, tensor_types={tensor: type_name})
 

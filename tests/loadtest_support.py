@@ -1,5 +1,5 @@
 """Load-harness test support: a mock OpenAI-compatible server with a prefix cache, the CLI
-runner, and the consistency checks every report must pass (tests/test_loadtest_*.py).
+runner, and the consistency checks every report must pass (tests/bench/test_loadtest_*.py).
 
 The mock (Starlette on a free loopback port, in a thread) tokenises GPT-2 style, renders chat
 messages ChatML style, and reports `cached_tokens` = the longest common prefix of the prompt
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import uvicorn
+from slotserve.bench.loadtest import results
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
@@ -28,7 +29,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from slotserve.bench.loadtest import results
 from slotserve.cli import main as slotserve_main
 
 _PIECES = re.compile(r"<\|im_start\|>|<\|im_end\|>| ?\w+| ?[^\w\s]+|\s+(?!\S)|\s+")
@@ -51,8 +51,7 @@ class MockLLM:
 
     @staticmethod
     def render(messages: list[dict], add_generation_prompt: bool = True) -> str:
-        text = "".join(f"<|im_start|>{m['role']}\n{m.get('content') or ''}<|im_end|>\n"
-                       for m in messages)
+        text = "".join(f"<|im_start|>{m['role']}\n{m.get('content') or ''}<|im_end|>\n" for m in messages)
         return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
 
     def cached_len(self, ids: list[int]) -> int:
@@ -77,8 +76,9 @@ class MockLLM:
 
 def build_app(llm: MockLLM, has_tokenize: bool, api_key: str | None = None) -> Starlette:
     def error(status: int, message: str) -> JSONResponse:
-        return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}},
-                            status_code=status)
+        return JSONResponse(
+            {"error": {"message": message, "type": "invalid_request_error"}}, status_code=status
+        )
 
     async def completions(request: Request) -> StreamingResponse | JSONResponse:
         body = await request.json()
@@ -103,8 +103,9 @@ def build_app(llm: MockLLM, has_tokenize: bool, api_key: str | None = None) -> S
                 for piece in pieces:
                     await asyncio.sleep(llm.token_delay_s)
                     generated += llm.encode(piece)
-                    choice = {"index": 0, "delta": {"content": piece}} if is_chat else {
-                        "index": 0, "text": piece}
+                    choice = (
+                        {"index": 0, "delta": {"content": piece}} if is_chat else {"index": 0, "text": piece}
+                    )
                     yield f"data: {json.dumps({'choices': [choice]})}\n\n"
                 llm.seen.append(ids + generated)  # before the client can send its next turn
                 is_seen = True
@@ -112,9 +113,12 @@ def build_app(llm: MockLLM, has_tokenize: bool, api_key: str | None = None) -> S
                 last |= {"delta": {}} if is_chat else {"text": ""}
                 yield f"data: {json.dumps({'choices': [last]})}\n\n"
                 if include_usage:
-                    usage = {"prompt_tokens": len(ids), "completion_tokens": len(pieces),
-                             "total_tokens": len(ids) + len(pieces),
-                             "prompt_tokens_details": {"cached_tokens": cached}}
+                    usage = {
+                        "prompt_tokens": len(ids),
+                        "completion_tokens": len(pieces),
+                        "total_tokens": len(ids) + len(pieces),
+                        "prompt_tokens_details": {"cached_tokens": cached},
+                    }
                     yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
                 yield "data: [DONE]\n\n"
             finally:
@@ -143,28 +147,38 @@ def build_app(llm: MockLLM, has_tokenize: bool, api_key: str | None = None) -> S
             return error(401, "missing or wrong API key")
         return await call_next(request)
 
-    return Starlette(middleware=[Middleware(BaseHTTPMiddleware, dispatch=check_key)], routes=[
-        Route("/v1/chat/completions", completions, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/tokenize", tokenize, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-    ])
+    return Starlette(
+        middleware=[Middleware(BaseHTTPMiddleware, dispatch=check_key)],
+        routes=[
+            Route("/v1/chat/completions", completions, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+        ],
+    )
 
 
 class MockServer:
     """The mock app under uvicorn in a thread, on a socket bound to 127.0.0.1:0."""
 
-    def __init__(self, reuse: bool = True, has_tokenize: bool = True, api_key: str | None = None,
-                 token_delay_s: float = 0.0005) -> None:
+    def __init__(
+        self,
+        reuse: bool = True,
+        has_tokenize: bool = True,
+        api_key: str | None = None,
+        token_delay_s: float = 0.0005,
+    ) -> None:
         self.llm = MockLLM(reuse, token_delay_s)
         self._sock = socket.socket()
         self._sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
-        config = uvicorn.Config(build_app(self.llm, has_tokenize, api_key), log_level="warning",
-                                lifespan="off")
+        config = uvicorn.Config(
+            build_app(self.llm, has_tokenize, api_key), log_level="warning", lifespan="off"
+        )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run,
-                                        kwargs={"sockets": [self._sock]}, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
 
     def __enter__(self) -> MockServer:
         self._thread.start()
@@ -180,13 +194,13 @@ class MockServer:
         self._sock.close()
 
 
-SMALL = ["--system-len", "60", "--turn-len", "10", "--reply-len", "6", "--tool-result-len", "12",
-         "--quiet"]
+SMALL = ["--system-len", "60", "--turn-len", "10", "--reply-len", "6", "--tool-result-len", "12", "--quiet"]
 
 
 def run_loadtest(url: str, workload: str, out: Path, *extra: str) -> results.Results:
-    rc = slotserve_main(["loadtest", "run", "--url", url, "--workload", workload,
-                         "--json", str(out), *SMALL, *extra])
+    rc = slotserve_main(
+        ["loadtest", "run", "--url", url, "--workload", workload, "--json", str(out), *SMALL, *extra]
+    )
     assert rc == 0
     return results.load(out)
 
@@ -218,9 +232,6 @@ def assert_consistent(res: results.Results, one_chunk_per_token: bool = False) -
                 assert len(r.itl_s) == r.completion_tokens - 1
             else:  # a chunk carries at least one token
                 assert len(r.itl_s) <= r.completion_tokens - 1
-    assert sum(p.n for p in s.ttft_by_turn.values()) == sum(
-        r.ttft_s is not None for r in res.requests)
+    assert sum(p.n for p in s.ttft_by_turn.values()) == sum(r.ttft_s is not None for r in res.requests)
     assert s.ttft_p50 <= s.ttft_p90 <= s.ttft_p99
     assert s.requests_per_s == pytest.approx(s.num_ok / s.duration_s)
-
-

@@ -14,8 +14,9 @@ def log_tail(log: Path | None, num_chars: int = 3000) -> str:
     return log.read_text(errors="replace")[-num_chars:] if log is not None and log.exists() else ""
 
 
-def wait_http_ready(proc: subprocess.Popen, url: str, *, what: str, log: Path | None = None,
-                    timeout_s: float = 60.0) -> None:
+def wait_http_ready(
+    proc: subprocess.Popen, url: str, *, what: str, log: Path | None = None, timeout_s: float = 60.0
+) -> None:
     """Poll `url` until it answers 200. Fails the test, with the tail of `log` (or, without a
     log, the exited process's piped stderr), if `proc` exits first or `timeout_s` passes."""
     deadline = time.monotonic() + timeout_s

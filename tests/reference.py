@@ -16,8 +16,8 @@ gguf.GGUFReader, dequantizes every weight with gguf.quants.dequantize into matri
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader
@@ -34,8 +34,11 @@ class ReferenceLlama:
     def __init__(self, path: str | Path, dtype: type = np.float64) -> None:
         self.dtype = np.dtype(dtype)
         reader = GGUFReader(path)
-        meta = {name: f.contents() for name, f in reader.fields.items()
-                if name not in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type")}
+        meta = {
+            name: f.contents()
+            for name, f in reader.fields.items()
+            if name not in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type")
+        }
         assert meta["general.architecture"] == "llama"
         self.n_layers = int(meta["llama.block_count"])
         self.dim = int(meta["llama.embedding_length"])
@@ -82,7 +85,7 @@ class ReferenceLlama:
         x = self.embd[ids]  # [n, dim]
         causal = np.triu(np.full((n, n), -np.inf, dtype=self.dtype), k=1)  # [n, n]: -inf above the diagonal
         for i in range(self.n_layers):
-            w = lambda s: self.w[f"blk.{i}.{s}.weight"]  # noqa: E731
+            w = lambda s, i=i: self.w[f"blk.{i}.{s}.weight"]  # noqa: E731
             h = self._rmsnorm(x, w("attn_norm"))
             q = self._rope((h @ w("attn_q").T).reshape(n, self.n_heads, hd))
             k = self._rope((h @ w("attn_k").T).reshape(n, self.n_kv_heads, hd))

@@ -6,7 +6,6 @@ import asyncio
 from dataclasses import dataclass
 
 import numpy as np
-
 from slotserve.scheduler.config import SchedulerConfig
 from slotserve.scheduler.fake_engine import FakeSlotPool
 from slotserve.scheduler.request import (
@@ -48,8 +47,11 @@ def make_config(**kw) -> SchedulerConfig:
 
 def make_scheduler(pool: FakeSlotPool, config: SchedulerConfig | None = None, **kw) -> Scheduler:
     return Scheduler(
-        pool, config or make_config(), token_bytes=fake_token_bytes(pool.n_vocab),
-        eos_token_ids={EOS}, **kw,
+        pool,
+        config or make_config(),
+        token_bytes=fake_token_bytes(pool.n_vocab),
+        eos_token_ids={EOS},
+        **kw,
     )
 
 
@@ -111,8 +113,9 @@ async def cold_tokens(prompt, max_tokens: int = 8, **kw) -> list[int]:
     return out.tokens
 
 
-async def assert_warm_run(out: Outcome, prompt, max_tokens: int, source: ReuseSource, *,
-                          reused_tokens: int) -> None:
+async def assert_warm_run(
+    out: Outcome, prompt, max_tokens: int, source: ReuseSource, *, reused_tokens: int
+) -> None:
     """A warm run reused `reused_tokens` prompt tokens from `source`, and its greedy tokens equal
     a cold run's of the same prompt and `max_tokens` (the run must have used that max_tokens)."""
     assert out.finish.reuse.source is source

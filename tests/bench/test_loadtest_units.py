@@ -1,0 +1,462 @@
+"""Load-harness pieces without a server: SSE decoding, percentiles, the oracle, workloads,
+traces, the results schema, driver config checks."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from slotserve.bench.loadtest import report, results
+from slotserve.bench.loadtest.client import Exchange, SendParams, request_body
+from slotserve.bench.loadtest.driver import DriveConfig
+from slotserve.bench.loadtest.oracle import PrefixTrie, Seen, oracle_from_ids, oracle_from_usage
+from slotserve.bench.loadtest.sse import iter_sse
+from slotserve.bench.loadtest.trace import load_trace, write_trace
+from slotserve.bench.loadtest.workloads import (
+    AgentConversation,
+    ChatConversation,
+    Outcome,
+    RequestSpec,
+    WorkloadConfig,
+    build_conversations,
+)
+
+# ------------------------------------------------------------------ SSE
+
+
+def test_sse_joins_data_lines_skips_comments_and_stops_at_done():
+    lines = [
+        ": keep-alive",
+        "",
+        'data: {"a": 1}',
+        "",
+        "event: message",
+        "data:  two",
+        "data:lines",
+        "",
+        "id: 7",
+        "",
+        "data: [DONE]",
+        "",
+        "data: after",
+    ]
+    assert list(iter_sse(lines)) == ['{"a": 1}', " two\nlines"]
+
+
+def test_sse_flushes_an_event_without_its_blank_line():
+    assert list(iter_sse(["data: last"])) == ["last"]
+    assert list(iter_sse(["data: [DONE]"])) == []
+
+
+@pytest.mark.parametrize("payload", ["null", "[1, 2]", '"text"', '{"choices": ["x"]}', '{"choices": "abc"}'])
+async def test_a_malformed_stream_chunk_is_an_error_exchange_not_an_exception(payload: str):
+    import httpx
+    from slotserve.bench.loadtest.client import send
+
+    body = f"data: {payload}\n\ndata: [DONE]\n\n".encode()
+    transport = httpx.MockTransport(
+        lambda request: httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+    )
+    spec = RequestSpec(conversation_id="c", turn_index=0, max_tokens=4, prompt="hi")
+    async with httpx.AsyncClient(transport=transport) as client:
+        ex = await send(client, "http://t", spec, 0, SendParams(model="m"))
+    assert ex.outcome is Outcome.ERROR
+    assert ex.error is not None and "malformed" in ex.error
+
+
+# ------------------------------------------------------------------ percentiles
+
+
+@settings(deadline=None)
+@given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=50), st.sampled_from([0, 50, 90, 99, 100]))
+def test_percentile_matches_numpy_linear(values, q):
+    assert report.percentile(values, q) == pytest.approx(float(np.percentile(values, q)), abs=1e-6)
+
+
+def test_percentile_of_nothing_is_none():
+    assert report.percentile([], 50) is None
+
+
+# ------------------------------------------------------------------ oracle
+
+
+def brute_force_oracle(items: list[Seen]) -> list[int]:
+    """The definition in oracle.py, pair by pair."""
+
+    def lcp(a, b):
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        return n
+
+    out = []
+    for i, r in enumerate(items):
+        seen = [
+            p.prompt_ids
+            for j, p in enumerate(items)
+            if j != i and (p.t_send < r.t_send or (p.t_send == r.t_send and j < i) or p.t_send < r.t_first)
+        ]
+        seen += [p.prompt_ids + p.reply_ids for p in items if p.t_end <= r.t_send and p is not r]
+        out.append(min(len(r.prompt_ids), max((lcp(r.prompt_ids, s) for s in seen), default=0)))
+    return out
+
+
+def test_trie_longest_prefix():
+    trie = PrefixTrie()
+    trie.insert([1, 2, 3, 4])
+    trie.insert([1, 2, 5])
+    assert trie.longest_prefix([1, 2, 3, 9]) == 3
+    assert trie.longest_prefix([1, 2, 5, 6]) == 3
+    assert trie.longest_prefix([7]) == 0
+    assert trie.num_nodes == 5
+
+
+def test_oracle_multi_turn_sees_reply_only_after_it_ended():
+    p1 = [1, 2, 3]
+    turn1 = Seen(t_send=0.0, t_first=0.1, t_end=1.0, prompt_ids=p1, reply_ids=[7, 8])
+    turn2 = Seen(t_send=1.5, t_first=1.6, t_end=2.0, prompt_ids=p1 + [7, 8, 4, 5], reply_ids=[9])
+    early = Seen(t_send=0.5, t_first=0.6, t_end=0.9, prompt_ids=p1 + [7, 8, 6], reply_ids=[])
+    assert oracle_from_ids([turn1, turn2, early]) == [0, 5, 3]  # early: turn1's reply not yet seen
+
+
+def test_oracle_credits_prompts_sent_before_the_first_token():
+    system = [5] * 10
+    a = Seen(t_send=0.0, t_first=1.0, t_end=2.0, prompt_ids=system + [1], reply_ids=[3])
+    b = Seen(t_send=0.1, t_first=1.5, t_end=2.0, prompt_ids=system + [2], reply_ids=[3])
+    c = Seen(t_send=3.0, t_first=3.5, t_end=4.0, prompt_ids=system + [1], reply_ids=[])
+    # a and b overlap: each may reuse the other's system prompt; c repeats a's whole prompt.
+    assert oracle_from_ids([a, b, c]) == [10, 10, 11]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_oracle_matches_brute_force(data):
+    n = data.draw(st.integers(1, 12))
+    items = []
+    tokens = st.lists(st.integers(0, 2), max_size=6)
+    for _ in range(n):
+        t_send = data.draw(st.integers(0, 20)) / 2
+        t_first = t_send + data.draw(st.integers(0, 6)) / 2
+        t_end = t_first + data.draw(st.integers(1, 6)) / 2  # an exchange takes time
+        items.append(Seen(t_send, t_first, t_end, data.draw(tokens), data.draw(tokens)))
+    assert oracle_from_ids(items) == brute_force_oracle(items)
+
+
+def make_exchange(
+    spec: RequestSpec, index: int, t: float, text: str, prompt_tokens: int, completion_tokens: int
+) -> Exchange:
+    return Exchange(
+        spec=spec,
+        index=index,
+        t_send=t,
+        outcome=Outcome.OK,
+        t_end=t + 1,
+        token_times=[t + 0.5],
+        text_parts=[text],
+        prompt_tokens=prompt_tokens,
+        cached_tokens=0,
+        completion_tokens=completion_tokens,
+    )
+
+
+def test_usage_oracle_credits_whole_messages():
+    sys_msg = {"role": "system", "content": "s"}
+    u1, u2 = {"role": "user", "content": "q1"}, {"role": "user", "content": "q2"}
+    first = RequestSpec("c", 0, 8, messages=(sys_msg, u1))
+    verbatim = RequestSpec("c", 1, 8, messages=(sys_msg, u1, {"role": "assistant", "content": "hi"}, u2))
+    rerendered = RequestSpec("c", 1, 8, messages=(sys_msg, u1, {"role": "assistant", "content": "hi!"}, u2))
+    other = RequestSpec("d", 0, 8, messages=(sys_msg, u1))
+    exs = [
+        make_exchange(first, 0, 0.0, "hi", 30, 5),
+        make_exchange(verbatim, 1, 2.0, "x", 50, 5),
+        make_exchange(rerendered, 2, 4.0, "x", 51, 5),
+        make_exchange(first, 3, 6.0, "x", 30, 5),
+        make_exchange(other, 4, 8.0, "x", 30, 5),
+    ]
+    # prompt + reply; the prompt only; an exact repeat; another conversation is not compared.
+    assert oracle_from_usage(exs) == [0, 35, 30, 30, 0]
+
+
+# ------------------------------------------------------------------ workloads
+
+
+def specs_of(conv, replies: int = 3) -> list[RequestSpec]:
+    out = []
+    while (spec := conv.next_request()) is not None and len(out) < 10:
+        out.append(spec)
+        outcome = Outcome.ABORTED if spec.abort_after_tokens else Outcome.OK
+        conv.record_reply(spec, outcome, f"reply {spec.turn_index}  with\nspaces")
+    return out
+
+
+@pytest.mark.parametrize(
+    "workload", ["multi-turn", "agent", "abort-resend", "shared-prefix", "oversubscribed"]
+)
+def test_workloads_are_seeded(workload):
+    cfg = WorkloadConfig(seed=3, num_conversations=3, num_turns=2, system_len=20, turn_len=5)
+    a = [specs_of(c) for c in build_conversations(workload, cfg)]
+    b = [specs_of(c) for c in build_conversations(workload, cfg)]
+    other = [
+        specs_of(c)
+        for c in build_conversations(
+            workload, WorkloadConfig(seed=4, num_conversations=3, num_turns=2, system_len=20, turn_len=5)
+        )
+    ]
+    assert a == b and a != other
+    systems = {conv[0].messages[0]["content"] for conv in a}
+    assert len(systems) == (1 if workload == "shared-prefix" else 3)
+    assert len(next(iter(systems)).split()) >= 20
+
+
+def test_chat_appends_the_reply_verbatim_and_resends_after_abort():
+    conv = build_conversations(
+        "abort-resend", WorkloadConfig(num_conversations=1, num_turns=2, abort_after=3)
+    )[0]
+    specs = specs_of(conv)
+    assert [(s.turn_index, s.attempt, s.abort_after_tokens) for s in specs] == [
+        (0, 0, 3),
+        (0, 1, None),
+        (1, 0, 3),
+        (1, 1, None),
+    ]
+    assert specs[0].messages == specs[1].messages  # the resend is the same request
+    assert specs[2].messages[:2] == specs[1].messages
+    assert specs[2].messages[2] == {"role": "assistant", "content": "reply 0  with\nspaces"}
+
+
+def test_agent_re_renders_the_reply_and_appends_the_tool_result():
+    conv = build_conversations("agent", WorkloadConfig(num_conversations=1, num_turns=3, tool_result_len=7))[
+        0
+    ]
+    assert isinstance(conv, AgentConversation)
+    specs = specs_of(conv)
+    assert len(specs) == 3  # two tool rounds and the final answer
+    assistant, tool = specs[1].messages[2], specs[1].messages[3]
+    assert assistant["role"] == "assistant"
+    assert assistant["content"].startswith("reply 0 with spaces\n<tool_call>\n")
+    assert json.loads(assistant["content"].split("\n")[2])["name"] == conv.tool_calls[0][0]
+    assert tool == {"role": "tool", "tool_call_id": "call_0", "content": conv.tool_results[0]}
+    assert len(tool["content"].split()) == 7
+    assert specs[2].messages[:4] == specs[1].messages[:4]
+
+
+def test_a_failed_turn_ends_the_conversation():
+    conv = ChatConversation("c", "sys", ["a", "b"], reply_len=4)
+    spec = conv.next_request()
+    conv.record_reply(spec, Outcome.ERROR, "")
+    assert conv.next_request() is None
+
+
+def test_workload_config_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="num_turns must be >= 1"):
+        WorkloadConfig(num_turns=0)
+    with pytest.raises(ValueError, match="unknown workload"):
+        build_conversations("chatty", WorkloadConfig())
+
+
+def test_request_body_asks_for_usage_in_the_stream():
+    spec = RequestSpec("c", 0, 9, prompt="hello")
+    body = request_body(spec, SendParams(model="m", temperature=0.5, seed=7, ignore_eos=True))
+    assert body == {
+        "model": "m",
+        "max_tokens": 9,
+        "temperature": 0.5,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "prompt": "hello",
+        "seed": 7,
+        "ignore_eos": True,
+    }
+    assert "seed" not in request_body(spec, SendParams(model="m"))
+
+
+# ------------------------------------------------------------------ traces
+
+
+def test_trace_round_trip_groups_conversations(tmp_path: Path):
+    specs = [
+        RequestSpec("a", 0, 5, messages=({"role": "user", "content": "x"},), offset_s=0.0),
+        RequestSpec("b", 0, 6, prompt="text", offset_s=0.5),
+        RequestSpec("a", 1, 7, messages=({"role": "user", "content": "y"},), offset_s=1.0),
+    ]
+    path = tmp_path / "t.jsonl"
+    write_trace(path, specs)
+    convs = {c.conversation_id: c.specs for c in load_trace(path)}
+    assert convs == {"a": [specs[0], specs[2]], "b": [specs[1]]}
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("not json", "t.jsonl:2: not valid JSON"),
+        ('{"conversation_id": "a", "max_tokens": 3}', 'exactly one of "messages"'),
+        ('{"conversation_id": "a", "prompt": "p", "max_tokens": 0}', '"max_tokens" must be'),
+        ('{"conversation_id": "a", "prompt": "p", "max_tokens": 2, "offset_s": -1}', '"offset_s"'),
+        ('{"conversation_id": "a", "prompt": "p", "max_tokens": 2, "when": 1}', "unknown keys"),
+        ('{"conversation_id": "", "prompt": "p", "max_tokens": 2}', '"conversation_id"'),
+        ('{"conversation_id": "a", "messages": [], "max_tokens": 2}', '"messages" must be'),
+    ],
+)
+def test_trace_errors_name_the_line(tmp_path: Path, line: str, message: str):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"conversation_id": "a", "prompt": "ok", "max_tokens": 1}\n' + line + "\n")
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")) as info:
+        load_trace(path)
+    assert "t.jsonl:2" in str(info.value)
+
+
+def test_empty_trace_is_refused(tmp_path: Path):
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n")
+    with pytest.raises(ValueError, match="empty"):
+        load_trace(path)
+
+
+# ------------------------------------------------------------------ results and config
+
+
+def make_results(num: int, seed: int = 0) -> results.Results:
+    rng = random.Random(seed)
+    records = []
+    for i in range(num):
+        ttft = rng.uniform(0.01, 0.5)
+        itl = [rng.uniform(0.001, 0.02) for _ in range(4)]
+        prompt = rng.randint(50, 100)
+        records.append(
+            results.RequestRecord(
+                index=i,
+                conversation_id=f"c{i % 3}",
+                turn_index=i // 3,
+                attempt=0,
+                status="ok" if i % 5 else "error",
+                http_status=200 if i % 5 else 500,
+                error=None if i % 5 else "HTTP 500: boom",
+                start_s=i * 0.1,
+                ttft_s=ttft if i % 5 else None,
+                e2e_s=ttft + sum(itl),
+                itl_s=itl if i % 5 else [],
+                max_tokens=5,
+                prompt_tokens=prompt,
+                cached_tokens=prompt // 2 if i % 5 else None,
+                completion_tokens=5 if i % 5 else 0,
+                oracle_cached_tokens=prompt - 1,
+                finish_reason="length",
+            )
+        )
+    cfg = results.RunConfig(
+        url="http://127.0.0.1:1",
+        model="m",
+        workload="multi-turn",
+        seed=seed,
+        mode="closed",
+        concurrency=2,
+        rate=None,
+        max_requests=None,
+        duration_s=10.0,
+        timeout_s=5.0,
+        temperature=0.0,
+        slo_ttft_s=0.2,
+        sizes={"num_turns": 4},
+        trace=None,
+        started_at="2026-01-01T00:00:00+00:00",
+    )
+    return results.Results(
+        config=cfg, requests=records, summary=report.summarize(records, 2.0, 0.2, "tokenize")
+    )
+
+
+def test_summary_counts_and_ratios():
+    res = make_results(10)
+    s = res.summary
+    ok = [r for r in res.requests if r.status == "ok"]
+    assert (s.num_requests, s.num_ok, s.num_errors) == (10, 8, 2)
+    assert s.errors == {"HTTP 500: boom": 2}
+    assert s.cached_tokens == sum(r.cached_tokens for r in ok)
+    assert s.prompt_tokens == sum(r.prompt_tokens for r in ok)  # errors reported no usage
+    assert s.oracle_cached_tokens == sum(r.oracle_cached_tokens for r in ok)
+    assert s.reuse_ratio == s.cached_tokens / s.prompt_tokens
+    assert s.ttft_p50 == report.percentile([r.ttft_s for r in ok], 50)
+    assert s.itl_p50 == report.percentile([x for r in ok for x in r.itl_s], 50)
+    good = sum(r.ttft_s <= 0.2 for r in ok)
+    assert s.goodput_per_s == good / 2.0 and s.slo_attainment == good / 8
+    assert s.output_tokens_per_s == 40 / 2.0
+    assert {t: p.n for t, p in s.ttft_by_turn.items()} == {0: 2, 1: 2, 2: 3, 3: 1}  # i // 3, i % 5 fail
+
+
+def test_results_round_trip_and_bad_files(tmp_path: Path):
+    res = make_results(7)
+    path = tmp_path / "r.json"
+    results.save(res, path)
+    assert results.load(path) == res
+    raw = json.loads(path.read_text())
+    raw["summary"]["ttft_p50"] = "fast"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match="not a loadtest results file"):
+        results.load(path)
+    raw["summary"]["ttft_p50"] = 0.1
+    raw["schema"] = "other/9"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match="schema"):
+        results.load(path)
+
+
+def test_compare_rows_and_ratios():
+    a, b = make_results(10, seed=1), make_results(10, seed=2)
+    rows = {label: (va, vb) for label, _, va, vb in report.compare_rows(a.summary, b.summary)}
+    assert rows["TTFT p50"] == (a.summary.ttft_p50, b.summary.ttft_p50)
+    assert rows["TTFT p50 turn 2"] == (a.summary.ttft_by_turn[2].p50, b.summary.ttft_by_turn[2].p50)
+    assert report.ratio(2.0, 3.0) == 1.5 and report.ratio(0.0, 1.0) is None
+    assert report.ratio(None, 1.0) is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({}, "exactly one of"),
+        ({"concurrency": 2, "rate": 1.0}, "exactly one of"),
+        ({"concurrency": 0}, "--concurrency must be >= 1"),
+        ({"rate": -1.0}, "--rate must be > 0"),
+        ({"concurrency": 1, "max_requests": 0}, "--requests must be >= 1"),
+        ({"concurrency": 1, "duration_s": 0.0}, "--duration must be > 0"),
+        ({"concurrency": 1, "base_url": "127.0.0.1:8080"}, "must start with http"),
+    ],
+)
+def test_drive_config_rejects_bad_flags(kwargs, message):
+    base = {"base_url": "http://127.0.0.1:8080", "params": SendParams(model="m")}
+    with pytest.raises(ValueError, match=message):
+        DriveConfig(**(base | kwargs))
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--workload", "multi-turn", "--concurrency", "0"], "--concurrency must be >= 1"),
+        (["--workload", "trace"], "--workload trace needs --trace FILE"),
+        (["--workload", "agent", "--trace", "t.jsonl"], "--trace needs --workload trace"),
+        (["--workload", "agent", "--turns", "0"], "num_turns must be >= 1"),
+        (["--workload", "agent", "--timeout", "0"], "--timeout must be > 0"),
+    ],
+)
+def test_cli_refuses_bad_flags_before_connecting(flags, message, tmp_path: Path, capsys):
+    from slotserve.cli import main
+
+    # Port 9 (discard) on loopback: never contacted, the flags are refused first.
+    rc = main(
+        [
+            "loadtest",
+            "run",
+            "--url",
+            "http://127.0.0.1:9",
+            "--json",
+            str(tmp_path / "r.json"),
+            "--quiet",
+            *flags,
+        ]
+    )
+    assert rc == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "r.json").exists()

@@ -1,0 +1,417 @@
+"""Every kernel's AVX2 variant against its portable `_generic` reference (and that reference
+against NumPy), at sizes that hit the SIMD tails. Each comparison reports its largest
+difference and checks it against a named tolerance."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from engine_support import make_pool, random_tokens
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+from slotserve.engine_ext import _engine
+
+needs_avx2 = pytest.mark.skipif(not _engine.avx2_supported(), reason="this CPU has no AVX2/FMA/F16C")
+
+BLOCK_TYPES = ("Q8_0", "Q4_0", "Q4_1")
+FLOAT_TYPES = ("F32", "F16")
+
+# Tolerances. Variants differ only in float summation order (and exp's polynomial), so they
+# agree to a few float32 ulps of the magnitudes summed.
+SUM_RTOL = 2e-6  # |difference| <= SUM_RTOL * sum(|terms|) for dot products, norms, attention
+EXP_RTOL = 4e-7  # vector exp against expf: ~2 ulp
+SILU_RTOL = 1e-6
+
+
+@pytest.fixture(scope="module")
+def generic() -> _engine.KernelTable:
+    return _engine.KernelTable("scalar")
+
+
+@pytest.fixture(scope="module")
+def avx2() -> _engine.KernelTable:
+    if not _engine.avx2_supported():
+        pytest.skip("this CPU has no AVX2/FMA/F16C")
+    return _engine.KernelTable("avx2")
+
+
+def rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def assert_close(
+    got: np.ndarray, want: np.ndarray, scale: np.ndarray | float, rtol: float, what: str
+) -> None:
+    """|got - want| <= rtol * scale elementwise; the message names the largest difference."""
+    diff = np.abs(np.asarray(got, np.float64) - np.asarray(want, np.float64))
+    bound = rtol * np.asarray(scale, np.float64) + 1e-30
+    worst = np.unravel_index(np.argmax(diff / bound), diff.shape) if diff.ndim else ()
+    assert np.all(diff <= bound), (
+        f"{what}: largest difference {diff.max():.3g} (at {worst}: {diff[worst]:.3g} > bound {bound[worst] if np.ndim(bound) else bound:.3g})"
+    )
+
+
+def weight_bytes(type_name: str, n_out: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(raw file-layout bytes of a random [n_out, k] weight, its dequantized float64 values)."""
+    w = rng(seed).standard_normal((n_out, k)).astype(np.float32)
+    qtype = GGMLQuantizationType[type_name]
+    if type_name == "F32":
+        raw = w
+    elif type_name == "F16":
+        raw = w.astype(np.float16)
+    else:
+        raw = quantize(w, qtype)
+    raw = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
+    values = dequantize(raw.reshape(n_out, -1), qtype).reshape(n_out, k).astype(np.float64)
+    return raw, values
+
+
+def dequantized_activations(q: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
+    qs, d, _ = q
+    n, k = qs.shape
+    return (qs.reshape(n, k // 32, 32).astype(np.float64) * d[:, :, None]).reshape(n, k)
+
+
+# ---- quantization and decoding ----------------------------------------------------------------
+
+
+@needs_avx2
+@pytest.mark.parametrize("k", [32, 96, 32 * 19])
+def test_quantize_q8a_variants_identical(generic, avx2, k):
+    x = rng(k).standard_normal((5, k)).astype(np.float32) * np.float32(3.0)
+    x[1, :32] = 0.0  # an all-zero block: scale 0
+    x[2, 5] = 1e6  # one huge value dominating its block
+    want, got = generic.quantize_q8a(x), avx2.quantize_q8a(x)
+    for name, a, b in zip(("qs", "d", "s"), got, want):
+        assert np.array_equal(a, b), f"{name}: largest difference {np.abs(a.astype(np.float64) - b).max()}"
+
+
+@pytest.mark.parametrize("k", [32, 96, 32 * 19])
+def test_quantize_q8a_generic_round_trip(generic, k):
+    x = rng(k).standard_normal((3, k)).astype(np.float32)
+    qs, d, s = generic.quantize_q8a(x)
+    err = np.abs(dequantized_activations((qs, d, s)) - x)
+    # each value is within half a step of its block's scale
+    assert np.all(err <= np.repeat(d, 32, axis=1) * 0.5 * (1 + 1e-6)), err.max()
+    assert np.all(np.abs(qs.astype(int)) <= 127)
+    sums = qs.reshape(3, k // 32, 32).astype(np.int64).sum(axis=2)
+    assert np.allclose(s, d * sums, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("type_name", BLOCK_TYPES + FLOAT_TYPES)
+def test_dequantize_row(generic, type_name):
+    k = 32 * 5
+    raw, values = weight_bytes(type_name, 2, k)
+    row = raw[: len(raw) // 2]
+    tables = [generic] + ([_engine.KernelTable("avx2")] if _engine.avx2_supported() else [])
+    for kt in tables:
+        got = kt.dequantize_row(int(GGMLQuantizationType[type_name]), row, k)
+        assert_close(got, values[0], np.abs(values[0]), 1e-7, f"{kt.name} {type_name}")
+
+
+@needs_avx2
+def test_f16_conversions_bit_exact(generic, avx2):
+    r = rng(1)
+    x = np.concatenate(
+        [
+            r.standard_normal(37).astype(np.float32) * 10,
+            np.array(
+                [
+                    0.0,
+                    -0.0,
+                    65504,
+                    65519,
+                    65520,
+                    1e9,
+                    -1e9,
+                    np.inf,
+                    -np.inf,
+                    6e-8,
+                    3e-8,
+                    2.9e-8,
+                    1e-5,
+                    -6.1e-5,
+                    5.96e-8 * 1.5,
+                ],
+                np.float32,
+            ),
+            (r.standard_normal(19) * 1e-6).astype(np.float32),
+        ]
+    )
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16).view(np.uint16)
+    for kt in (generic, avx2):
+        got = kt.f32_to_f16(x)
+        assert np.array_equal(got, want), f"{kt.name}: {np.flatnonzero(got != want)}"
+        back = kt.f16_to_f32(want)
+        assert np.array_equal(back, want.view(np.float16).astype(np.float32)), kt.name
+    nan = avx2.f32_to_f16(np.array([np.nan] * 9, np.float32))
+    assert np.all(np.isnan(nan.view(np.float16))) and np.all(
+        np.isnan(generic.f32_to_f16(np.array([np.nan], np.float32)).view(np.float16))
+    )
+
+
+# ---- matmul ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("type_name", BLOCK_TYPES + FLOAT_TYPES)
+@pytest.mark.parametrize("n_out, k", [(8, 32), (37, 96), (67, 32 * 19)])
+def test_gemm_generic_matches_numpy(generic, type_name, n_out, k):
+    """The reference itself: exact products of the dequantized operands (float64 NumPy)."""
+    raw, w = weight_bytes(type_name, n_out, k, seed=n_out)
+    x = rng(k).standard_normal((5, k)).astype(np.float32)
+    q = generic.quantize_q8a(x)
+    xa = dequantized_activations(q) if type_name in BLOCK_TYPES else x.astype(np.float64)
+    want = xa @ w.T
+    scale = np.abs(xa) @ np.abs(w).T
+    for grouped in (True, False):
+        got = generic.gemm(int(GGMLQuantizationType[type_name]), raw, n_out, x, quantized=q, grouped=grouped)
+        assert_close(got, want, scale, SUM_RTOL, f"generic {type_name} grouped={grouped}")
+
+
+@needs_avx2
+@pytest.mark.parametrize("type_name", BLOCK_TYPES + FLOAT_TYPES)
+@pytest.mark.parametrize("n_out, k", [(8, 32), (37, 96), (67, 32 * 19), (16, 32 * 48)])
+@pytest.mark.parametrize("n_rows", [1, 3, 4, 9])
+def test_gemm_avx2_matches_generic(generic, avx2, type_name, n_out, k, n_rows):
+    raw, w = weight_bytes(type_name, n_out, k, seed=k)
+    x = rng(n_rows).standard_normal((n_rows, k)).astype(np.float32)
+    q = generic.quantize_q8a(x)
+    xa = dequantized_activations(q) if type_name in BLOCK_TYPES else x.astype(np.float64)
+    scale = np.abs(xa) @ np.abs(w).T
+    t = int(GGMLQuantizationType[type_name])
+    for grouped in (True, False):
+        want = generic.gemm(t, raw, n_out, x, quantized=q, grouped=grouped)
+        got = avx2.gemm(t, raw, n_out, x, quantized=q, grouped=grouped)
+        assert_close(got, want, scale, SUM_RTOL, f"avx2 vs generic {type_name} grouped={grouped}")
+
+
+@needs_avx2
+@pytest.mark.parametrize("float_k", [1, 7, 33, 100])
+def test_gemm_float_odd_k(generic, avx2, float_k):
+    for type_name in FLOAT_TYPES:
+        raw, w = weight_bytes(type_name, 13, float_k)
+        x = rng(float_k).standard_normal((6, float_k)).astype(np.float32)
+        t = int(GGMLQuantizationType[type_name])
+        want = x.astype(np.float64) @ w.T
+        scale = np.abs(x).astype(np.float64) @ np.abs(w).T
+        for kt in (generic, avx2):
+            assert_close(kt.gemm(t, raw, 13, x), want, scale, SUM_RTOL, f"{kt.name} {type_name} k={float_k}")
+
+
+@pytest.mark.parametrize("variant", ["scalar", "avx2"])
+@pytest.mark.parametrize("type_name", BLOCK_TYPES + FLOAT_TYPES)
+def test_gemm_rows_independent_of_grouping(variant, type_name):
+    """Row independence (kernels.h NOTE): a row's outputs are bit-identical whether it is
+    computed alone, in a tile with others, or in an output sub-range."""
+    if variant == "avx2" and not _engine.avx2_supported():
+        pytest.skip("no AVX2")
+    kt = _engine.KernelTable(variant)
+    n_out, k = 43, 96
+    raw, _ = weight_bytes(type_name, n_out, k)
+    x = rng(3).standard_normal((7, k)).astype(np.float32)
+    q = kt.quantize_q8a(x)
+    t = int(GGMLQuantizationType[type_name])
+    together = kt.gemm(t, raw, n_out, x, quantized=q)
+    for r in range(7):
+        one = (q[0][r : r + 1], q[1][r : r + 1], q[2][r : r + 1])
+        alone = kt.gemm(t, raw, n_out, x[r : r + 1].copy(), quantized=one)
+        assert np.array_equal(alone[0], together[r]), f"row {r}"
+    parts = np.zeros_like(together)
+    for o0, o1 in ((0, 16), (16, 40), (40, 43)):
+        kt.gemm(t, raw, n_out, x, quantized=q, y=parts, o0=o0, o1=o1)
+    assert np.array_equal(parts, together)
+    acc = kt.gemm(t, raw, n_out, x, quantized=q, y=np.ones_like(together))
+    assert np.array_equal(acc, together + np.float32(1.0))
+
+
+# ---- attention -----------------------------------------------------------------------------
+
+
+def attention_numpy(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, group: int, head_dim: int, scale: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(output, bound scale): float64 causal attention of query rows at pos0.. over k, v."""
+    n_q = q.shape[0]
+    kf, vf = k.astype(np.float64), v.astype(np.float64)
+    out = np.zeros((n_q, group * head_dim))
+    mag = np.zeros_like(out)
+    for i in range(n_q):
+        n = pos0 + i + 1
+        for g in range(group):
+            qh = q[i, g * head_dim : (g + 1) * head_dim].astype(np.float64)
+            s = kf[:n] @ qh * scale
+            p = np.exp(s - s.max())
+            p /= p.sum()
+            out[i, g * head_dim : (g + 1) * head_dim] = p @ vf[:n]
+            mag[i, g * head_dim : (g + 1) * head_dim] = p @ np.abs(vf[:n]) * (1 + np.abs(s).max())
+    return out, mag
+
+
+@pytest.mark.parametrize("kv_dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("head_dim, group", [(16, 2), (64, 3), (20, 1)])
+@pytest.mark.parametrize("pos0, n_q", [(0, 1), (0, 7), (5, 3), (31, 2), (40, 1), (70, 5), (600, 2)])
+def test_attention_variants_match_numpy(kv_dtype, head_dim, group, pos0, n_q):
+    r = rng(pos0 * 100 + n_q)
+    n_keys = pos0 + n_q + 3  # rows past the causal end exist and must be ignored
+    q = r.standard_normal((n_q, group * head_dim)).astype(np.float32)
+    k = (r.standard_normal((n_keys, head_dim)) * 0.7).astype(kv_dtype)
+    v = r.standard_normal((n_keys, head_dim)).astype(kv_dtype)
+    k[pos0 + n_q :] = np.nan  # never read
+    scale = head_dim**-0.5
+    want, mag = attention_numpy(q, k, v, pos0, group, head_dim, scale)
+    variants = ["scalar"] + (["avx2"] if _engine.avx2_supported() else [])
+    outs = {}
+    for name in variants:
+        outs[name] = _engine.KernelTable(name).attention(q, k, v, pos0, group, head_dim, scale)
+        assert_close(outs[name], want, mag, 8 * SUM_RTOL, f"{name} attention vs numpy")
+    if len(outs) == 2:
+        assert_close(outs["avx2"], outs["scalar"], mag, 8 * SUM_RTOL, "avx2 vs generic attention")
+
+
+@pytest.mark.parametrize("variant", ["scalar", "avx2"])
+def test_attention_query_rows_independent(variant):
+    """A query row's output does not depend on which other query rows share the call."""
+    if variant == "avx2" and not _engine.avx2_supported():
+        pytest.skip("no AVX2")
+    kt = _engine.KernelTable(variant)
+    r = rng(9)
+    q = r.standard_normal((9, 2 * 64)).astype(np.float32)
+    k = r.standard_normal((80, 64)).astype(np.float16)
+    v = r.standard_normal((80, 64)).astype(np.float16)
+    together = kt.attention(q, k, v, 60, 2, 64, 0.125)
+    for i in range(9):
+        alone = kt.attention(q[i : i + 1].copy(), k, v, 60 + i, 2, 64, 0.125)
+        assert np.array_equal(alone[0], together[i]), f"row {i}"
+
+
+# ---- norm, rope, element-wise ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 7, 64, 577])
+def test_rmsnorm(generic, n):
+    r = rng(n)
+    x = (r.standard_normal(n) * 4).astype(np.float32)
+    w = (1 + 0.1 * r.standard_normal(n)).astype(np.float32)
+    x64 = x.astype(np.float64)
+    want = x64 / np.sqrt(np.mean(x64 * x64) + 1e-5) * w
+    for kt in [generic] + ([_engine.KernelTable("avx2")] if _engine.avx2_supported() else []):
+        assert_close(kt.rmsnorm(x, w, 1e-5), want, np.abs(want) + 1e-6, 8 * SUM_RTOL, f"{kt.name} n={n}")
+
+
+@pytest.mark.parametrize("n_heads, head_dim", [(1, 2), (3, 6), (3, 16), (2, 64)])
+def test_rope(generic, n_heads, head_dim):
+    r = rng(head_dim)
+    x = r.standard_normal(n_heads * head_dim).astype(np.float32)
+    theta = 37 * 10000.0 ** (-np.arange(0, head_dim, 2) / head_dim)
+    cs = np.stack([np.cos(theta), np.sin(theta)], axis=1).astype(np.float32).reshape(-1)
+    xh = x.astype(np.float64).reshape(n_heads, head_dim)
+    c, s = cs[0::2].astype(np.float64), cs[1::2].astype(np.float64)
+    want = np.empty_like(xh)
+    want[:, 0::2] = xh[:, 0::2] * c - xh[:, 1::2] * s
+    want[:, 1::2] = xh[:, 0::2] * s + xh[:, 1::2] * c
+    scale = np.repeat(np.abs(xh[:, 0::2]) + np.abs(xh[:, 1::2]), 2, axis=1).reshape(-1)
+    for kt in [generic] + ([_engine.KernelTable("avx2")] if _engine.avx2_supported() else []):
+        assert_close(kt.rope(x, n_heads, head_dim, cs), want.reshape(-1), scale, 4 * SUM_RTOL, kt.name)
+
+
+@pytest.mark.parametrize("n", [1, 13, 100])
+def test_silu_mul(generic, n):
+    r = rng(n)
+    g = np.concatenate([(r.standard_normal(n) * 6), [-200.0, -30.0, 30.0, 0.0]]).astype(np.float32)
+    u = r.standard_normal(len(g)).astype(np.float32)
+    g64 = g.astype(np.float64)
+    want = g64 / (1 + np.exp(-g64)) * u
+    for kt in [generic] + ([_engine.KernelTable("avx2")] if _engine.avx2_supported() else []):
+        assert_close(kt.silu_mul(g, u), want, np.abs(want) + 1e-30, SILU_RTOL, f"{kt.name} n={n}")
+
+
+def test_exp(generic):
+    x = np.concatenate([np.linspace(-87.0, 88.0, 2001), [-1e-7, 0.0, 1e-7, -0.5, 0.5]]).astype(np.float32)
+    want = np.exp(x.astype(np.float64))
+    for kt in [generic] + ([_engine.KernelTable("avx2")] if _engine.avx2_supported() else []):
+        assert_close(kt.exp(x), want, want, EXP_RTOL, kt.name)
+
+
+# ---- whole forward: scalar path -------------------------------------------------------------
+
+# Logits of a whole forward, scalar vs AVX2 kernels: the same math in another summation order;
+# on quantized activations a rounding flip can move a logit by a few hundredths.
+FORWARD_VARIANT_ATOL = 0.05
+
+_SCALAR_SCRIPT = """
+import json, sys
+import numpy as np
+from slotserve.engine_ext import SlotPool, kernel_variant
+pool = SlotPool(sys.argv[1], 1, 64)
+tokens = np.array(json.loads(sys.argv[2]), np.int32)
+logits = pool.forward([(0, tokens, 0, True)])[0]
+print(json.dumps({"variant": pool.kernel_variant, "module": kernel_variant(), "logits": logits.tolist()}))
+"""
+
+
+@needs_avx2
+def test_forward_scalar_env_matches_avx2(tiny_model_factory):
+    """SLOTSERVE_KERNELS=scalar forces the portable kernels in a fresh process (the path a CPU
+    without AVX2 takes); its logits agree with the AVX2 engine's."""
+    path = tiny_model_factory("Q4_1")
+    tokens = random_tokens(21, 299, seed=5)
+    env = {**os.environ, "SLOTSERVE_KERNELS": "scalar"}
+    out = subprocess.run(
+        [sys.executable, "-c", _SCALAR_SCRIPT, str(path), json.dumps(tokens.tolist())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    result = json.loads(out.stdout)
+    assert result["variant"] == "scalar" and result["module"] == "scalar"
+    fast = make_pool(path, 1, 64, kernels="avx2")
+    assert fast.kernel_variant == "avx2"
+    want = fast.forward([(0, tokens, 0, True)])[0]
+    got = np.array(result["logits"], np.float32)
+    diff = np.abs(got - want).max()
+    assert diff <= FORWARD_VARIANT_ATOL, f"largest difference {diff}"
+    assert np.argmax(got) == np.argmax(want)
+
+
+def test_kernel_env_rejects_unknown_value(tiny_model_path, monkeypatch):
+    from slotserve.engine_ext import kernel_variant
+
+    monkeypatch.setenv("SLOTSERVE_KERNELS", "sse9")
+    with pytest.raises(ValueError, match="SLOTSERVE_KERNELS"):
+        kernel_variant()
+    with pytest.raises(ValueError, match="sse9"):
+        make_pool(tiny_model_path, 1, 16)
+    monkeypatch.setenv("SLOTSERVE_KERNELS", "scalar")
+    assert make_pool(tiny_model_path, 1, 16).kernel_variant == "scalar"
+
+
+def test_kernel_table_refuses_mismatched_operands(generic):
+    # lengths that disagree would make the C kernels read or write past a buffer
+    f = lambda n: np.ones(n, np.float32)  # noqa: E731
+    x = rng(1).standard_normal((2, 64)).astype(np.float32)
+    raw, _ = weight_bytes("Q8_0", 16, 64)
+    q8 = int(GGMLQuantizationType.Q8_0)
+    q = generic.quantize_q8a(x)
+    calls = {
+        "rmsnorm w short": lambda: generic.rmsnorm(f(64), f(32), 1e-5),
+        "rmsnorm empty": lambda: generic.rmsnorm(f(0), f(0), 1e-5),
+        "silu_mul u short": lambda: generic.silu_mul(f(64), f(8)),
+        "rope x short": lambda: generic.rope(f(64), 2, 64, f(64)),
+        "rope cos_sin short": lambda: generic.rope(f(128), 2, 64, f(32)),
+        "gemm y shape": lambda: generic.gemm(q8, raw, 16, x, quantized=q, y=np.zeros((2, 8), np.float32)),
+        "gemm quantized of other x": lambda: generic.gemm(
+            q8, raw, 16, x, quantized=generic.quantize_q8a(x[:1].copy())
+        ),
+    }
+    for what, call in calls.items():
+        with pytest.raises(ValueError):
+            call()
+            pytest.fail(f"{what}: accepted")

@@ -1,0 +1,154 @@
+"""ServeConfig and the SLOTSERVE_* registry: precedence, aliases, loud failures."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from slotserve.gateway.cli import configure
+from slotserve.gateway.config import OPTIONS, ServeConfig, config_from_args
+
+
+def parse(argv: list[str], env: dict[str, str] | None = None) -> ServeConfig:
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    return config_from_args(parser.parse_args(argv), environ=env or {})
+
+
+def test_defaults_are_safe() -> None:
+    c = parse([])
+    assert c.host == "127.0.0.1"
+    assert c.port == 8080
+    assert c.api_key is None
+    assert c.kv_disk_dir is None  # nothing written to disk unless asked
+    assert c.default_max_tokens <= c.max_tokens_limit
+    assert c.max_body_bytes == 4 * 1024 * 1024
+
+
+def test_the_api_key_never_appears_in_the_config_repr() -> None:
+    c = ServeConfig(api_key="s3cret-key")
+    assert c.api_key == "s3cret-key"
+    assert "s3cret-key" not in repr(c) and "s3cret-key" not in str(c)
+
+
+def test_command_line_beats_environment_beats_default() -> None:
+    env = {"SLOTSERVE_PORT": "9001", "SLOTSERVE_CTX_SIZE": "2048"}
+    c = parse(["--port", "9002"], env)
+    assert c.port == 9002  # flag wins
+    assert c.ctx_size == 2048  # env beats the default
+
+
+def test_parallel_is_an_alias_of_batched_session() -> None:
+    assert parse(["--parallel", "3"]).batched_session == 3
+    assert parse(["-np", "5"]).batched_session == 5
+    assert parse(["--batched-session", "2"]).batched_session == 2
+
+
+def test_every_option_has_an_env_var_that_parses() -> None:
+    samples = {int: "100", float: "1.5", str: "x"}
+    for opt in OPTIONS:
+        if opt.kind == "flag":
+            raw = "true"
+        elif opt.kind == "names":
+            raw = "a, b"
+        else:
+            raw = samples.get(opt.parse, "x")
+        env = {opt.env: raw}
+        if opt.field == "kv_disk_space_mb":
+            env["SLOTSERVE_KV_DISK_DIR"] = "/tmp/kv"
+        if opt.field == "log_level":
+            env[opt.env] = "debug"
+        if opt.field in ("max_body_bytes", "max_tokens_limit"):
+            env[opt.env] = "100000"
+        if opt.field == "kv_events_endpoint":
+            env[opt.env] = "tcp://127.0.0.1:5557"
+        c = config_from_args(None, environ=env)
+        value = getattr(c, opt.field)
+        assert value == opt.parse(env[opt.env]), opt.field
+
+
+def test_names_from_flags_and_env() -> None:
+    assert parse(["--served-model-name", "a", "b"]).served_model_name == ("a", "b")
+    assert parse([], {"SLOTSERVE_SERVED_MODEL_NAME": "x,y"}).served_model_name == ("x", "y")
+
+
+@pytest.mark.parametrize(
+    "env, fragment",
+    [
+        ({"SLOTSERVE_PORT": "eighty"}, "SLOTSERVE_PORT"),
+        ({"SLOTSERVE_NO_REUSE": "maybe"}, "SLOTSERVE_NO_REUSE"),
+        ({"SLOTSERVE_DRAIN_GRACE_S": "soon"}, "SLOTSERVE_DRAIN_GRACE_S"),
+    ],
+)
+def test_bad_environment_value_fails_loudly(env: dict[str, str], fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        config_from_args(None, environ=env)
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"port": 0}, "port"),
+        ({"batched_session": 0}, "--batched-session"),
+        ({"kv_disk_space_mb": 10}, "--kv-disk-dir"),
+        ({"default_max_tokens": 5000}, "--default-max-tokens"),
+        ({"log_level": "loud"}, "--log-level"),
+        ({"api_key": ""}, "--api-key"),
+        ({"kv_events_endpoint": "x"}, "--kv-events-endpoint"),
+        ({"kv_events_endpoint": "http://127.0.0.1:5557"}, "--kv-events-endpoint"),
+        ({"kv_events_endpoint": "tcp://127.0.0.1"}, "--kv-events-endpoint"),
+    ],
+)
+def test_out_of_range_values_name_the_flag(kwargs: dict, fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        ServeConfig(**kwargs)
+
+
+def test_no_reuse_flag_and_env() -> None:
+    assert parse(["--no-reuse"]).no_reuse is True
+    assert parse([], {"SLOTSERVE_NO_REUSE": "1"}).no_reuse is True
+    assert parse([], {"SLOTSERVE_NO_REUSE": "0"}).no_reuse is False
+
+
+def test_cli_run_reports_bad_env_and_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from slotserve.cli import main
+
+    monkeypatch.setenv("SLOTSERVE_MAX_QUEUE", "-3")
+    assert main(["serve"]) == 2
+    assert "--max-queue" in capsys.readouterr().err
+
+
+def test_kv_events_endpoint_builds_the_publisher_config() -> None:
+    c = parse(
+        [
+            "--kv-events-endpoint",
+            "tcp://*:5557",
+            "--kv-events-topic",
+            "kv@x@m",
+            "--kv-events-block-size",
+            "32",
+        ]
+    )
+    events = c.kv_events_config()
+    assert events is not None
+    assert (events.endpoint, events.topic, events.block_size, events.binds) == (
+        "tcp://*:5557",
+        "kv@x@m",
+        32,
+        True,
+    )
+    assert parse([]).kv_events_config() is None
+
+
+@pytest.mark.parametrize("endpoint", ["x", "http://127.0.0.1:5557"])
+def test_cli_rejects_a_malformed_kv_events_endpoint_before_loading(
+    endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from slotserve.cli import main
+
+    # NOTE: no model is given; a traceback from model loading would mean validation came too late.
+    assert main(["serve", "--kv-events-endpoint", endpoint, "--model", "/nonexistent/model.gguf"]) == 2
+    err = capsys.readouterr().err
+    assert "slotserve serve:" in err and "--kv-events-endpoint" in err

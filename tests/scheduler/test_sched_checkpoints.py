@@ -1,0 +1,140 @@
+"""Checkpoint stores: memory (budget, LRU, rule classes, exact-token keys) and disk (atomic
+files, index rebuild, LRU within the space budget)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+from slotserve.scheduler import checkpoints as ck
+from slotserve.scheduler.checkpoints import CaptureRule, MemoryCheckpointStore
+from slotserve.scheduler.disk_store import DiskCheckpointStore
+
+
+def toks(seed: int, n: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 1000, n).astype(np.int32)
+
+
+def blob(n: int) -> bytes:
+    return bytes(n)
+
+
+def test_find_returns_the_longest_common_prefix_comparing_tokens():
+    store = MemoryCheckpointStore(1 << 20)
+    base = toks(1, 100)
+    a = np.concatenate([base, toks(2, 50)])
+    b = np.concatenate([base[:70], toks(3, 10)])
+    store.insert(a, blob(100), CaptureRule.EVICT)
+    store.insert(b, blob(100), CaptureRule.HINT)
+    m = store.find(np.concatenate([base, toks(4, 5)]))
+    assert (m.key, m.common, m.num_tokens) == (ck.tokens_key(a), 100, 150)
+    assert store.find(toks(9, 100)) is None
+    store.check_integrity()
+
+
+def test_a_hash_collision_is_caught_by_comparing_tokens(monkeypatch):
+    monkeypatch.setattr(ck, "tokens_key", lambda t: "same-key")
+    store = MemoryCheckpointStore(1 << 20)
+    a, b = toks(1, 50), toks(2, 50)
+    store.insert(a, blob(10), CaptureRule.HINT)
+    assert store.contains_prefix(a) and not store.contains_prefix(b)
+    store.insert(b, blob(10), CaptureRule.HINT)  # replaces: one key, exact tokens win
+    assert store.contains_prefix(b) and not store.contains_prefix(a)
+    assert len(store) == 1
+
+
+def test_budget_evicts_least_recently_used_within_a_class():
+    store = MemoryCheckpointStore(300)
+    entries = [toks(i, 40) for i in range(3)]
+    for t in entries:
+        assert store.insert(t, blob(100), CaptureRule.EVICT) == []
+    store.get(ck.tokens_key(entries[0]))  # refresh the oldest
+    evicted = store.insert(toks(10, 40), blob(100), CaptureRule.EVICT)
+    assert [e.key for e in evicted] == [ck.tokens_key(entries[1])]
+    assert store.bytes_used == 300
+    store.check_integrity()
+
+
+def test_prompt_end_captures_go_first_and_never_displace_hinted_ones():
+    store = MemoryCheckpointStore(300)
+    hint = toks(1, 40)
+    pe = toks(2, 40)
+    store.insert(hint, blob(100), CaptureRule.HINT)
+    store.insert(pe, blob(100), CaptureRule.PROMPT_END)
+    store.insert(toks(3, 40), blob(100), CaptureRule.COMMON_PREFIX)
+    store.get(ck.tokens_key(pe))  # the prompt-end entry is now the most recently used
+    evicted = store.insert(toks(4, 40), blob(100), CaptureRule.HINT)
+    assert [e.key for e in evicted] == [ck.tokens_key(pe)]
+    # full of hinted/common-prefix entries: a prompt-end capture does not fit
+    assert not store.can_fit(100, CaptureRule.PROMPT_END)
+    assert store.insert(toks(5, 40), blob(100), CaptureRule.PROMPT_END) is None
+    assert store.contains_prefix(hint)
+    assert store.insert(toks(6, 40), blob(400), CaptureRule.HINT) is None  # over the budget
+    store.check_integrity()
+
+
+def test_a_longer_capture_supersedes_prompt_end_prefixes_of_it():
+    store = MemoryCheckpointStore(1 << 20)
+    conv = toks(1, 200)
+    store.insert(conv[:150], blob(10), CaptureRule.HINT)
+    store.insert(conv[:100], blob(10), CaptureRule.PROMPT_END)
+    evicted = store.insert(conv, blob(10), CaptureRule.PROMPT_END)
+    assert [e.num_tokens for e in evicted] == [100]
+    assert store.contains_prefix(conv[:150])  # only prompt-end entries are superseded
+    store.check_integrity()
+
+
+def _disk(tmp_path, space=1 << 20) -> DiskCheckpointStore:
+    d = DiskCheckpointStore(tmp_path, space, "fp-test")
+    d.start()
+    d.index_ready.wait(5)
+    return d
+
+
+def test_disk_round_trip_and_index_rebuilt_after_restart(tmp_path):
+    d = _disk(tmp_path)
+    t = toks(1, 64)
+    d.put(t, b"snapshot-bytes", "hint")
+    d.flush()
+    assert d.find(np.concatenate([t, toks(2, 3)])).common == 64
+    tokens, data = d.load(ck.tokens_key(t))
+    assert data == b"snapshot-bytes" and np.array_equal(tokens, t)
+    d.close()
+    assert not list(tmp_path.rglob("*.tmp"))
+    d2 = _disk(tmp_path)  # a restart: the index comes from the files' headers
+    assert len(d2) == 1 and d2.bytes_used == d.bytes_used
+    assert d2.load(ck.tokens_key(t))[1] == b"snapshot-bytes"
+    assert d2.load(ck.tokens_key(t))[1] == b"snapshot-bytes"  # stays reusable
+    d2.close()
+
+
+def test_disk_lru_within_the_space_budget(tmp_path):
+    d = _disk(tmp_path, space=3 * 800)
+    keys = []
+    for i in range(3):
+        t = toks(i, 64)
+        d.put(t, bytes(400), "evict")
+        d.flush()
+        keys.append(ck.tokens_key(t))
+        time.sleep(0.01)
+    assert d.load(keys[0]) is not None  # refresh the oldest
+    d.put(toks(9, 64), bytes(400), "evict")
+    d.flush()
+    names = {p.name for p in tmp_path.rglob("*.kvc")}
+    assert keys[1] + ".kvc" not in names and keys[0] + ".kvc" in names and len(names) == 3
+    assert d.bytes_used <= 3 * 800
+    d.close()
+
+
+def test_disk_truncated_file_is_removed_on_load(tmp_path):
+    d = _disk(tmp_path)
+    t = toks(1, 64)
+    d.put(t, bytes(1000), "hint")
+    d.flush()
+    (path,) = list(tmp_path.rglob("*.kvc"))
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 10)
+    assert d.load(ck.tokens_key(t)) is None
+    assert not path.exists() and len(d) == 0
+    d.close()

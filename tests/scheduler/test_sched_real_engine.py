@@ -1,0 +1,158 @@
+"""The scheduler on the real C engine with the tiny fixture model: warm == cold token for token,
+with the reuse source/count and the tokens the engine computed asserted."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from sched_support import collect, make_config, make_request
+from slotserve.scheduler.config import SchedulerConfig
+from slotserve.scheduler.request import FinishReason, ReuseSource, TokenEvent
+from slotserve.scheduler.scheduler import Scheduler
+
+
+class CountingPool:
+    """Delegates to a real SlotPool and counts the tokens fed to forward."""
+
+    def __init__(self, pool) -> None:
+        self._pool = pool
+        self.num_computed_tokens = 0
+
+    def __getattr__(self, name):
+        return getattr(self._pool, name)
+
+    def forward(self, batch):
+        self.num_computed_tokens += sum(len(it.tokens) for it in batch)
+        return self._pool.forward(batch)
+
+
+@pytest.fixture
+def open_pool(tiny_model_path):
+    from slotserve.engine_ext.loader import open_model
+
+    def make(num_slots: int, ctx_len: int = 512):
+        bundle = open_model(tiny_model_path, num_slots=num_slots, ctx_len=ctx_len, threads=1)
+        return CountingPool(bundle.pool), bundle.tokenizer
+
+    return make
+
+
+def config(**kw) -> SchedulerConfig:
+    kw.setdefault("segment_tokens", 32)  # shorter segments than the fake-engine tests
+    return make_config(**kw)
+
+
+def sched_for(pool, tok, **kw) -> Scheduler:
+    return Scheduler(pool, config(**kw), token_bytes=tok.token_bytes, eos_token_ids=tok.eos_token_ids)
+
+
+def ids(seed: int, n: int, n_vocab: int = 299) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(3, n_vocab, n)]
+
+
+async def cold(open_pool, prompt, max_tokens) -> list[int]:
+    pool, tok = open_pool(1)
+    async with sched_for(pool, tok) as sched:
+        out = await collect(sched.submit(make_request(prompt, max_tokens)))
+    assert out.finish.reuse.reused_tokens == 0 and out.finish.reason is FinishReason.LENGTH
+    return out.tokens
+
+
+async def test_multi_turn_and_identical_repeat_on_the_real_engine(open_pool):
+    pool, tok = open_pool(2)
+    turn1 = ids(1, 150)
+    async with sched_for(pool, tok) as sched:
+        a = await collect(sched.submit(make_request(turn1, 8)))
+        turn2 = turn1 + a.tokens + ids(2, 40)
+        before = pool.num_computed_tokens
+        b = await collect(sched.submit(make_request(turn2, 8)))
+        assert b.finish.reuse.source is ReuseSource.REWIND
+        assert b.finish.reuse.reused_tokens == 150 + 7
+        assert pool.num_computed_tokens - before == len(turn2) - 157 + 7
+        before = pool.num_computed_tokens
+        c = await collect(sched.submit(make_request(turn2, 8)))
+        assert (c.finish.reuse.reused_tokens, c.finish.reuse.prefilled_tokens) == (len(turn2) - 1, 1)
+        assert pool.num_computed_tokens - before == 1 + 7
+        await sched.check_integrity()
+    assert a.tokens == await cold(open_pool, turn1, 8)
+    assert b.tokens == c.tokens == await cold(open_pool, turn2, 8)
+
+
+async def test_shared_system_prompt_is_copied_on_the_real_engine(open_pool):
+    pool, tok = open_pool(3)
+    system = ids(3, 100)
+    prompts = [system + ids(10 + i, 12) for i in range(3)]
+    async with sched_for(pool, tok) as sched:
+        outs = await asyncio.gather(*(collect(sched.submit(make_request(p, 6))) for p in prompts))
+        await sched.check_integrity()
+    assert [o.finish.reuse.source for o in outs] == [ReuseSource.NONE] + [ReuseSource.COPY] * 2
+    assert [o.finish.reuse.reused_tokens for o in outs] == [0, 100, 100]
+    assert pool.num_computed_tokens == 112 + 2 * 12 + 3 * 5
+    for p, o in zip(prompts, outs):
+        assert o.tokens == await cold(open_pool, p, 6)
+
+
+async def test_checkpoint_restore_and_abort_resend_on_the_real_engine(open_pool):
+    pool, tok = open_pool(1)
+    a, b = ids(4, 120), ids(5, 90)
+    async with sched_for(pool, tok, checkpoint_memory_mb=4) as sched:
+        await collect(sched.submit(make_request(a, 4)))
+        await collect(sched.submit(make_request(b, 4)))  # a's record is captured, then replaced
+        before = pool.num_computed_tokens
+        again = await collect(sched.submit(make_request(a, 6)))
+        assert again.finish.reuse.source is ReuseSource.CHECKPOINT_MEMORY
+        assert again.finish.reuse.reused_tokens == 119
+        assert pool.num_computed_tokens - before == 1 + 5
+        # abort a stream, resend the same prompt: one token of prefill
+        h = sched.submit(make_request(b, 50))
+        async for ev in h:
+            if isinstance(ev, TokenEvent):
+                break
+        assert await h.cancel() is True
+        before = pool.num_computed_tokens
+        resent = await collect(sched.submit(make_request(b, 6)))
+        assert resent.finish.reuse.source in (ReuseSource.REWIND, ReuseSource.CHECKPOINT_MEMORY)
+        assert (resent.finish.reuse.reused_tokens, resent.finish.reuse.prefilled_tokens) == (89, 1)
+        assert pool.num_computed_tokens - before == 1 + 5
+        await sched.check_integrity()
+    assert again.tokens == await cold(open_pool, a, 6)
+    assert resent.tokens == await cold(open_pool, b, 6)
+
+
+async def test_engine_fault_on_the_real_engine_fails_the_request_and_the_slot_recovers(open_pool):
+    pool, tok = open_pool(1)
+    prompt = ids(6, 60)
+    async with sched_for(pool, tok) as sched:
+        h = sched.submit(make_request(prompt, 30))
+        async for ev in h:
+            if isinstance(ev, TokenEvent):
+                pool._inject_fault(0)
+                break
+        out = await collect(h)
+        assert out.finish.reason is FinishReason.ERROR
+        assert sched.slots()[0].num_tokens == 0
+        await sched.check_integrity()
+        retry = await collect(sched.submit(make_request(prompt, 6)))
+    assert retry.finish.reuse.reused_tokens == 0
+    assert retry.tokens == await cold(open_pool, prompt, 6)
+
+
+async def test_a_fault_in_one_slot_fails_only_its_request(open_pool):
+    """Two requests decode in the same steps; a compute fault in one slot fails that request
+    only: the other one's slot keeps its rows and its tokens equal a cold run."""
+    pool, tok = open_pool(2)
+    a, b = ids(7, 40), ids(8, 50)
+    async with sched_for(pool, tok) as sched:
+        ha = sched.submit(make_request(a, 30))
+        hb = sched.submit(make_request(b, 12))
+        async for ev in ha:
+            if isinstance(ev, TokenEvent) and pool.slot_len(1) > 0 and pool.slot_len(0) > 0:
+                pool._inject_fault(next(v.slot for v in sched.slots() if v.request_id == ha.request_id))
+                break
+        out_a, out_b = await collect(ha), await collect(hb)
+        await sched.check_integrity()
+    assert out_a.finish.reason is FinishReason.ERROR
+    assert out_b.finish.reason is FinishReason.LENGTH
+    assert out_b.tokens == await cold(open_pool, b, 12)

@@ -1,0 +1,107 @@
+"""Sampling: greedy, temperature, top-k, top-p, min-p, seeds, penalties."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from slotserve.scheduler.request import SamplingParams
+from slotserve.scheduler.sampling import Sampler, _top_p_ids, validate_params
+
+V = 50
+
+
+def logits(seed=0, n=V) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(n).astype(np.float32) * 2
+
+
+def draws(params: SamplingParams, row: np.ndarray, n: int) -> np.ndarray:
+    s = Sampler(params, row.shape[0])
+    return np.array([s.sample(row) for _ in range(n)])
+
+
+def test_greedy_is_argmax_and_top_k_1_is_greedy_at_any_temperature():
+    row = logits(1)
+    assert set(draws(SamplingParams(temperature=0), row, 5)) == {int(np.argmax(row))}
+    assert set(draws(SamplingParams(temperature=2.0, top_k=1, seed=3), row, 50)) == {int(np.argmax(row))}
+
+
+@pytest.mark.parametrize("min_p", [0.0, 0.1])
+def test_a_tiny_temperature_is_greedy_not_an_overflow(min_p):
+    # logits / 1e-320 overflow to inf; the draw must still be the argmax (and never raise)
+    row = logits(2) * 20
+    got = draws(SamplingParams(temperature=1e-320, min_p=min_p, top_p=0.9, seed=1), row, 5)
+    assert set(got) == {int(np.argmax(row))}
+
+
+def test_same_seed_same_tokens_other_seed_other_tokens():
+    row = logits(2)
+    a = draws(SamplingParams(temperature=1.0, seed=11), row, 40)
+    b = draws(SamplingParams(temperature=1.0, seed=11), row, 40)
+    c = draws(SamplingParams(temperature=1.0, seed=12), row, 40)
+    assert (a == b).all() and not (a == c).all()
+
+
+def test_temperature_sampling_follows_the_softmax():
+    row = np.array([2.0, 1.0, 0.0, -1.0], dtype=np.float32)
+    got = np.bincount(draws(SamplingParams(temperature=1.0, seed=5), row, 8000), minlength=4)
+    p = np.exp(row - row.max())
+    p /= p.sum()
+    assert np.abs(got / 8000 - p).max() < 0.02
+
+
+def test_top_k_top_p_min_p_only_draw_allowed_ids():
+    row = logits(3)
+    order = np.argsort(-row)
+    got = set(draws(SamplingParams(temperature=1.5, top_k=5, seed=1), row, 500))
+    assert got <= set(order[:5].tolist()) and len(got) > 1
+    p = np.exp(row.astype(np.float64) - row.max())
+    p /= p.sum()
+    nucleus = order[: int(np.searchsorted(np.cumsum(p[order]), 0.8)) + 1]
+    got = set(draws(SamplingParams(temperature=1.0, top_p=0.8, seed=2), row, 1000))
+    assert got <= set(nucleus.tolist()) and len(got) > 1
+    allowed = set(np.flatnonzero(p >= 0.05 * p.max()).tolist())
+    assert 1 < len(allowed) < V
+    got = set(draws(SamplingParams(temperature=1.0, min_p=0.05, seed=4), row, 1000))
+    assert got <= allowed and len(got) > 1
+
+
+def test_top_p_ids_fast_path_matches_full_sort():
+    rng = np.random.default_rng(9)
+    for peaked in (True, False):
+        x = rng.standard_normal(49152) * (8 if peaked else 0.5)
+        probs = np.exp(x - x.max())
+        for top_p in (0.5, 0.9, 0.99):
+            order = np.argsort(-probs, kind="stable")
+            cum = np.cumsum(probs[order])
+            want = set(order[: int(np.searchsorted(cum, top_p * probs.sum())) + 1].tolist())
+            assert set(_top_p_ids(probs, top_p).tolist()) == want
+
+
+def test_frequency_and_presence_penalties_discourage_repeats():
+    row = np.zeros(V, dtype=np.float32)
+    row[7], row[8] = 1.0, 0.9
+    plain = draws(SamplingParams(temperature=0), row, 4)
+    assert plain.tolist() == [7, 7, 7, 7]
+    freq = draws(SamplingParams(temperature=0, frequency_penalty=0.5), row, 4)
+    assert freq.tolist()[:2] == [7, 8]
+    pres = draws(SamplingParams(temperature=0, presence_penalty=2.0), row, 3)
+    assert pres.tolist()[:2] == [7, 8] and pres[2] not in (7, 8)
+
+
+@pytest.mark.parametrize(
+    "params, msg",
+    [
+        (SamplingParams(temperature=-1), "temperature"),
+        (SamplingParams(top_k=-1), "top_k"),
+        (SamplingParams(top_p=1.5), "top_p"),
+        (SamplingParams(min_p=2), "min_p"),
+        (SamplingParams(max_tokens=0), "max_tokens"),
+        (SamplingParams(presence_penalty=float("nan")), "presence_penalty"),
+        (SamplingParams(frequency_penalty=float("-inf")), "frequency_penalty"),
+        (SamplingParams(stop_token_ids=(V,)), "stop token id"),
+        (SamplingParams(stop=("",)), "stop strings"),
+    ],
+)
+def test_bad_parameters_are_rejected_with_the_fix(params, msg):
+    with pytest.raises(ValueError, match=msg):
+        validate_params(params, V)

@@ -36,8 +36,9 @@ PREFILL_SIZES = (128, 512, 2048)
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="GGUF model path (default: the default model, pulled if missing)")
-    parser.add_argument("--threads", type=int, action="append",
-                        help="thread count to measure (repeatable; default: 1 and 2)")
+    parser.add_argument(
+        "--threads", type=int, action="append", help="thread count to measure (repeatable; default: 1 and 2)"
+    )
     parser.add_argument("--reps", type=int, default=3, help="prefill runs per size (median reported)")
     parser.add_argument("--no-numpy", action="store_true", help="skip the NumPy comparison figures")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -51,8 +52,12 @@ def machine() -> dict[str, Any]:
                 model = line.split(":", 1)[1].strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    return {"cpu": model, "cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()],
-            "date": time.strftime("%Y-%m-%d")}
+    return {
+        "cpu": model,
+        "cpus": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "date": time.strftime("%Y-%m-%d"),
+    }
 
 
 def _greedy(pool: Any, slot: int, prompt: list[int], n: int) -> list[int]:
@@ -83,8 +88,10 @@ def validate(model: Any, tokenizer: Any, pool: Any, reference: Any, is_default: 
         agreed = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), VALIDATE_TOKENS)
         result.update(numpy=tokenizer.decode(theirs), agreed_tokens=agreed)
         if agreed < MIN_AGREED:
-            raise SystemExit(f"validation failed: engine {result['engine']!r} vs NumPy {result['numpy']!r} "
-                             f"agree over {agreed} < {MIN_AGREED} tokens")
+            raise SystemExit(
+                f"validation failed: engine {result['engine']!r} vs NumPy {result['numpy']!r} "
+                f"agree over {agreed} < {MIN_AGREED} tokens"
+            )
     if is_default and not result["engine"].startswith(" Paris"):
         raise SystemExit(f"validation failed: {PROMPT!r} continued as {result['engine']!r}, not ' Paris'")
     # exactness: chunked prefill and a batch of 4 reproduce single-chunk, single-slot results
@@ -187,12 +194,15 @@ def run(args: argparse.Namespace) -> int:
     ref_factory = (lambda: NumpyLlama(model, 512)) if not args.no_numpy else None
     pool = SlotPool(model, 4, ctx_len, threads=max(threads))
     info["kernel_variant"] = pool.kernel_variant
-    info["validation"] = validate(model, tokenizer, pool, ref_factory() if ref_factory else None,
-                                  path.name == DEFAULT_MODEL_NAME)
+    info["validation"] = validate(
+        model, tokenizer, pool, ref_factory() if ref_factory else None, path.name == DEFAULT_MODEL_NAME
+    )
     del pool
     if not args.json:
-        print(f"model {path.name} | {info['machine']['cpu']}, {info['machine']['cpus']} CPUs | "
-              f"kernels {info['kernel_variant']} | validated: {info['validation']['engine']!r}")
+        print(
+            f"model {path.name} | {info['machine']['cpu']}, {info['machine']['cpus']} CPUs | "
+            f"kernels {info['kernel_variant']} | validated: {info['validation']['engine']!r}"
+        )
 
     info["results"] = {}
     for t in threads:
@@ -205,8 +215,11 @@ def run(args: argparse.Namespace) -> int:
     if ref_factory is not None:
         info["numpy"] = {k: round(v, 2) for k, v in measure_numpy(ref_factory, model.config.n_vocab).items()}
         if not args.json:
-            print("numpy (float32, BLAS threads): " + "  ".join(f"{k} {v:.2f}" for k, v in info["numpy"].items())
-                  + "  tokens/s")
+            print(
+                "numpy (float32, BLAS threads): "
+                + "  ".join(f"{k} {v:.2f}" for k, v in info["numpy"].items())
+                + "  tokens/s"
+            )
     info["machine"]["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     if args.json:
         print(json.dumps(info, indent=1))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
-
 from slotserve.engine_ext.gguf_file import ModelFile
 
 
@@ -22,12 +21,13 @@ class NumpyLlama:
         self.c = c
         self.w: dict[str, np.ndarray] = {}
         for name, t in model.tensors.items():
-            values = dequantize(t.data.reshape(t.shape[1] if len(t.shape) > 1 else 1, -1),
-                                GGMLQuantizationType(t.ggml_type))
+            values = dequantize(
+                t.data.reshape(t.shape[1] if len(t.shape) > 1 else 1, -1), GGMLQuantizationType(t.ggml_type)
+            )
             self.w[name] = np.ascontiguousarray(values.reshape(tuple(reversed(t.shape))), dtype=np.float32)
         self.out = self.w.get("output.weight", self.w["token_embd.weight"])
         half = np.arange(0, c.head_dim, 2, dtype=np.float64) / c.head_dim
-        self.inv_freq = c.rope_base ** -half  # [head_dim/2]
+        self.inv_freq = c.rope_base**-half  # [head_dim/2]
         kv = (c.n_layers, ctx_len, c.n_kv_heads, c.head_dim)
         self.k = np.zeros(kv, np.float32)  # [layer][pos][kv head][head_dim]
         self.v = np.zeros(kv, np.float32)
@@ -54,7 +54,7 @@ class NumpyLlama:
         mask = np.where(np.arange(end)[None, :] <= pos[:, None], 0.0, -np.inf).astype(np.float32)  # [n, end]
         x = self.w["token_embd.weight"][tokens]
         for i in range(c.n_layers):
-            w = lambda s: self.w[f"blk.{i}.{s}.weight"]  # noqa: E731
+            w = lambda s, i=i: self.w[f"blk.{i}.{s}.weight"]  # noqa: E731
             h = self._norm(x, w("attn_norm"))
             q = self._rope((h @ w("attn_q").T).reshape(n, c.n_heads, hd), pos)
             self.k[i, start:end] = self._rope((h @ w("attn_k").T).reshape(n, c.n_kv_heads, hd), pos)

@@ -32,12 +32,11 @@ import heapq
 import json
 import random
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
-
 from slotserve.scheduler.policy import Capabilities, RouteAction, RouteDecision, SlotCandidate, route
 from slotserve.scheduler.prefix_index import common_prefix_len
 
@@ -101,21 +100,36 @@ class ConversationTrace:
 def make_trace(cfg: TraceConfig) -> list[ConversationTrace]:
     """Deterministic in `cfg` (seed included)."""
     rng = np.random.default_rng(cfg.seed)
-    systems = [rng.integers(0, cfg.vocab, cfg.system_len, dtype=np.int32) for _ in range(cfg.num_system_prompts)]
+    systems = [
+        rng.integers(0, cfg.vocab, cfg.system_len, dtype=np.int32) for _ in range(cfg.num_system_prompts)
+    ]
     out = []
     for _ in range(cfg.num_conversations):
         n = int(rng.integers(cfg.turns[0], cfg.turns[1] + 1))
         sid = int(rng.integers(cfg.num_system_prompts))
-        out.append(ConversationTrace(
-            start_s=float(rng.uniform(0, cfg.ramp_s)),
-            system_id=sid,
-            system=systems[sid],
-            users=tuple(rng.integers(0, cfg.vocab, int(rng.integers(*cfg.user_len, endpoint=True)), dtype=np.int32)
-                        for _ in range(n)),
-            replies=tuple(rng.integers(0, cfg.vocab, int(rng.integers(*cfg.reply_len, endpoint=True)), dtype=np.int32)
-                          for _ in range(n)),
-            think_s=(0.0, *(float(rng.exponential(cfg.think_s)) if cfg.think_s else 0.0 for _ in range(n - 1))),
-        ))
+        out.append(
+            ConversationTrace(
+                start_s=float(rng.uniform(0, cfg.ramp_s)),
+                system_id=sid,
+                system=systems[sid],
+                users=tuple(
+                    rng.integers(
+                        0, cfg.vocab, int(rng.integers(*cfg.user_len, endpoint=True)), dtype=np.int32
+                    )
+                    for _ in range(n)
+                ),
+                replies=tuple(
+                    rng.integers(
+                        0, cfg.vocab, int(rng.integers(*cfg.reply_len, endpoint=True)), dtype=np.int32
+                    )
+                    for _ in range(n)
+                ),
+                think_s=(
+                    0.0,
+                    *(float(rng.exponential(cfg.think_s)) if cfg.think_s else 0.0 for _ in range(n - 1)),
+                ),
+            )
+        )
     return out
 
 
@@ -197,8 +211,10 @@ def simulate(
     choose = slot_chooser or default_slot_chooser(service.half_life_s)
     rng = random.Random(seed)
     empty = np.zeros(0, dtype=np.int32)
-    reps = [_Replica([empty] * slots_per_replica, [False] * slots_per_replica, [0.0] * slots_per_replica)
-            for _ in range(num_replicas)]
+    reps = [
+        _Replica([empty] * slots_per_replica, [False] * slots_per_replica, [0.0] * slots_per_replica)
+        for _ in range(num_replicas)
+    ]
     events: list[tuple[float, int, str, tuple]] = []  # (time, tie, kind, payload)
     tie = 0
 
@@ -241,8 +257,14 @@ def simulate(
         if best is not None:
             return best[-1]
         # every slot busy: the replica holding the longest prefix, then the shortest queue
-        return max(range(num_replicas), key=lambda i: (
-            max(common_prefix_len(job.prompt, r) for r in reps[i].records), -len(reps[i].queue), -i))
+        return max(
+            range(num_replicas),
+            key=lambda i: (
+                max(common_prefix_len(job.prompt, r) for r in reps[i].records),
+                -len(reps[i].queue),
+                -i,
+            ),
+        )
 
     def start(i: int, job: _Job, now: float) -> None:
         rep = reps[i]
@@ -328,13 +350,26 @@ def _pair(text: str) -> tuple[int, int]:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 100],
-                        help="replica counts to simulate (default 1 2 4 8 16 32 64 100)")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        nargs="+",
+        default=[1, 2, 4, 8, 16, 32, 64, 100],
+        help="replica counts to simulate (default 1 2 4 8 16 32 64 100)",
+    )
     parser.add_argument("--slots", type=int, default=4, help="slots per replica (default 4)")
-    parser.add_argument("--policies", nargs="+", default=[p.value for p in ClusterPolicy],
-                        choices=[p.value for p in ClusterPolicy])
-    parser.add_argument("--conversations-per-slot", type=float, default=1.0,
-                        help="conversations in the trace per slot of the cluster (default 1.0)")
+    parser.add_argument(
+        "--policies",
+        nargs="+",
+        default=[p.value for p in ClusterPolicy],
+        choices=[p.value for p in ClusterPolicy],
+    )
+    parser.add_argument(
+        "--conversations-per-slot",
+        type=float,
+        default=1.0,
+        help="conversations in the trace per slot of the cluster (default 1.0)",
+    )
     parser.add_argument("--system-prompts", type=int, default=4)
     parser.add_argument("--system-len", type=int, default=400)
     parser.add_argument("--turns", type=_pair, default=(3, 10), metavar="LOW,HIGH")
@@ -346,8 +381,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode-tok-s", type=float, default=40.0)
     parser.add_argument("--ctx-len", type=int, default=8192)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=None,
-                        help="directory for results.json, table.md and hit_rate.png (nothing written without it)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="directory for results.json, table.md and hit_rate.png (nothing written without it)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -358,28 +397,49 @@ def run(args: argparse.Namespace) -> int:
     service = ServiceModel(args.prefill_tok_s, args.decode_tok_s, args.ctx_len)
     results: list[SimResult] = []
     for n in args.replicas:
-        trace = make_trace(TraceConfig(
-            num_conversations=max(1, round(args.conversations_per_slot * n * args.slots)),
-            num_system_prompts=args.system_prompts, system_len=args.system_len, turns=args.turns,
-            user_len=args.user_len, reply_len=args.reply_len, ramp_s=args.ramp_s, think_s=args.think_s,
-            seed=args.seed,
-        ))
+        trace = make_trace(
+            TraceConfig(
+                num_conversations=max(1, round(args.conversations_per_slot * n * args.slots)),
+                num_system_prompts=args.system_prompts,
+                system_len=args.system_len,
+                turns=args.turns,
+                user_len=args.user_len,
+                reply_len=args.reply_len,
+                ramp_s=args.ramp_s,
+                think_s=args.think_s,
+                seed=args.seed,
+            )
+        )
         for p in args.policies:
             t0 = time.perf_counter()
             r = simulate(trace, n, args.slots, ClusterPolicy(p), service, seed=args.seed)
             r.wall_s = time.perf_counter() - t0
             results.append(r)
-            print(f"N={n:<4} {p:<12} hit {r.hit_rate:6.1%}  home {r.home_rate:6.1%}  "
-                  f"saved {r.reused_tokens:>10,} of {r.prompt_tokens:>10,}  oracle {r.oracle_hit_rate:6.1%}  "
-                  f"queue {r.mean_queue_s:6.2f}s  max share {r.max_share:4.2f}  ({r.wall_s:.1f}s)", flush=True)
+            print(
+                f"N={n:<4} {p:<12} hit {r.hit_rate:6.1%}  home {r.home_rate:6.1%}  "
+                f"saved {r.reused_tokens:>10,} of {r.prompt_tokens:>10,}  oracle {r.oracle_hit_rate:6.1%}  "
+                f"queue {r.mean_queue_s:6.2f}s  max share {r.max_share:4.2f}  ({r.wall_s:.1f}s)",
+                flush=True,
+            )
     table = markdown_table(results)
     print()
     print(table)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(json.dumps(
-            {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if not k.startswith("_")},
-             "results": [r.as_dict() for r in results]}, indent=2) + "\n")
+        (args.out / "results.json").write_text(
+            json.dumps(
+                {
+                    "args": {
+                        k: (str(v) if isinstance(v, Path) else v)
+                        for k, v in vars(args).items()
+                        if not k.startswith("_")
+                    },
+                    "results": [r.as_dict() for r in results],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         (args.out / "table.md").write_text(table + "\n")
         plot(results, args.out / "hit_rate.png", args.slots)
         print(f"\nwrote {args.out}/results.json, table.md, hit_rate.png")
@@ -409,10 +469,20 @@ def plot(results: Sequence[SimResult], path: Path, slots: int) -> None:
     for policy in ClusterPolicy:
         rows = sorted((r for r in results if r.policy == policy.value), key=lambda r: r.num_replicas)
         if rows:
-            ax.plot([r.num_replicas for r in rows], [100 * r.hit_rate for r in rows], marker="o", label=policy.value)
+            ax.plot(
+                [r.num_replicas for r in rows],
+                [100 * r.hit_rate for r in rows],
+                marker="o",
+                label=policy.value,
+            )
     oracle = sorted({r.num_replicas: r for r in results}.values(), key=lambda r: r.num_replicas)
-    ax.plot([r.num_replicas for r in oracle], [100 * r.oracle_hit_rate for r in oracle], ls="--", color="gray",
-            label="oracle (whole history)")
+    ax.plot(
+        [r.num_replicas for r in oracle],
+        [100 * r.oracle_hit_rate for r in oracle],
+        ls="--",
+        color="gray",
+        label="oracle (whole history)",
+    )
     ax.set_xscale("log")
     ticks = sorted({r.num_replicas for r in results})
     ax.set_xticks(ticks, [str(t) for t in ticks])

@@ -37,7 +37,6 @@ def _records(prompt_len: int, num_slots: int, vocab: int, seed: int = 0):
 
 def run(args: argparse.Namespace) -> int:
     import numpy as np
-
     from slotserve.scheduler.policy import RouteAction, SlotCandidate, route
     from slotserve.scheduler.prefix_index import common_prefix_len
 

@@ -10,8 +10,9 @@ trim_blocks, lstrip_blocks and loop controls; globals `raise_exception(msg)` and
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import jinja2
 from jinja2.ext import loopcontrols
@@ -28,10 +29,16 @@ def _raise_exception(message: str) -> None:
     raise ChatTemplateError(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: Any = None, sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _strftime_now(fmt: str) -> str:
@@ -58,8 +65,13 @@ class ChatTemplate:
         self.bos_token = bos_token
         self.eos_token = eos_token
 
-    def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
-               tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str:
         """The prompt text for `messages` (dicts with at least "role" and "content"), ending with
         the assistant header when add_generation_prompt. ValueError (ChatTemplateError) when the
         template rejects the conversation or fails to render it."""
@@ -78,8 +90,9 @@ class ChatTemplate:
         except (TypeError, KeyError, AttributeError) as exc:  # e.g. a message without "content"
             raise ChatTemplateError(f"the chat template failed on these messages: {exc!r}") from exc
 
-    def system_prefix(self, messages: Sequence[Mapping[str, Any]], *,
-                      tools: Sequence[Mapping[str, Any]] | None = None) -> str | None:
+    def system_prefix(
+        self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> str | None:
         """The rendered text of the leading system turn(s) of `messages` (all of it if there is
         nothing else), or None when there is none or the template does not render them as a text prefix of the whole conversation.
 
@@ -111,5 +124,6 @@ def chat_template_for(mf: ModelFile) -> ChatTemplate | None:
         i = mf.metadata.get(key)
         return pieces[i] if isinstance(i, int) and 0 <= i < len(pieces) else ""
 
-    return ChatTemplate(source, bos_token=piece("tokenizer.ggml.bos_token_id"),
-                        eos_token=piece("tokenizer.ggml.eos_token_id"))
+    return ChatTemplate(
+        source, bos_token=piece("tokenizer.ggml.bos_token_id"), eos_token=piece("tokenizer.ggml.eos_token_id")
+    )

@@ -253,8 +253,10 @@ def _read_config(path: Path, metadata: dict[str, object], tensors: dict[str, Ten
     if value_dim != head_dim:
         raise ValueError(f"{path}: key_length {head_dim} != value_length {value_dim} is not supported")
     if rope_dim != head_dim:
-        raise ValueError(f"{path}: partial rotary embedding (rope.dimension_count {rope_dim} "
-                         f"< head_dim {head_dim}) is not supported")
+        raise ValueError(
+            f"{path}: partial rotary embedding (rope.dimension_count {rope_dim} "
+            f"< head_dim {head_dim}) is not supported"
+        )
     if head_dim % 2 != 0:
         raise ValueError(f"{path}: head_dim {head_dim} must be even for RoPE")
     if n_heads % n_kv_heads != 0:
@@ -265,8 +267,10 @@ def _read_config(path: Path, metadata: dict[str, object], tensors: dict[str, Ten
     if scaling not in ("none", None):
         raise ValueError(f"{path}: RoPE scaling {scaling!r} is not supported (only unscaled RoPE)")
     if "rope_freqs.weight" in tensors:
-        raise ValueError(f"{path}: per-dimension RoPE frequency factors (tensor 'rope_freqs.weight', "
-                         "Llama 3.1-style rope scaling) are not supported")
+        raise ValueError(
+            f"{path}: per-dimension RoPE frequency factors (tensor 'rope_freqs.weight', "
+            "Llama 3.1-style rope scaling) are not supported"
+        )
     embd = tensors.get("token_embd.weight")
     if embd is None:
         raise ValueError(f"{path}: required tensor 'token_embd.weight' is missing")
@@ -275,8 +279,9 @@ def _read_config(path: Path, metadata: dict[str, object], tensors: dict[str, Ten
     n_vocab = embd.shape[1]
     tokens = metadata.get("tokenizer.ggml.tokens")
     if isinstance(tokens, list) and len(tokens) != n_vocab:
-        raise ValueError(f"{path}: the tokenizer has {len(tokens)} tokens but token_embd.weight "
-                         f"has {n_vocab} rows")
+        raise ValueError(
+            f"{path}: the tokenizer has {len(tokens)} tokens but token_embd.weight has {n_vocab} rows"
+        )
     return LlamaConfig(
         n_layers=n_layers,
         dim=dim,
@@ -327,18 +332,24 @@ def _check_tensors(path: Path, config: LlamaConfig, tensors: dict[str, TensorRef
         t = tensors[name]
         if t.ggml_type not in SUPPORTED_TYPES:
             supported = ", ".join(ggml_type_name(x) for x in sorted(SUPPORTED_TYPES))
-            raise ValueError(f"{path}: tensor {name!r} has type {t.type_name}, which the engine does "
-                             f"not support (supported: {supported}); re-quantize the model")
+            raise ValueError(
+                f"{path}: tensor {name!r} has type {t.type_name}, which the engine does "
+                f"not support (supported: {supported}); re-quantize the model"
+            )
         if t.shape != shape:
-            raise ValueError(f"{path}: tensor {name!r} has shape {t.shape}, expected {shape} "
-                             "from the model's metadata")
+            raise ValueError(
+                f"{path}: tensor {name!r} has shape {t.shape}, expected {shape} from the model's metadata"
+            )
         if len(shape) == 1 and t.ggml_type != GGMLQuantizationType.F32:
-            raise ValueError(f"{path}: norm tensor {name!r} has type {t.type_name}; only F32 norms "
-                             "are supported")
+            raise ValueError(
+                f"{path}: norm tensor {name!r} has type {t.type_name}; only F32 norms are supported"
+            )
         block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(t.ggml_type)]
         if shape[0] % block != 0:
-            raise ValueError(f"{path}: tensor {name!r} row length {shape[0]} is not a multiple of "
-                             f"the {t.type_name} block size {block}")
+            raise ValueError(
+                f"{path}: tensor {name!r} row length {shape[0]} is not a multiple of "
+                f"the {t.type_name} block size {block}"
+            )
         n_rows = int(np.prod(shape[1:], dtype=np.int64))
         if t.data.nbytes != n_rows * (shape[0] // block) * block_bytes:
             raise ValueError(f"{path}: tensor {name!r} data is truncated or has the wrong size")
@@ -350,5 +361,7 @@ def _fingerprint(path: Path, metadata: dict[str, object], reader: GGUFReader) ->
     for key in sorted(metadata):
         h.update(f"{key}={metadata[key]!r}\n".encode("utf-8", "surrogatepass"))
     for t in reader.tensors:
-        h.update(f"{t.name}:{int(t.tensor_type)}:{tuple(int(d) for d in t.shape)}@{int(t.data_offset)}\n".encode())
+        h.update(
+            f"{t.name}:{int(t.tensor_type)}:{tuple(int(d) for d in t.shape)}@{int(t.data_offset)}\n".encode()
+        )
     return h.hexdigest()

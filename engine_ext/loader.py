@@ -22,8 +22,14 @@ class ModelBundle:
     pool: Any  # slotserve.engine_ext.SlotPool (satisfies scheduler.interface.SlotPool)
 
 
-def open_model(path: str | os.PathLike[str] | ModelFile, *, num_slots: int, ctx_len: int, threads: int | None = None,
-               kv_dtype: str = "f16") -> ModelBundle:
+def open_model(
+    path: str | os.PathLike[str] | ModelFile,
+    *,
+    num_slots: int,
+    ctx_len: int,
+    threads: int | None = None,
+    kv_dtype: str = "f16",
+) -> ModelBundle:
     """Load and validate the GGUF at `path` (or take an already loaded ModelFile), build its tokenizer and chat template, and allocate
     a SlotPool of `num_slots` slots of `ctx_len` tokens each (all KV memory allocated here).
     ValueError with the cause for a bad file or bad pool parameters."""
@@ -32,7 +38,11 @@ def open_model(path: str | os.PathLike[str] | ModelFile, *, num_slots: int, ctx_
     model_file = path if isinstance(path, ModelFile) else load_model_file(path)
     tokenizer = Tokenizer.from_model_file(model_file)
     if tokenizer.n_vocab != model_file.config.n_vocab:
-        raise ValueError(f"{model_file.path}: tokenizer has {tokenizer.n_vocab} tokens, the model "
-                         f"{model_file.config.n_vocab} output rows")
+        raise ValueError(
+            f"{model_file.path}: tokenizer has {tokenizer.n_vocab} tokens, the model "
+            f"{model_file.config.n_vocab} output rows"
+        )
     pool = SlotPool(model_file, num_slots, ctx_len, threads=threads, kv_dtype=kv_dtype)
-    return ModelBundle(model_file=model_file, tokenizer=tokenizer, chat=chat_template_for(model_file), pool=pool)
+    return ModelBundle(
+        model_file=model_file, tokenizer=tokenizer, chat=chat_template_for(model_file), pool=pool
+    )

@@ -24,8 +24,9 @@ import os
 import struct
 import threading
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -110,7 +111,11 @@ class SlotPool:
     ) -> None:
         if not isinstance(model, ModelFile):
             model = load_model_file(Path(model))
-        for name, value in (("num_slots", num_slots), ("ctx_len", ctx_len), ("max_batch_tokens", max_batch_tokens)):
+        for name, value in (
+            ("num_slots", num_slots),
+            ("ctx_len", ctx_len),
+            ("max_batch_tokens", max_batch_tokens),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DIM:
                 raise ValueError(f"{name} must be an integer in 1..{MAX_DIM}, got {value!r}")
         if threads is None:
@@ -133,8 +138,10 @@ class SlotPool:
         self.max_batch_tokens = max_batch_tokens
         # NOTE: the kernel variant is part of the identity: scalar and AVX2 kernels sum in other
         # orders, so KV from one continued by the other would not match a cold run bit for bit.
-        self.fingerprint = (f"{model.fingerprint}-{_weights_digest(model)}"
-                            f"/kv={kv_dtype}/layout={LAYOUT_VERSION}/kernels={self.kernel_variant}")
+        self.fingerprint = (
+            f"{model.fingerprint}-{_weights_digest(model)}"
+            f"/kv={kv_dtype}/layout={LAYOUT_VERSION}/kernels={self.kernel_variant}"
+        )
         self._records = np.zeros((num_slots, ctx_len), np.int32)  # [slot][pos] token ids
         self._lens = [0] * num_slots  # tokens held per slot
         self._faults: set[int] = set()  # slots whose next forward fails (test hook)
@@ -174,10 +181,13 @@ class SlotPool:
                 status = self._engine.forward(meta, tokens, logits, 0 if faulted else -1)
                 if status == _ENGINE_FAULT:
                     # NOTE: the failure is attributable (the injected slot), so only it is emptied.
-                    raise ComputeError(f"injected fault in slot(s) {list(faulted)} of a step over slots {slots}",
-                                       faulted)
+                    raise ComputeError(
+                        f"injected fault in slot(s) {list(faulted)} of a step over slots {slots}", faulted
+                    )
                 if status != 0:
-                    raise ComputeError(f"engine status {status} in a forward step over slots {slots}", tuple(slots))
+                    raise ComputeError(
+                        f"engine status {status} in a forward step over slots {slots}", tuple(slots)
+                    )
             except ComputeError as exc:
                 for s in exc.tainted:  # their KV rows may be half written; the record says "empty"
                     self._lens[s] = 0
@@ -202,31 +212,43 @@ class SlotPool:
                 try:
                     slot, tokens, start_pos, want = item.slot, item.tokens, item.start_pos, item.want_logits
                 except AttributeError:
-                    raise ValueError(f"forward: item {i} is neither a BatchItem nor a 4-tuple "
-                                     "(slot, tokens, start_pos, want_logits)") from None
+                    raise ValueError(
+                        f"forward: item {i} is neither a BatchItem nor a 4-tuple "
+                        "(slot, tokens, start_pos, want_logits)"
+                    ) from None
             slot = self._slot(slot)
             if slot in seen:
-                raise ValueError(f"forward: slot {slot} appears twice in one batch; merge its tokens into one item")
+                raise ValueError(
+                    f"forward: slot {slot} appears twice in one batch; merge its tokens into one item"
+                )
             seen.add(slot)
             arr = np.asarray(tokens)
             if arr.ndim != 1 or arr.size == 0:
                 raise ValueError(f"forward: item {i} (slot {slot}) needs a non-empty 1-D array of token ids")
             if arr.dtype.kind not in "iu":
-                raise ValueError(f"forward: item {i} (slot {slot}) token ids must be integers, got {arr.dtype}")
+                raise ValueError(
+                    f"forward: item {i} (slot {slot}) token ids must be integers, got {arr.dtype}"
+                )
             lo, hi = int(arr.min()), int(arr.max())
             if lo < 0 or hi >= self.n_vocab:
                 bad = lo if lo < 0 else hi
-                raise ValueError(f"forward: item {i} (slot {slot}) token id {bad} is outside the vocabulary "
-                                 f"[0, {self.n_vocab})")
+                raise ValueError(
+                    f"forward: item {i} (slot {slot}) token id {bad} is outside the vocabulary "
+                    f"[0, {self.n_vocab})"
+                )
             if isinstance(start_pos, bool) or not isinstance(start_pos, (int, np.integer)):
                 raise ValueError(f"forward: item {i} start_pos must be an integer, got {start_pos!r}")
             start_pos = int(start_pos)
             if start_pos != self._lens[slot]:
-                raise ValueError(f"forward: item {i} starts at position {start_pos} but slot {slot} holds "
-                                 f"{self._lens[slot]} tokens; truncate the slot first or feed from its end")
+                raise ValueError(
+                    f"forward: item {i} starts at position {start_pos} but slot {slot} holds "
+                    f"{self._lens[slot]} tokens; truncate the slot first or feed from its end"
+                )
             if start_pos + arr.size > self.ctx_len:
-                raise ValueError(f"forward: slot {slot} would reach position {start_pos + arr.size} > ctx_len "
-                                 f"{self.ctx_len}; shorten the prompt or use a larger ctx_len")
+                raise ValueError(
+                    f"forward: slot {slot} would reach position {start_pos + arr.size} > ctx_len "
+                    f"{self.ctx_len}; shorten the prompt or use a larger ctx_len"
+                )
             items.append((slot, arr.astype(np.int32, copy=False), start_pos, bool(want)))
         return items
 
@@ -252,8 +274,17 @@ class SlotPool:
         with self._lock:
             self._check_len(n, self._lens[slot], f"snapshot: slot {slot}")
             fp = self.fingerprint.encode()
-            head = HEADER.pack(SNAP_MAGIC, LAYOUT_VERSION, KV_DTYPE_CODES[self.kv_dtype], self._cfg.n_layers,
-                               self._cfg.n_kv_heads, self._cfg.head_dim, self.n_vocab, n, len(fp))
+            head = HEADER.pack(
+                SNAP_MAGIC,
+                LAYOUT_VERSION,
+                KV_DTYPE_CODES[self.kv_dtype],
+                self._cfg.n_layers,
+                self._cfg.n_kv_heads,
+                self._cfg.head_dim,
+                self.n_vocab,
+                n,
+                len(fp),
+            )
             body = self._engine.kv_snapshot(slot, n, head + fp + self._records[slot, :n].tobytes())
         return body + struct.pack("<I", zlib.crc32(body))
 
@@ -269,8 +300,10 @@ class SlotPool:
 
     def _parse_snapshot(self, view: memoryview) -> tuple[int, np.ndarray, memoryview]:
         def refuse(why: str) -> ValueError:
-            return ValueError(f"restore: {why}; take snapshots from a pool of the same model, KV dtype "
-                              "and slotserve version")
+            return ValueError(
+                f"restore: {why}; take snapshots from a pool of the same model, KV dtype "
+                "and slotserve version"
+            )
 
         if len(view) < HEADER.size + 4:
             raise refuse("not a slotserve snapshot (too short)")
@@ -283,14 +316,21 @@ class SlotPool:
         if zlib.crc32(view[:-4]) != crc:
             raise refuse("the snapshot is damaged (checksum mismatch)")
         fp_end = HEADER.size + fp_len
-        if fp_end > len(view) - 4 or bytes(view[HEADER.size:fp_end]) != self.fingerprint.encode():
+        if fp_end > len(view) - 4 or bytes(view[HEADER.size : fp_end]) != self.fingerprint.encode():
             raise refuse("the snapshot is of another model or KV layout (fingerprint mismatch)")
-        if (kv_code, n_layers, n_kv, head_dim, n_vocab) != (KV_DTYPE_CODES[self.kv_dtype], self._cfg.n_layers,
-                                                            self._cfg.n_kv_heads, self._cfg.head_dim, self.n_vocab):
+        if (kv_code, n_layers, n_kv, head_dim, n_vocab) != (
+            KV_DTYPE_CODES[self.kv_dtype],
+            self._cfg.n_layers,
+            self._cfg.n_kv_heads,
+            self._cfg.head_dim,
+            self.n_vocab,
+        ):
             raise refuse("the snapshot's KV dtype or dimensions differ from this pool's")
         if n > self.ctx_len:
-            raise ValueError(f"restore: the snapshot holds {n} tokens > ctx_len {self.ctx_len}; "
-                             "use a pool with a larger ctx_len")
+            raise ValueError(
+                f"restore: the snapshot holds {n} tokens > ctx_len {self.ctx_len}; "
+                "use a pool with a larger ctx_len"
+            )
         tok_end = fp_end + 4 * n
         kv_end = tok_end + int(self._engine.kv_snapshot_bytes(n))
         if kv_end + 4 != len(view):
@@ -312,7 +352,11 @@ class SlotPool:
     # -- helpers ---------------------------------------------------------------------------
 
     def _slot(self, slot: Any) -> int:
-        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) or not 0 <= slot < self.num_slots:
+        if (
+            isinstance(slot, bool)
+            or not isinstance(slot, (int, np.integer))
+            or not 0 <= slot < self.num_slots
+        ):
             raise ValueError(f"unknown slot {slot!r}: slots are 0..{self.num_slots - 1}")
         return int(slot)
 

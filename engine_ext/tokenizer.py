@@ -12,8 +12,9 @@ SentencePiece vocabularies ("llama", e.g. TinyLlama) fail with a clear error.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
@@ -25,7 +26,14 @@ TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TO
 
 # Control tokens that end generation when present, besides eos / eot / eom ids (as llama.cpp
 # treats them): chat-turn terminators of common templates.
-END_OF_GENERATION_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>")
+END_OF_GENERATION_TEXTS = (
+    "<|endoftext|>",
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end|>",
+    "<end_of_turn>",
+)
 
 # Llama 3's split regex (tokenizer.ggml.pre "llama-bpe"): contractions, letter runs with one
 # optional leading non-letter, digit groups of 1-3, punctuation runs, newlines, spaces.
@@ -45,10 +53,12 @@ def _smollm_pre() -> Any:
 
 
 def _llama3_pre() -> Any:
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_LLAMA3_PATTERN), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_LLAMA3_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
 
 
 # tokenizer.ggml.pre -> (pre-tokenizer factory, ignore_merges: whole pre-tokens found in the
@@ -99,40 +109,50 @@ class Tokenizer:
         meta = mf.metadata
         kind = meta.get("tokenizer.ggml.model")
         if kind != "gpt2":
-            raise ValueError(f"{mf.path}: tokenizer.ggml.model {kind!r} is not supported; only "
-                             "byte-level BPE ('gpt2') vocabularies are")
+            raise ValueError(
+                f"{mf.path}: tokenizer.ggml.model {kind!r} is not supported; only "
+                "byte-level BPE ('gpt2') vocabularies are"
+            )
         pre = meta.get("tokenizer.ggml.pre", "default")
         if pre not in PRE_TOKENIZERS:
-            raise ValueError(f"{mf.path}: pre-tokenizer {pre!r} (tokenizer.ggml.pre) is not supported; "
-                             f"supported: {', '.join(sorted(PRE_TOKENIZERS))}")
+            raise ValueError(
+                f"{mf.path}: pre-tokenizer {pre!r} (tokenizer.ggml.pre) is not supported; "
+                f"supported: {', '.join(sorted(PRE_TOKENIZERS))}"
+            )
         pieces = meta.get("tokenizer.ggml.tokens")
         merges = meta.get("tokenizer.ggml.merges")
         if not isinstance(pieces, list) or not isinstance(merges, list):
             raise ValueError(f"{mf.path}: tokenizer.ggml.tokens / tokenizer.ggml.merges are missing")
         types = meta.get("tokenizer.ggml.token_type") or [TOKEN_NORMAL] * len(pieces)
         if len(types) != len(pieces):
-            raise ValueError(f"{mf.path}: tokenizer.ggml.token_type has {len(types)} entries for "
-                             f"{len(pieces)} tokens")
+            raise ValueError(
+                f"{mf.path}: tokenizer.ggml.token_type has {len(types)} entries for {len(pieces)} tokens"
+            )
         vocab: dict[str, int] = {}
         for i, piece in enumerate(pieces):
             vocab.setdefault(piece, i)  # duplicated pieces (unused slots) keep their first id
         pre_factory, ignore_merges = PRE_TOKENIZERS[pre]
-        backend = HFTokenizer(models.BPE(
-            vocab=vocab,
-            merges=[tuple(m.split(" ", 1)) for m in merges],
-            ignore_merges=ignore_merges,
-        ))
+        backend = HFTokenizer(
+            models.BPE(
+                vocab=vocab,
+                merges=[tuple(m.split(" ", 1)) for m in merges],
+                ignore_merges=ignore_merges,
+            )
+        )
         backend.pre_tokenizer = pre_factory()
         backend.decoder = decoders.ByteLevel()
         special_ids = frozenset(i for i, t in enumerate(types) if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED))
-        backend.add_special_tokens([
-            AddedToken(pieces[i], special=types[i] == TOKEN_CONTROL, normalized=False)
-            for i in sorted(special_ids)
-        ])
+        backend.add_special_tokens(
+            [
+                AddedToken(pieces[i], special=types[i] == TOKEN_CONTROL, normalized=False)
+                for i in sorted(special_ids)
+            ]
+        )
 
         to_byte = {c: b for b, c in byte_to_unicode().items()}
         token_bytes = [
-            piece.encode("utf-8") if i in special_ids or any(c not in to_byte for c in piece)
+            piece.encode("utf-8")
+            if i in special_ids or any(c not in to_byte for c in piece)
             else bytes(to_byte[c] for c in piece)
             for i, piece in enumerate(pieces)
         ]
@@ -145,7 +165,9 @@ class Tokenizer:
             extra = _token_id(mf, key, n, required=False)
             if extra is not None:
                 eog.add(extra)
-        eog.update(i for i in special_ids if types[i] == TOKEN_CONTROL and pieces[i] in END_OF_GENERATION_TEXTS)
+        eog.update(
+            i for i in special_ids if types[i] == TOKEN_CONTROL and pieces[i] in END_OF_GENERATION_TEXTS
+        )
         return cls(
             backend=backend,
             pieces=list(pieces),

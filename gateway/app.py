@@ -26,8 +26,9 @@ import hmac
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 from starlette.applications import Starlette
@@ -134,7 +135,9 @@ class Gateway:
         except msgspec.DecodeError as exc:
             raise from_decode_error(exc) from None
         except RecursionError:  # msgspec's answer to arrays/objects nested past the recursion limit
-            raise bad_request("Request body is not valid JSON: nested too deeply", code="invalid_json") from None
+            raise bad_request(
+                "Request body is not valid JSON: nested too deeply", code="invalid_json"
+            ) from None
 
     def submit(self, gen: GenerationRequest, prompt_param: str) -> Any:
         """Hand `gen` to the scheduler; admission errors become 429/400/503 (`prompt_param`
@@ -144,9 +147,12 @@ class Gateway:
         except QueueFull as exc:
             raise queue_full(exc.retry_after_s) from None
         except PromptTooLong as exc:
-            raise APIError(400, f"{exc} (each slot holds {self.runtime.ctx_len} tokens)",
-                           param=prompt_param,
-                           code="context_length_exceeded") from None
+            raise APIError(
+                400,
+                f"{exc} (each slot holds {self.runtime.ctx_len} tokens)",
+                param=prompt_param,
+                code="context_length_exceeded",
+            ) from None
         except Draining:
             raise draining() from None
         except ValueError as exc:  # the scheduler's own validation of the request
@@ -155,7 +161,7 @@ class Gateway:
     def is_draining(self) -> bool:
         return bool(self.runtime.scheduler.stats().draining)
 
-    def route(self, path: str, handler: "Handler", methods: list[str], *, protected: bool = True) -> Route:
+    def route(self, path: str, handler: Handler, methods: list[str], *, protected: bool = True) -> Route:
         """A Starlette route calling `handler(self, request)`: the API key is checked first when
         `protected`, an `APIError` becomes OpenAI's error JSON, any other exception a logged 500."""
 
@@ -196,10 +202,22 @@ class GenerationKind:
     to_response: Callable[[str, str, int, str, Any], Any]  # (id, model, created, text, finish)
 
 
-CHAT = GenerationKind(p.ChatCompletionRequest, "chatcmpl", "messages", translate.chat_request,
-                      translate.ChatStream, translate.chat_completion)
-COMPLETION = GenerationKind(p.CompletionRequest, "cmpl", "prompt", translate.completion_request,
-                            translate.CompletionStream, translate.completion)
+CHAT = GenerationKind(
+    p.ChatCompletionRequest,
+    "chatcmpl",
+    "messages",
+    translate.chat_request,
+    translate.ChatStream,
+    translate.chat_completion,
+)
+COMPLETION = GenerationKind(
+    p.CompletionRequest,
+    "cmpl",
+    "prompt",
+    translate.completion_request,
+    translate.CompletionStream,
+    translate.completion,
+)
 
 
 def generation_handler(kind: GenerationKind) -> Handler:
@@ -216,7 +234,9 @@ def generation_handler(kind: GenerationKind) -> Handler:
         headers = {"X-Request-Id": gen.request_id}
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return SSEResponse(EventStream(handle, kind.stream_format(rid, model, include_usage)), headers=headers)
+            return SSEResponse(
+                EventStream(handle, kind.stream_format(rid, model, include_usage)), headers=headers
+            )
         got = await collect(handle, request.receive)
         if got is None:  # the client left; the request was cancelled and acknowledged
             return error_response(APIError(499, "client closed the request", code="client_closed_request"))
@@ -253,8 +273,9 @@ async def tokenize(gw: Gateway, request: Request) -> Response:
         raise bad_request("give exactly one of content, prompt or messages", param="content")
     if req.messages is not None:
         try:
-            ids, _ = gw.runtime.encode_chat(translate.chat_messages(req),
-                                            add_generation_prompt=req.add_generation_prompt)
+            ids, _ = gw.runtime.encode_chat(
+                translate.chat_messages(req), add_generation_prompt=req.add_generation_prompt
+            )
         except PromptError as exc:
             raise bad_request(str(exc), param="messages") from None
     else:
@@ -263,8 +284,11 @@ async def tokenize(gw: Gateway, request: Request) -> Response:
             ids = gw.runtime.encode_text(req.content, add_bos=bool(add_bos))
         else:
             assert req.prompt is not None
-            ids = gw.runtime.encode_prompt(req.prompt) if add_bos is None else \
-                gw.runtime.encode_text(req.prompt, add_bos=add_bos)
+            ids = (
+                gw.runtime.encode_prompt(req.prompt)
+                if add_bos is None
+                else gw.runtime.encode_text(req.prompt, add_bos=add_bos)
+            )
     return json_response(p.TokenizeResponse(tokens=ids, count=len(ids), max_model_len=gw.runtime.ctx_len))
 
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from .kv_events import KVEventsConfig
 
@@ -63,39 +64,56 @@ class ServeConfig:
         need(self.ctx_size >= 16, f"--ctx-size must be >= 16 tokens, got {self.ctx_size}")
         need(self.threads is None or self.threads >= 1, f"--threads must be >= 1, got {self.threads}")
         need(all(n.strip() for n in self.served_model_name), "--served-model-name: names must be non-empty")
-        need(self.segment_tokens is None or self.segment_tokens >= 1,
-             f"--segment-tokens must be >= 1, got {self.segment_tokens}")
-        need(self.checkpoint_memory_mb is None or self.checkpoint_memory_mb >= 0,
-             f"--checkpoint-memory-mb must be >= 0, got {self.checkpoint_memory_mb}")
-        need(self.kv_disk_dir is not None or self.kv_disk_space_mb is None,
-             "--kv-disk-space-mb has no effect without --kv-disk-dir; give the directory too")
+        need(
+            self.segment_tokens is None or self.segment_tokens >= 1,
+            f"--segment-tokens must be >= 1, got {self.segment_tokens}",
+        )
+        need(
+            self.checkpoint_memory_mb is None or self.checkpoint_memory_mb >= 0,
+            f"--checkpoint-memory-mb must be >= 0, got {self.checkpoint_memory_mb}",
+        )
+        need(
+            self.kv_disk_dir is not None or self.kv_disk_space_mb is None,
+            "--kv-disk-space-mb has no effect without --kv-disk-dir; give the directory too",
+        )
         need(self.kv_disk_dir is None or self.kv_disk_dir.strip() != "", "--kv-disk-dir must not be empty")
-        need(self.kv_disk_space_mb is None or self.kv_disk_space_mb >= 1,
-             f"--kv-disk-space-mb must be >= 1, got {self.kv_disk_space_mb}")
+        need(
+            self.kv_disk_space_mb is None or self.kv_disk_space_mb >= 1,
+            f"--kv-disk-space-mb must be >= 1, got {self.kv_disk_space_mb}",
+        )
         need(self.api_key is None or len(self.api_key) > 0, "--api-key must not be empty")
         need(self.max_queue >= 0, f"--max-queue must be >= 0, got {self.max_queue}")
         need(self.log_level in LOG_LEVELS, f"--log-level must be one of {', '.join(LOG_LEVELS)}")
         need(self.max_body_bytes >= 1024, f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}")
         need(self.max_tokens_limit >= 1, f"--max-tokens-limit must be >= 1, got {self.max_tokens_limit}")
-        need(1 <= self.default_max_tokens <= self.max_tokens_limit,
-             f"--default-max-tokens must be in 1..--max-tokens-limit ({self.max_tokens_limit}), "
-             f"got {self.default_max_tokens}")
+        need(
+            1 <= self.default_max_tokens <= self.max_tokens_limit,
+            f"--default-max-tokens must be in 1..--max-tokens-limit ({self.max_tokens_limit}), "
+            f"got {self.default_max_tokens}",
+        )
         need(self.drain_grace_s >= 0, f"--drain-grace-s must be >= 0, got {self.drain_grace_s}")
         need(self.shutdown_timeout_s > 0, f"--shutdown-timeout-s must be > 0, got {self.shutdown_timeout_s}")
-        need(self.request_timeout_s >= 0,
-             f"--request-timeout must be >= 0 seconds (0 = no limit), got {self.request_timeout_s}")
-        need(self.kv_events_endpoint is None or self.kv_events_endpoint.strip() != "",
-             "--kv-events-endpoint must not be empty")
-        need(1 <= self.kv_events_block_size <= 4096,
-             f"--kv-events-block-size must be in 1..4096, got {self.kv_events_block_size}")
+        need(
+            self.request_timeout_s >= 0,
+            f"--request-timeout must be >= 0 seconds (0 = no limit), got {self.request_timeout_s}",
+        )
+        need(
+            self.kv_events_endpoint is None or self.kv_events_endpoint.strip() != "",
+            "--kv-events-endpoint must not be empty",
+        )
+        need(
+            1 <= self.kv_events_block_size <= 4096,
+            f"--kv-events-block-size must be in 1..4096, got {self.kv_events_block_size}",
+        )
         self.kv_events_config()  # a malformed endpoint raises ValueError naming --kv-events-endpoint
 
     def kv_events_config(self) -> KVEventsConfig | None:
         """The KV-events publisher's config, or None when --kv-events-endpoint is not set."""
         if self.kv_events_endpoint is None:
             return None
-        return KVEventsConfig(endpoint=self.kv_events_endpoint, topic=self.kv_events_topic,
-                              block_size=self.kv_events_block_size)
+        return KVEventsConfig(
+            endpoint=self.kv_events_endpoint, topic=self.kv_events_topic, block_size=self.kv_events_block_size
+        )
 
     @property
     def url(self) -> str:
@@ -136,31 +154,142 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("model", ("--model", "-m"), str, "GGUF model file (default: the default model, pulled on first use)", metavar="PATH"),
+    Option(
+        "model",
+        ("--model", "-m"),
+        str,
+        "GGUF model file (default: the default model, pulled on first use)",
+        metavar="PATH",
+    ),
     Option("host", ("--host",), str, "address to bind (default 127.0.0.1)"),
     Option("port", ("--port",), int, "port to bind (default 8080)"),
-    Option("batched_session", ("--batched-session", "--parallel", "-np"), int, "number of live KV slots (default 4)", metavar="N"),
+    Option(
+        "batched_session",
+        ("--batched-session", "--parallel", "-np"),
+        int,
+        "number of live KV slots (default 4)",
+        metavar="N",
+    ),
     Option("ctx_size", ("--ctx-size", "-c"), int, "tokens of context per slot (default 4096)", metavar="T"),
     Option("threads", ("--threads", "-t"), int, "engine threads (default: the engine's choice)", metavar="K"),
-    Option("served_model_name", ("--served-model-name",), _parse_names, "model names clients may send (default: the GGUF's name); env: comma-separated", kind="names", metavar="NAME"),
-    Option("segment_tokens", ("--segment-tokens",), int, "prefill segment length in tokens (default: the scheduler's)", metavar="S"),
-    Option("checkpoint_memory_mb", ("--checkpoint-memory-mb",), int, "memory for KV checkpoints, MB (default: the scheduler's)", metavar="M"),
-    Option("kv_disk_dir", ("--kv-disk-dir",), str, "directory for the disk checkpoint tier (default: none, nothing written)", metavar="D"),
-    Option("kv_disk_space_mb", ("--kv-disk-space-mb",), int, "disk budget for --kv-disk-dir, MB (default: the scheduler's)", metavar="M"),
-    Option("api_key", ("--api-key",), str, "require 'Authorization: Bearer KEY' (prefer the environment variable)", metavar="KEY"),
-    Option("max_queue", ("--max-queue",), int, "requests that may wait for a slot before 429 (default 64)", metavar="Q"),
-    Option("no_reuse", ("--no-reuse",), _parse_bool, "disable all prefix reuse (benchmark baseline)", kind="flag"),
+    Option(
+        "served_model_name",
+        ("--served-model-name",),
+        _parse_names,
+        "model names clients may send (default: the GGUF's name); env: comma-separated",
+        kind="names",
+        metavar="NAME",
+    ),
+    Option(
+        "segment_tokens",
+        ("--segment-tokens",),
+        int,
+        "prefill segment length in tokens (default: the scheduler's)",
+        metavar="S",
+    ),
+    Option(
+        "checkpoint_memory_mb",
+        ("--checkpoint-memory-mb",),
+        int,
+        "memory for KV checkpoints, MB (default: the scheduler's)",
+        metavar="M",
+    ),
+    Option(
+        "kv_disk_dir",
+        ("--kv-disk-dir",),
+        str,
+        "directory for the disk checkpoint tier (default: none, nothing written)",
+        metavar="D",
+    ),
+    Option(
+        "kv_disk_space_mb",
+        ("--kv-disk-space-mb",),
+        int,
+        "disk budget for --kv-disk-dir, MB (default: the scheduler's)",
+        metavar="M",
+    ),
+    Option(
+        "api_key",
+        ("--api-key",),
+        str,
+        "require 'Authorization: Bearer KEY' (prefer the environment variable)",
+        metavar="KEY",
+    ),
+    Option(
+        "max_queue",
+        ("--max-queue",),
+        int,
+        "requests that may wait for a slot before 429 (default 64)",
+        metavar="Q",
+    ),
+    Option(
+        "no_reuse", ("--no-reuse",), _parse_bool, "disable all prefix reuse (benchmark baseline)", kind="flag"
+    ),
     Option("log_level", ("--log-level",), str, f"one of {', '.join(LOG_LEVELS)} (default info)", metavar="L"),
     Option("no_slots_endpoint", ("--no-slots-endpoint",), _parse_bool, "turn GET /slots off", kind="flag"),
-    Option("max_body_bytes", ("--max-body-bytes",), int, "largest request body, bytes (default 4 MiB)", metavar="B"),
-    Option("max_tokens_limit", ("--max-tokens-limit",), int, "largest max_tokens a request may ask for (default 4096)", metavar="N"),
-    Option("default_max_tokens", ("--default-max-tokens",), int, "max_tokens when a request gives none (default 512)", metavar="N"),
-    Option("drain_grace_s", ("--drain-grace-s",), float, "on SIGTERM, seconds running requests may finish (default 30)", metavar="S"),
-    Option("shutdown_timeout_s", ("--shutdown-timeout-s",), float, "on SIGTERM, seconds past the grace period the scheduler may take to stop before the process exits 1 anyway (default 10)", metavar="S"),
-    Option("request_timeout_s", ("--request-timeout", "--request-timeout-s"), float, "seconds a request may take from admission, queue included; 0 = no limit (default 0)", metavar="S"),
-    Option("kv_events_endpoint", ("--kv-events-endpoint",), str, "publish KV cache events to this ZMQ endpoint (needs pyzmq; default off)", metavar="URL"),
-    Option("kv_events_topic", ("--kv-events-topic",), str, "topic frame of KV-event messages (default empty)", metavar="TOPIC"),
-    Option("kv_events_block_size", ("--kv-events-block-size",), int, "tokens per KV-event block (default 16)", metavar="B"),
+    Option(
+        "max_body_bytes",
+        ("--max-body-bytes",),
+        int,
+        "largest request body, bytes (default 4 MiB)",
+        metavar="B",
+    ),
+    Option(
+        "max_tokens_limit",
+        ("--max-tokens-limit",),
+        int,
+        "largest max_tokens a request may ask for (default 4096)",
+        metavar="N",
+    ),
+    Option(
+        "default_max_tokens",
+        ("--default-max-tokens",),
+        int,
+        "max_tokens when a request gives none (default 512)",
+        metavar="N",
+    ),
+    Option(
+        "drain_grace_s",
+        ("--drain-grace-s",),
+        float,
+        "on SIGTERM, seconds running requests may finish (default 30)",
+        metavar="S",
+    ),
+    Option(
+        "shutdown_timeout_s",
+        ("--shutdown-timeout-s",),
+        float,
+        "on SIGTERM, seconds past the grace period the scheduler may take to stop before the process exits 1 anyway (default 10)",
+        metavar="S",
+    ),
+    Option(
+        "request_timeout_s",
+        ("--request-timeout", "--request-timeout-s"),
+        float,
+        "seconds a request may take from admission, queue included; 0 = no limit (default 0)",
+        metavar="S",
+    ),
+    Option(
+        "kv_events_endpoint",
+        ("--kv-events-endpoint",),
+        str,
+        "publish KV cache events to this ZMQ endpoint (needs pyzmq; default off)",
+        metavar="URL",
+    ),
+    Option(
+        "kv_events_topic",
+        ("--kv-events-topic",),
+        str,
+        "topic frame of KV-event messages (default empty)",
+        metavar="TOPIC",
+    ),
+    Option(
+        "kv_events_block_size",
+        ("--kv-events-block-size",),
+        int,
+        "tokens per KV-event block (default 16)",
+        metavar="B",
+    ),
 )
 
 assert {o.field for o in OPTIONS} == {f.name for f in fields(ServeConfig)}, "OPTIONS and ServeConfig disagree"
@@ -173,12 +302,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if opt.kind == "flag":
             parser.add_argument(*opt.flags, dest=opt.field, action="store_true", default=None, help=help_text)
         elif opt.kind == "names":
-            parser.add_argument(*opt.flags, dest=opt.field, nargs="+", default=None, metavar=opt.metavar, help=help_text)
+            parser.add_argument(
+                *opt.flags, dest=opt.field, nargs="+", default=None, metavar=opt.metavar, help=help_text
+            )
         else:
-            parser.add_argument(*opt.flags, dest=opt.field, type=opt.parse, default=None, metavar=opt.metavar, help=help_text)
+            parser.add_argument(
+                *opt.flags, dest=opt.field, type=opt.parse, default=None, metavar=opt.metavar, help=help_text
+            )
 
 
-def config_from_args(args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None) -> ServeConfig:
+def config_from_args(
+    args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None
+) -> ServeConfig:
     """Resolve every option: command line, else `SLOTSERVE_<FIELD>`, else the ServeConfig default.
 
     Raises ValueError naming the variable for a malformed environment value, and ServeConfig's

@@ -48,8 +48,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -118,7 +119,7 @@ def chain_hashes(tokens: np.ndarray, block_size: int, parent: int | None = None)
     """Hashes of the full blocks of `tokens` (int32 [n]), chained from `parent`."""
     out: list[int] = []
     for start in range(0, (len(tokens) // block_size) * block_size, block_size):
-        parent = block_hash(parent, tokens[start:start + block_size])
+        parent = block_hash(parent, tokens[start : start + block_size])
         out.append(parent)
     return out
 
@@ -253,7 +254,9 @@ class ZmqPublisher:
                 if item is self._STOP:
                     break
                 try:
-                    sock.send_multipart((topic, seq.to_bytes(8, "big"), encode_batch(item)), flags=zmq.NOBLOCK)
+                    sock.send_multipart(
+                        (topic, seq.to_bytes(8, "big"), encode_batch(item)), flags=zmq.NOBLOCK
+                    )
                 except zmq.Again:  # past the high-water mark: dropped, subscribers see a seq gap
                     log.warning("kv events: batch %d dropped (subscriber too slow)", seq)
                 seq += 1
@@ -275,9 +278,15 @@ class KVEventPool:
     protocol are read from the wrapped pool unchanged.
     """
 
-    def __init__(self, pool: Any, publish: Callable[[list[KVEvent]], None], *,
-                 block_size: int = DEFAULT_BLOCK_SIZE, medium: str | None = None,
-                 resync: threading.Event | None = None):
+    def __init__(
+        self,
+        pool: Any,
+        publish: Callable[[list[KVEvent]], None],
+        *,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        medium: str | None = None,
+        resync: threading.Event | None = None,
+    ):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self._pool = pool
@@ -366,7 +375,9 @@ class KVEventPool:
         refs: dict[int, int] = {}
         for slot in range(self._pool.num_slots):
             expect = chain_hashes(np.asarray(self._pool.record(slot)), self.block_size)
-            assert self._blocks[slot] == expect, f"slot {slot}: mirror has {len(self._blocks[slot])} blocks, record {len(expect)}"
+            assert self._blocks[slot] == expect, (
+                f"slot {slot}: mirror has {len(self._blocks[slot])} blocks, record {len(expect)}"
+            )
             for h in expect:
                 refs[h] = refs.get(h, 0) + 1
         assert refs == self._refs, "refcounts disagree with the slots' blocks"
@@ -382,8 +393,11 @@ class KVEventPool:
         new = old[:valid]
         if nfull > valid:
             rec = np.asarray(self._pool.record(slot))
-            new += chain_hashes(rec[valid * self.block_size: nfull * self.block_size], self.block_size,
-                                new[-1] if new else None)
+            new += chain_hashes(
+                rec[valid * self.block_size : nfull * self.block_size],
+                self.block_size,
+                new[-1] if new else None,
+            )
         return self._replace(slot, new)
 
     def _replace(self, slot: int, new: list[int]) -> list[KVEvent]:
@@ -414,14 +428,16 @@ class KVEventPool:
             for k, i in enumerate(stored_idx):  # one BlockStored per run of consecutive blocks
                 last = k + 1 == len(stored_idx) or stored_idx[k + 1] != i + 1
                 if last:
-                    events.append(BlockStored(
-                        block_hashes=new[run_start:i + 1],
-                        parent_block_hash=new[run_start - 1] if run_start > 0 else None,
-                        token_ids=rec[run_start * bs:(i + 1) * bs].tolist(),
-                        block_size=bs,
-                        lora_id=None,
-                        medium=self.medium,
-                    ))
+                    events.append(
+                        BlockStored(
+                            block_hashes=new[run_start : i + 1],
+                            parent_block_hash=new[run_start - 1] if run_start > 0 else None,
+                            token_ids=rec[run_start * bs : (i + 1) * bs].tolist(),
+                            block_size=bs,
+                            lora_id=None,
+                            medium=self.medium,
+                        )
+                    )
                     if k + 1 < len(stored_idx):
                         run_start = stored_idx[k + 1]
         return events
@@ -437,14 +453,16 @@ class KVEventPool:
             if first == len(blocks):
                 continue
             rec = np.asarray(self._pool.record(slot))
-            events.append(BlockStored(
-                block_hashes=blocks[first:],
-                parent_block_hash=blocks[first - 1] if first > 0 else None,
-                token_ids=rec[first * bs:len(blocks) * bs].tolist(),
-                block_size=bs,
-                lora_id=None,
-                medium=self.medium,
-            ))
+            events.append(
+                BlockStored(
+                    block_hashes=blocks[first:],
+                    parent_block_hash=blocks[first - 1] if first > 0 else None,
+                    token_ids=rec[first * bs : len(blocks) * bs].tolist(),
+                    block_size=bs,
+                    lora_id=None,
+                    medium=self.medium,
+                )
+            )
             seen.update(blocks[first:])
         return events
 
@@ -463,6 +481,11 @@ def wrap_pool(pool: Any, config: KVEventsConfig) -> tuple[KVEventPool, ZmqPublis
     after the scheduler stops."""
     publisher = ZmqPublisher(config)
     publisher.start()
-    wrapped = KVEventPool(pool, publisher.publish, block_size=config.block_size, medium=config.medium,
-                          resync=publisher.resync_requested)
+    wrapped = KVEventPool(
+        pool,
+        publisher.publish,
+        block_size=config.block_size,
+        medium=config.medium,
+        resync=publisher.resync_requested,
+    )
     return wrapped, publisher

@@ -60,51 +60,65 @@ def _json(body: Any, status: int = 200) -> Response:
     return Response(_encoder.encode(body), status_code=status, media_type="application/json")
 
 
-async def model_info(gw: "Gateway", request: Request) -> Response:
+async def model_info(gw: Gateway, request: Request) -> Response:
     rt = gw.runtime
-    return _json({
-        "served_model_name": rt.model_name,
-        "is_generation": True,
-        "max_context_length": rt.ctx_len,
-        "max_req_input_len": rt.ctx_len - 1,  # at least one generated token must fit
-        "vocab_size": rt.n_vocab,
-        "eos_token_ids": list(getattr(rt.tokenizer, "eos_token_ids", ()) or ()),
-        "supports_vision": False,
-        "weight_version": "default",
-    })
+    return _json(
+        {
+            "served_model_name": rt.model_name,
+            "is_generation": True,
+            "max_context_length": rt.ctx_len,
+            "max_req_input_len": rt.ctx_len - 1,  # at least one generated token must fit
+            "vocab_size": rt.n_vocab,
+            "eos_token_ids": list(getattr(rt.tokenizer, "eos_token_ids", ()) or ()),
+            "supports_vision": False,
+            "weight_version": "default",
+        }
+    )
 
 
-async def server_info(gw: "Gateway", request: Request) -> Response:
+async def server_info(gw: Gateway, request: Request) -> Response:
     from slotserve.metrics.prom import package_version
 
     rt = gw.runtime
     stats = rt.scheduler.stats()
-    return _json({
-        "server": "slotserve",
-        "version": package_version(),
-        "served_model_name": rt.model_name,
-        "dp_size": 1,
-        "tp_size": 1,
-        "context_length": rt.ctx_len,
-        "max_running_requests": rt.num_slots,  # one request per slot
-        "max_total_num_tokens": rt.num_slots * rt.ctx_len,
-        "batched_session": rt.num_slots,
-        "kernel_variant": rt.kernel_variant,
-        "internal_states": [{
-            "num_running_requests": stats.num_running,
-            "num_waiting_requests": stats.queue_depth,
-            "live_tokens": sum(s.num_tokens for s in stats.slots),
-            "draining": stats.draining,
-        }],
-    })
+    return _json(
+        {
+            "server": "slotserve",
+            "version": package_version(),
+            "served_model_name": rt.model_name,
+            "dp_size": 1,
+            "tp_size": 1,
+            "context_length": rt.ctx_len,
+            "max_running_requests": rt.num_slots,  # one request per slot
+            "max_total_num_tokens": rt.num_slots * rt.ctx_len,
+            "batched_session": rt.num_slots,
+            "kernel_variant": rt.kernel_variant,
+            "internal_states": [
+                {
+                    "num_running_requests": stats.num_running,
+                    "num_waiting_requests": stats.queue_depth,
+                    "live_tokens": sum(s.num_tokens for s in stats.slots),
+                    "draining": stats.draining,
+                }
+            ],
+        }
+    )
 
 
-def _render(gw: "Gateway", model: str, ids: list[int], text: str) -> Response:
-    return _json(RenderResponse(object="render", model=model, prompt_token_ids=ids, num_prompt_tokens=len(ids),
-                                prompt=text, max_model_len=gw.runtime.ctx_len))
+def _render(gw: Gateway, model: str, ids: list[int], text: str) -> Response:
+    return _json(
+        RenderResponse(
+            object="render",
+            model=model,
+            prompt_token_ids=ids,
+            num_prompt_tokens=len(ids),
+            prompt=text,
+            max_model_len=gw.runtime.ctx_len,
+        )
+    )
 
 
-async def chat_render(gw: "Gateway", request: Request) -> Response:
+async def chat_render(gw: Gateway, request: Request) -> Response:
     req = await gw.read_body(request, p.ChatCompletionRequest)
     model = gw.check_model(req.model)
     gen = translate.chat_request(req, gw.config, gw.runtime, "render")
@@ -116,7 +130,7 @@ async def chat_render(gw: "Gateway", request: Request) -> Response:
     return _render(gw, model, list(gen.prompt_ids), text)
 
 
-async def completion_render(gw: "Gateway", request: Request) -> Response:
+async def completion_render(gw: Gateway, request: Request) -> Response:
     req = await gw.read_body(request, p.CompletionRequest)
     model = gw.check_model(req.model)
     gen = translate.completion_request(req, gw.config, gw.runtime, "render")
@@ -125,7 +139,7 @@ async def completion_render(gw: "Gateway", request: Request) -> Response:
     return _render(gw, model, list(gen.prompt_ids), text)
 
 
-def routes(gw: "Gateway") -> list[Route]:
+def routes(gw: Gateway) -> list[Route]:
     """The router-facing routes over `gw` (the app's `Gateway`, `app.state.gateway`)."""
 
     route = gw.route

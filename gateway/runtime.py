@@ -11,9 +11,10 @@ the scheduler (`async with runtime.scheduler`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 from .config import ServeConfig
 
@@ -34,11 +35,17 @@ class TokenizerLike(Protocol):
 class ChatTemplateLike(Protocol):
     """What the routes need of `engine_ext.chat.ChatTemplate`."""
 
-    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
-               tools: list[dict[str, Any]] | None = None) -> str: ...
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str: ...
 
-    def system_prefix(self, messages: list[dict[str, Any]], *,
-                      tools: list[dict[str, Any]] | None = None) -> str | None: ...
+    def system_prefix(
+        self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None
+    ) -> str | None: ...
 
 
 class PromptError(ValueError):
@@ -79,8 +86,13 @@ class Runtime:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids))
 
-    def encode_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                    *, add_generation_prompt: bool = True) -> tuple[list[int], int | None]:
+    def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+    ) -> tuple[list[int], int | None]:
         """Render `messages` with the model's template and tokenize; returns (ids, prefix_hint).
 
         prefix_hint is the token offset where the system turn ends, given only when the system
@@ -119,10 +131,13 @@ def open_served_model(config: ServeConfig) -> OpenedModel:
     """Resolve and open the model (heavy: loads weights, allocates KV); starts the KV-events
     publisher when configured (closed by the returned `closers`)."""
     from slotserve.engine_ext.loader import open_model
+
     from slotserve.model_cache import resolve_model
 
     path = Path(resolve_model(config.model))
-    bundle = open_model(path, num_slots=config.batched_session, ctx_len=config.ctx_size, threads=config.threads)
+    bundle = open_model(
+        path, num_slots=config.batched_session, ctx_len=config.ctx_size, threads=config.threads
+    )
     pool, closers = with_kv_events(bundle.pool, config)
     names = config.served_model_name or default_model_names(bundle.model_file, path)
     return OpenedModel(path=path, bundle=bundle, pool=pool, model_names=tuple(names), closers=closers)

@@ -25,8 +25,9 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
-from typing import Any, Callable
+from typing import Any
 
 import uvicorn
 
@@ -53,8 +54,16 @@ class DrainingServer(uvicorn.Server):
     watchdog calls `on_stuck` (default `exit_stuck`; runs on the watchdog thread).
     """
 
-    def __init__(self, config: uvicorn.Config, scheduler: Any, grace_s: float, banner: str | None = None, *,
-                 stop_timeout_s: float = 10.0, on_stuck: Callable[[], None] = exit_stuck):
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        scheduler: Any,
+        grace_s: float,
+        banner: str | None = None,
+        *,
+        stop_timeout_s: float = 10.0,
+        on_stuck: Callable[[], None] = exit_stuck,
+    ):
         super().__init__(config)
         self.scheduler = scheduler
         self.grace_s = grace_s
@@ -100,9 +109,14 @@ class DrainingServer(uvicorn.Server):
         timeout = self.grace_s + self.stop_timeout_s
 
         def fire() -> None:
-            log.error("the scheduler did not stop within %.0fs of the drain (grace %.0fs + %.0fs; "
-                      "an engine call is stuck?): exiting with status %d",
-                      timeout, self.grace_s, self.stop_timeout_s, EXIT_STUCK)
+            log.error(
+                "the scheduler did not stop within %.0fs of the drain (grace %.0fs + %.0fs; "
+                "an engine call is stuck?): exiting with status %d",
+                timeout,
+                self.grace_s,
+                self.stop_timeout_s,
+                EXIT_STUCK,
+            )
             self.on_stuck()
 
         self._watchdog = threading.Timer(timeout, fire)
@@ -164,8 +178,13 @@ def serve(config: ServeConfig) -> int:
     metrics = server_metrics(model.model_names[0])
     runtime = build_runtime(config, model, stats_sink=metrics.sink)
     app = create_app(runtime, config, metrics=metrics)
-    server = DrainingServer(uvicorn_config(app, config), runtime.scheduler, config.drain_grace_s,
-                            banner=summary_line(runtime, config), stop_timeout_s=config.shutdown_timeout_s)
+    server = DrainingServer(
+        uvicorn_config(app, config),
+        runtime.scheduler,
+        config.drain_grace_s,
+        banner=summary_line(runtime, config),
+        stop_timeout_s=config.shutdown_timeout_s,
+    )
     server.run()
     if server.started or server.is_drain_requested:
         return 0

@@ -18,9 +18,10 @@ Non-streaming requests use `collect`, the same race between the events and the d
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 import anyio
 from starlette.responses import Response
@@ -190,7 +191,9 @@ class SSEResponse(Response):
 
     async def _stream(self, send: Send) -> None:
         async with aclosing(self.body_iterator) as body:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            await send(
+                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+            )
             async for chunk in body:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})

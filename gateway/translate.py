@@ -59,7 +59,9 @@ def sampling_params(
         raise bad_request("stop strings must not be empty", param="stop")
     stop_ids = tuple(req.stop_token_ids or ())
     if any(t >= runtime.n_vocab for t in stop_ids):
-        raise bad_request(f"stop_token_ids must be below the vocabulary size {runtime.n_vocab}", param="stop_token_ids")
+        raise bad_request(
+            f"stop_token_ids must be below the vocabulary size {runtime.n_vocab}", param="stop_token_ids"
+        )
     top_k = req.top_k if req.top_k is not None and req.top_k > 0 else 0
     return SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,
@@ -79,17 +81,23 @@ def sampling_params(
 def _message_dict(i: int, m: p.ChatMessage) -> dict[str, Any]:
     """One message as the chat template expects it: role, content text, and tool fields."""
     if m.role not in CHAT_ROLES:
-        raise bad_request(f"role must be one of {', '.join(sorted(CHAT_ROLES))}; got {m.role!r}",
-                          param=f"messages[{i}].role")
+        raise bad_request(
+            f"role must be one of {', '.join(sorted(CHAT_ROLES))}; got {m.role!r}",
+            param=f"messages[{i}].role",
+        )
     if isinstance(m.content, list):
         texts = []
         for j, part in enumerate(m.content):
             if part.type != "text":
-                raise bad_request(f"only text content parts are supported; got type {part.type!r}",
-                                  param=f"messages[{i}].content[{j}]")
+                raise bad_request(
+                    f"only text content parts are supported; got type {part.type!r}",
+                    param=f"messages[{i}].content[{j}]",
+                )
             if part.text is None:
-                raise bad_request("a content part of type 'text' needs a string field `text`",
-                                  param=f"messages[{i}].content[{j}].text")
+                raise bad_request(
+                    "a content part of type 'text' needs a string field `text`",
+                    param=f"messages[{i}].content[{j}].text",
+                )
             texts.append(part.text)
         content = "".join(texts)
     else:
@@ -108,10 +116,14 @@ def chat_messages(req: p.ChatCompletionRequest | p.TokenizeRequest) -> list[dict
     return [_message_dict(i, m) for i, m in enumerate(req.messages or [])]
 
 
-def chat_request(req: p.ChatCompletionRequest, config: ServeConfig, runtime: Runtime, request_id: str) -> GenerationRequest:
+def chat_request(
+    req: p.ChatCompletionRequest, config: ServeConfig, runtime: Runtime, request_id: str
+) -> GenerationRequest:
     if req.response_format is not None and req.response_format.type != "text":
-        raise bad_request(f"response_format {req.response_format.type!r} is not supported; only 'text'",
-                          param="response_format")
+        raise bad_request(
+            f"response_format {req.response_format.type!r} is not supported; only 'text'",
+            param="response_format",
+        )
     messages = chat_messages(req)
     tools = msgspec.to_builtins(req.tools) if req.tools else None
     try:
@@ -122,8 +134,14 @@ def chat_request(req: p.ChatCompletionRequest, config: ServeConfig, runtime: Run
         max_tokens, max_tokens_param = req.max_completion_tokens, "max_completion_tokens"
     else:
         max_tokens, max_tokens_param = req.max_tokens, "max_tokens"
-    params = sampling_params(req, config, runtime, max_tokens=max_tokens, default_max_tokens=config.default_max_tokens,
-                             max_tokens_param=max_tokens_param)
+    params = sampling_params(
+        req,
+        config,
+        runtime,
+        max_tokens=max_tokens,
+        default_max_tokens=config.default_max_tokens,
+        max_tokens_param=max_tokens_param,
+    )
     return GenerationRequest(prompt_ids=ids, params=params, request_id=request_id, prefix_hint=hint)
 
 
@@ -139,14 +157,18 @@ def completion_prompt_ids(req: p.CompletionRequest, runtime: Runtime) -> list[in
         if any(t < 0 or t >= runtime.n_vocab for t in ids):
             raise bad_request(f"prompt token ids must be in 0..{runtime.n_vocab - 1}", param="prompt")
     else:
-        raise bad_request("prompt must be one string or one list of token ids; batched prompts are not supported",
-                          param="prompt")
+        raise bad_request(
+            "prompt must be one string or one list of token ids; batched prompts are not supported",
+            param="prompt",
+        )
     if not ids:
         raise bad_request("prompt must not be empty", param="prompt")
     return ids
 
 
-def completion_request(req: p.CompletionRequest, config: ServeConfig, runtime: Runtime, request_id: str) -> GenerationRequest:
+def completion_request(
+    req: p.CompletionRequest, config: ServeConfig, runtime: Runtime, request_id: str
+) -> GenerationRequest:
     if req.echo:
         raise bad_request("echo is not supported", param="echo")
     if req.suffix:
@@ -154,8 +176,13 @@ def completion_request(req: p.CompletionRequest, config: ServeConfig, runtime: R
     if req.best_of not in (None, 1):
         raise bad_request("best_of is not supported", param="best_of")
     ids = completion_prompt_ids(req, runtime)
-    params = sampling_params(req, config, runtime, max_tokens=req.max_tokens,
-                             default_max_tokens=min(COMPLETIONS_DEFAULT_MAX_TOKENS, config.max_tokens_limit))
+    params = sampling_params(
+        req,
+        config,
+        runtime,
+        max_tokens=req.max_tokens,
+        default_max_tokens=min(COMPLETIONS_DEFAULT_MAX_TOKENS, config.max_tokens_limit),
+    )
     return GenerationRequest(prompt_ids=ids, params=params, request_id=request_id)
 
 
@@ -195,24 +222,42 @@ def slotserve_info(finish: FinishEvent) -> p.SlotserveInfo:
 def failure(finish: FinishEvent) -> APIError | None:
     """The error a finish event stands for, if it is not a normal end of generation."""
     if finish.reason is FinishReason.ERROR:
-        return APIError(500, f"generation failed: {finish.error or 'engine error'}", type="server_error",
-                        code="engine_error")
+        return APIError(
+            500,
+            f"generation failed: {finish.error or 'engine error'}",
+            type="server_error",
+            code="engine_error",
+        )
     if finish.reason is FinishReason.CANCELLED:  # the server cancelled it: drain past its grace period
-        return APIError(503, "the request was cancelled because the server is shutting down",
-                        type="service_unavailable_error", code="cancelled")
+        return APIError(
+            503,
+            "the request was cancelled because the server is shutting down",
+            type="service_unavailable_error",
+            code="cancelled",
+        )
     if finish.reason is FinishReason.TIMEOUT and finish.completion_tokens == 0:
-        return APIError(503, "the request reached the server's time limit (--request-timeout) before its first "
-                        "token; the server is busy or the prompt is long: retry later",
-                        type="service_unavailable_error", code="timeout")
+        return APIError(
+            503,
+            "the request reached the server's time limit (--request-timeout) before its first "
+            "token; the server is busy or the prompt is long: retry later",
+            type="service_unavailable_error",
+            code="timeout",
+        )
     return None
 
 
-def chat_completion(request_id: str, model: str, created: int, text: str, finish: FinishEvent) -> p.ChatCompletion:
+def chat_completion(
+    request_id: str, model: str, created: int, text: str, finish: FinishEvent
+) -> p.ChatCompletion:
     return p.ChatCompletion(
         id=request_id,
         created=created,
         model=model,
-        choices=[p.ChatChoice(index=0, message=p.AssistantMessage(content=text), finish_reason=finish_reason(finish))],
+        choices=[
+            p.ChatChoice(
+                index=0, message=p.AssistantMessage(content=text), finish_reason=finish_reason(finish)
+            )
+        ],
         usage=usage(finish),
         slotserve=slotserve_info(finish),
     )
@@ -270,8 +315,14 @@ class ChatStream(_OpenAIStream):
         return sse_data(_encode(self._envelope([choice], **extra)))
 
     def _envelope(self, choices: list[Any], **extra: Any) -> p.ChatCompletionChunk:
-        return p.ChatCompletionChunk(id=self.request_id, object="chat.completion.chunk", created=self.created,
-                                     model=self.model, choices=choices, **extra)
+        return p.ChatCompletionChunk(
+            id=self.request_id,
+            object="chat.completion.chunk",
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            **extra,
+        )
 
     def _finish_chunk(self, reason: str, info: p.SlotserveInfo) -> bytes:
         return self._chunk(p.Delta(), reason, slotserve=info)
@@ -291,8 +342,14 @@ class CompletionStream(_OpenAIStream):
         return sse_data(_encode(self._envelope([choice], **extra)))
 
     def _envelope(self, choices: list[Any], **extra: Any) -> p.Completion:
-        return p.Completion(id=self.request_id, object="text_completion", created=self.created, model=self.model,
-                            choices=choices, **extra)
+        return p.Completion(
+            id=self.request_id,
+            object="text_completion",
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            **extra,
+        )
 
     def _finish_chunk(self, reason: str, info: p.SlotserveInfo) -> bytes:
         return self._chunk("", reason, slotserve=info)

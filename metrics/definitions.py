@@ -12,7 +12,6 @@ rules, see deploy/prometheus/rules.yml).
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-
 from slotserve.scheduler.request import ReuseSource
 
 # ---------------------------------------------------------------- label values (the contract)
@@ -34,9 +33,43 @@ UNKNOWN_RULE = "unknown"  # the label of an event sent with rule "" (a restore o
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0)
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 300.0, 600.0)
-QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+QUEUE_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
 CANCEL_ACK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+STEP_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.035,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
 STEP_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)  # tokens
 BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)  # slots
 
@@ -52,7 +85,9 @@ class PushedMetrics:
         def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
             return Counter(name, doc, labels, registry=registry)
 
-        def histogram(name: str, doc: str, buckets: tuple[float, ...], labels: tuple[str, ...] = ()) -> Histogram:
+        def histogram(
+            name: str, doc: str, buckets: tuple[float, ...], labels: tuple[str, ...] = ()
+        ) -> Histogram:
             return Histogram(name, doc, labels, registry=registry, buckets=buckets)
 
         # -- requests and tokens (one update per finished request)
@@ -69,18 +104,23 @@ class PushedMetrics:
             "slotserve_prompt_tokens_total", "Prompt tokens of requests that reached a slot."
         )
         reused = counter(
-            "slotserve_reused_tokens_total", "Prompt tokens not computed because KV was reused, by source.", ("source",)
+            "slotserve_reused_tokens_total",
+            "Prompt tokens not computed because KV was reused, by source.",
+            ("source",),
         )
         self.reused_tokens = {s: reused.labels(s) for s in REUSED_SOURCES}
         self.prefilled_tokens = counter(
-            "slotserve_prefilled_tokens_total", "Prompt tokens computed by prefill (resumed prefills count once)."
+            "slotserve_prefilled_tokens_total",
+            "Prompt tokens computed by prefill (resumed prefills count once).",
         )
         self.generated_tokens = counter("slotserve_generated_tokens_total", "Completion tokens sampled.")
         self.ttft = histogram(
             "slotserve_time_to_first_token_seconds", "Admission to first token.", TTFT_BUCKETS
         )
         self.itl = histogram(
-            "slotserve_inter_token_latency_seconds", "Gap between successive tokens of one request.", ITL_BUCKETS
+            "slotserve_inter_token_latency_seconds",
+            "Gap between successive tokens of one request.",
+            ITL_BUCKETS,
         )
         self.e2e = histogram("slotserve_e2e_request_latency_seconds", "Admission to finish.", E2E_BUCKETS)
         self.queue_wait = histogram(
@@ -92,7 +132,9 @@ class PushedMetrics:
             "slotserve_engine_step_seconds", "Wall time of one engine forward call.", STEP_BUCKETS
         )
         self.step_tokens = histogram(
-            "slotserve_engine_step_tokens", "Tokens fed to one engine step (prefill + decode).", STEP_TOKEN_BUCKETS
+            "slotserve_engine_step_tokens",
+            "Tokens fed to one engine step (prefill + decode).",
+            STEP_TOKEN_BUCKETS,
         )
         self.step_batch = histogram(
             "slotserve_engine_step_batch_size", "Slots in one engine step.", BATCH_BUCKETS
@@ -106,7 +148,10 @@ class PushedMetrics:
         cancels = counter("slotserve_cancels_total", "Acknowledged cancels, by request phase.", ("phase",))
         self.cancels = {p: cancels.labels(p) for p in CANCEL_PHASES}
         cancel_ack = histogram(
-            "slotserve_cancel_ack_seconds", "cancel() call to acknowledgement, by phase.", CANCEL_ACK_BUCKETS, ("phase",)
+            "slotserve_cancel_ack_seconds",
+            "cancel() call to acknowledgement, by phase.",
+            CANCEL_ACK_BUCKETS,
+            ("phase",),
         )
         self.cancel_ack = {p: cancel_ack.labels(p) for p in CANCEL_PHASES}
         self.preemptions = counter(

@@ -9,12 +9,11 @@ raises, the level families are simply absent from that scrape and `slotserve_sta
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-
 from slotserve.scheduler.stats import SchedulerStats
 
 log = logging.getLogger(__name__)
@@ -27,9 +26,13 @@ FamilyMaker = Callable[[SchedulerStats], Iterable[Metric]]
 
 def level_families(s: SchedulerStats) -> Iterator[Metric]:
     """The gauges of one snapshot."""
-    yield GaugeMetricFamily("slotserve_queue_depth", "Requests admitted and waiting for a slot.", value=s.queue_depth)
     yield GaugeMetricFamily(
-        "slotserve_queue_capacity", "Largest queue depth before requests are rejected (--max-queue).", value=s.max_queue
+        "slotserve_queue_depth", "Requests admitted and waiting for a slot.", value=s.queue_depth
+    )
+    yield GaugeMetricFamily(
+        "slotserve_queue_capacity",
+        "Largest queue depth before requests are rejected (--max-queue).",
+        value=s.max_queue,
     )
     yield GaugeMetricFamily("slotserve_running_requests", "Requests holding a slot.", value=s.num_running)
 
@@ -37,7 +40,8 @@ def level_families(s: SchedulerStats) -> Iterator[Metric]:
     for slot in s.slots:
         by_state[slot.state] = by_state.get(slot.state, 0) + 1
     slots = GaugeMetricFamily(
-        "slotserve_slots", "KV slots by state (empty, idle, prefill, decode); busy = prefill + decode.",
+        "slotserve_slots",
+        "KV slots by state (empty, idle, prefill, decode); busy = prefill + decode.",
         labels=["state"],
     )
     for state, n in by_state.items():
@@ -48,15 +52,21 @@ def level_families(s: SchedulerStats) -> Iterator[Metric]:
     for slot in s.slots:
         held.add_metric([str(slot.slot)], slot.num_tokens)
     yield held
-    yield GaugeMetricFamily("slotserve_slot_capacity_tokens", "Tokens of KV each slot can hold (--ctx-size).", value=s.ctx_len)
+    yield GaugeMetricFamily(
+        "slotserve_slot_capacity_tokens", "Tokens of KV each slot can hold (--ctx-size).", value=s.ctx_len
+    )
 
     stored = GaugeMetricFamily(
-        "slotserve_checkpoint_stored_bytes", "Bytes of KV checkpoints currently stored, by tier.", labels=["tier"]
+        "slotserve_checkpoint_stored_bytes",
+        "Bytes of KV checkpoints currently stored, by tier.",
+        labels=["tier"],
     )
     stored.add_metric(["memory"], s.checkpoint_memory_bytes)
     stored.add_metric(["disk"], s.checkpoint_disk_bytes)
     yield stored
-    yield GaugeMetricFamily("slotserve_draining", "1 while the server drains (admits nothing new).", value=int(s.draining))
+    yield GaugeMetricFamily(
+        "slotserve_draining", "1 while the server drains (admits nothing new).", value=int(s.draining)
+    )
 
 
 class LevelCollector(Collector):

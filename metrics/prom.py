@@ -16,8 +16,8 @@ through `LevelCollector(extra=...)`; router-compatible gauges belong there.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from importlib import metadata
-from typing import Iterable
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -27,7 +27,6 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-
 from slotserve.scheduler.stats import SchedulerStats, StatsSink
 
 from .definitions import PushedMetrics
@@ -69,8 +68,12 @@ class ServerMetrics:
         self._levels = LevelCollector(extra=extra_levels)
         self._render_lock = threading.Lock()
         self.registry.register(self._levels)
-        info = Gauge("slotserve_build_info", "Always 1; labels carry the slotserve version.", ["version"],
-                     registry=self.registry)
+        info = Gauge(
+            "slotserve_build_info",
+            "Always 1; labels carry the slotserve version.",
+            ["version"],
+            registry=self.registry,
+        )
         info.labels(package_version()).set(1)
         ProcessCollector(namespace="slotserve", registry=self.registry)  # slotserve_process_* (Linux)
 

@@ -21,11 +21,10 @@ Two ways to plug in: `router_compat_maker(model_name)` returns a family maker fo
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-
 from slotserve.scheduler.stats import SchedulerStats
 
 log = logging.getLogger(__name__)
@@ -48,10 +47,17 @@ def kv_cache_usage(s: SchedulerStats) -> float:
 def router_compat_families(s: SchedulerStats, model_name: str) -> Iterator[Metric]:
     """The three router-facing gauges of one snapshot, each with one `model_name` series."""
     specs = (
-        (NUM_REQUESTS_WAITING, "Router compatibility (vLLM name): requests waiting for a slot.", s.queue_depth),
+        (
+            NUM_REQUESTS_WAITING,
+            "Router compatibility (vLLM name): requests waiting for a slot.",
+            s.queue_depth,
+        ),
         (NUM_REQUESTS_RUNNING, "Router compatibility (vLLM name): requests holding a slot.", s.num_running),
-        (KV_CACHE_USAGE, "Router compatibility (vLLM name): live KV tokens / (slots x ctx_len), 0 to 1.",
-         kv_cache_usage(s)),
+        (
+            KV_CACHE_USAGE,
+            "Router compatibility (vLLM name): live KV tokens / (slots x ctx_len), 0 to 1.",
+            kv_cache_usage(s),
+        ),
     )
     for name, help_text, value in specs:
         family = GaugeMetricFamily(name, help_text, labels=["model_name"])

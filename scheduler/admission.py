@@ -38,17 +38,16 @@ def validate_request(req: GenerationRequest, n_vocab: int, ctx_len: int) -> np.n
         )
     validate_params(req.params, n_vocab)
     if req.prefix_hint is not None and not 0 < req.prefix_hint <= prompt.shape[0]:
-        raise ValueError(
-            f"prefix_hint={req.prefix_hint} must be within the prompt (1..{prompt.shape[0]})"
-        )
+        raise ValueError(f"prefix_hint={req.prefix_hint} must be within the prompt (1..{prompt.shape[0]})")
     if req.timeout_s is not None and not req.timeout_s > 0:
         raise ValueError(f"timeout_s={req.timeout_s} must be > 0")
     return np.ascontiguousarray(prompt, dtype=np.int32)
 
 
 def rejected_stats(req: GenerationRequest) -> RequestStats:
-    return RequestStats("rejected", None, len(req.prompt_ids), 0, ReuseSource.NONE, 0, 0,
-                        None, None, None, ())
+    return RequestStats(
+        "rejected", None, len(req.prompt_ids), 0, ReuseSource.NONE, 0, 0, None, None, None, ()
+    )
 
 
 def finish_records(

@@ -12,7 +12,7 @@ Memory evictions and every non-prompt-end capture are written through to the dis
 from __future__ import annotations
 
 import asyncio
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -73,9 +73,7 @@ class Checkpointing:
         return self.disk.bytes_used if self.disk is not None else 0
 
     # -- routing side ----------------------------------------------------------------------
-    def matches(
-        self, prompt: np.ndarray, staged: tuple[np.ndarray, bytes] | None
-    ) -> list[CheckpointMatch]:
+    def matches(self, prompt: np.ndarray, staged: tuple[np.ndarray, bytes] | None) -> list[CheckpointMatch]:
         """Best candidate of each tier for `prompt`. A disk checkpoint already loaded for this
         request (`staged`) stands in for the disk tier, under its disk key."""
         if not self.enabled:

@@ -121,14 +121,10 @@ class MemoryCheckpointStore:
         free = self.budget_bytes - self.bytes_used
         if free >= num_bytes:
             return True
-        evictable = sum(
-            e.num_bytes for e in self._entries.values() if e.rule.keep_class <= rule.keep_class
-        )
+        evictable = sum(e.num_bytes for e in self._entries.values() if e.rule.keep_class <= rule.keep_class)
         return free + evictable >= num_bytes
 
-    def insert(
-        self, tokens: np.ndarray, data: bytes, rule: CaptureRule
-    ) -> list[CheckpointEntry] | None:
+    def insert(self, tokens: np.ndarray, data: bytes, rule: CaptureRule) -> list[CheckpointEntry] | None:
         """Add a checkpoint; return the entries evicted to make room, or None if it does not fit
         (then nothing changed). Re-inserting the same tokens refreshes the entry (keeping the
         higher rule class)."""

@@ -10,7 +10,7 @@ emitted.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def _incomplete_tail_len(buf: bytes) -> int:

@@ -24,9 +24,9 @@ import queue
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -175,8 +175,9 @@ class DiskCheckpointStore:
             except (CorruptCheckpoint, OSError) as exc:
                 self._drop(path, exc)
                 continue
-            self._index_add(DiskEntry(tokens_key(tokens), path, tokens, rule, st.st_size,
-                                      st.st_mtime, head_hash(tokens)))
+            self._index_add(
+                DiskEntry(tokens_key(tokens), path, tokens, rule, st.st_size, st.st_mtime, head_hash(tokens))
+            )
         for tmp in self.dir.glob(".*.tmp"):
             tmp.unlink(missing_ok=True)
         self.index_ready.set()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import struct
 import threading
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -223,9 +223,7 @@ class FakeSlotPool:
                 raise ValueError(f"snapshot {n} tokens of slot {slot}: it holds {self._len[slot]}")
             fp = self.fingerprint.encode()
             pad = np.zeros(n * (self.row_bytes - 12), dtype=np.uint8)
-            payload = (
-                self._tokens[slot, :n].tobytes() + self._rows[slot, :n].tobytes() + pad.tobytes()
-            )
+            payload = self._tokens[slot, :n].tobytes() + self._rows[slot, :n].tobytes() + pad.tobytes()
             digest = hashlib.blake2b(payload, digest_size=_DIGEST_LEN).digest()
             header = _HEADER.pack(_MAGIC, _VERSION, _LAYOUT, n, self.row_bytes, len(fp))
             self.num_snapshots += 1

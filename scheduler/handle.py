@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from .request import FinishEvent, TokenEvent
 from .sequence import Sequence
@@ -19,7 +20,7 @@ class RequestHandle:
     already finished for another reason.
     """
 
-    def __init__(self, sched: "Scheduler", seq: Sequence) -> None:
+    def __init__(self, sched: Scheduler, seq: Sequence) -> None:
         self._sched = sched
         self._seq = seq
 

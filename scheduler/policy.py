@@ -21,8 +21,8 @@ A request whose prefix is still being prefilled by another request waits for it
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -116,9 +116,7 @@ def route(
 ) -> RouteDecision:
     """Decide where `prompt` (int32 [L], L >= 1) runs. See the module docstring."""
     L = int(prompt.shape[0])
-    commons = {
-        s.slot: (common_prefix_len(prompt, s.tokens) if reuse_enabled else 0) for s in slots
-    }
+    commons = {s.slot: (common_prefix_len(prompt, s.tokens) if reuse_enabled else 0) for s in slots}
     rewind_u = {
         s.slot: _usable(commons[s.slot], int(s.tokens.shape[0]), L, caps.can_truncate)
         for s in slots
@@ -148,7 +146,11 @@ def route(
             future = min(common_prefix_len(prompt, s.prefill_target), L - 1)
             if future > best_u:
                 return RouteDecision(
-                    RouteAction.WAIT_SHARED, None, 0, future, int(s.tokens.shape[0]),
+                    RouteAction.WAIT_SHARED,
+                    None,
+                    0,
+                    future,
+                    int(s.tokens.shape[0]),
                     src_slot=s.slot,
                 )
 
@@ -177,24 +179,44 @@ def route(
     dest_len = int(next(s for s in free if s.slot == dest).tokens.shape[0])
     if saved == 0:
         return RouteDecision(
-            RouteAction.COLD, dest, 0, commons.get(dest, 0), dest_len,
-            lost_tokens=lost, evicts=counts,
+            RouteAction.COLD,
+            dest,
+            0,
+            commons.get(dest, 0),
+            dest_len,
+            lost_tokens=lost,
+            evicts=counts,
         )
     if source is None:
         return RouteDecision(
-            RouteAction.REWIND, dest, saved, commons[dest], dest_len,
-            lost_tokens=lost, evicts=counts,
+            RouteAction.REWIND,
+            dest,
+            saved,
+            commons[dest],
+            dest_len,
+            lost_tokens=lost,
+            evicts=counts,
         )
     src = source[3]
     if source[1] <= 1:
         return RouteDecision(
-            RouteAction.COPY, dest, saved, commons[src.slot], int(src.tokens.shape[0]),
-            src_slot=src.slot, lost_tokens=lost, evicts=counts,
+            RouteAction.COPY,
+            dest,
+            saved,
+            commons[src.slot],
+            int(src.tokens.shape[0]),
+            src_slot=src.slot,
+            lost_tokens=lost,
+            evicts=counts,
         )
-    action = (
-        RouteAction.RESTORE_MEMORY if src.tier is CheckpointTier.MEMORY else RouteAction.RESTORE_DISK
-    )
+    action = RouteAction.RESTORE_MEMORY if src.tier is CheckpointTier.MEMORY else RouteAction.RESTORE_DISK
     return RouteDecision(
-        action, dest, saved, src.common, src.num_tokens, checkpoint=src,
-        lost_tokens=lost, evicts=counts,
+        action,
+        dest,
+        saved,
+        src.common,
+        src.num_tokens,
+        checkpoint=src,
+        lost_tokens=lost,
+        evicts=counts,
     )

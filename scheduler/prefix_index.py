@@ -38,4 +38,3 @@ def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
         if start == n:
             break
     return n
-

@@ -23,7 +23,8 @@ import asyncio
 import itertools
 import logging
 import time
-from typing import Callable, Iterable, Sequence as Seq
+from collections.abc import Callable, Iterable
+from collections.abc import Sequence as Seq
 
 import numpy as np
 
@@ -99,9 +100,7 @@ class Scheduler:
         self._eos = frozenset(int(t) for t in eos_token_ids)
         self._sink: StatsSink = stats_sink or NullSink()
         self._clock = clock
-        self._caps = Capabilities(
-            bool(pool.can_truncate), bool(pool.can_copy), bool(pool.can_snapshot)
-        )
+        self._caps = Capabilities(bool(pool.can_truncate), bool(pool.can_copy), bool(pool.can_snapshot))
         self._slots = SlotTable(pool.num_slots, pool.ctx_len)
         self._ckpt = Checkpointing(
             config,
@@ -127,7 +126,7 @@ class Scheduler:
         self._worker = EngineWorker()
 
     # -- lifecycle -------------------------------------------------------------------------
-    async def __aenter__(self) -> "Scheduler":
+    async def __aenter__(self) -> Scheduler:
         await self.start()
         return self
 
@@ -236,8 +235,7 @@ class Scheduler:
             max_queue=self._config.max_queue,
             num_running=len(self._running),
             slots=tuple(
-                SlotLevel(s, self._slot_state(s), self._slots.lens[s])
-                for s in range(self._slots.num_slots)
+                SlotLevel(s, self._slot_state(s), self._slots.lens[s]) for s in range(self._slots.num_slots)
             ),
             ctx_len=self._pool.ctx_len,
             checkpoint_memory_bytes=self._ckpt.memory.bytes_used,
@@ -322,9 +320,7 @@ class Scheduler:
 
     def _next_deadline_in(self, now: float) -> float | None:
         deadlines = [
-            s.deadline
-            for s in itertools.chain(self._queue, self._running.values())
-            if s.deadline is not None
+            s.deadline for s in itertools.chain(self._queue, self._running.values()) if s.deadline is not None
         ]
         return max(0.0, min(deadlines) - now) if deadlines else None
 
@@ -471,10 +467,16 @@ class Scheduler:
         if self._reuse_log:
             extra = f" src={d.src_slot}" if d.action is RouteAction.COPY else ""
             reuse_log.info(
-                "reuse slot=%d live=%d prompt=%d common=%d action=%s%s reused=%d prefilled=%d "
-                "request=%s",
-                dest, d.live_len, seq.prompt_len, d.common, source.value if n else "cold",
-                extra, n, seq.prompt_len - n, seq.request_id,
+                "reuse slot=%d live=%d prompt=%d common=%d action=%s%s reused=%d prefilled=%d request=%s",
+                dest,
+                d.live_len,
+                seq.prompt_len,
+                d.common,
+                source.value if n else "cold",
+                extra,
+                n,
+                seq.prompt_len - n,
+                seq.request_id,
             )
 
     # -- captures --------------------------------------------------------------------------
@@ -660,9 +662,7 @@ class Scheduler:
         self._emit_request_stats(stats)
         if reason is FinishReason.CANCELLED:
             started = cancel_at if cancel_at is not None else (seq.cancel_at or now)
-            self._sink_call(
-                self._sink.on_cancel, CancelStats(cancel_phase or "decode", now - started)
-            )
+            self._sink_call(self._sink.on_cancel, CancelStats(cancel_phase or "decode", now - started))
         self._changed.set()
 
     # -- stats helpers ---------------------------------------------------------------------

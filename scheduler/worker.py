@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 def _settle(fut: asyncio.Future, ok: bool, value: Any) -> None:

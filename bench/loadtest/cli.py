@@ -17,43 +17,78 @@ WORKLOADS = ("multi-turn", "agent", "abort-resend", "shared-prefix", "oversubscr
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="loadtest_command", required=True, metavar="{run,compare}")
     run_p = sub.add_parser("run", help="drive an endpoint with one workload, write JSON results")
-    run_p.add_argument("--url", required=True,
-                       help="base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8080")
+    run_p.add_argument(
+        "--url", required=True, help="base URL of the OpenAI-compatible server, e.g. http://127.0.0.1:8080"
+    )
     run_p.add_argument("--workload", required=True, choices=WORKLOADS)
     run_p.add_argument("--trace", metavar="FILE", help="JSONL trace (with --workload trace)")
     loop = run_p.add_mutually_exclusive_group()
-    loop.add_argument("--concurrency", type=int, metavar="C",
-                      help="closed loop: C requests in flight (default 4; trace: its offsets)")
+    loop.add_argument(
+        "--concurrency",
+        type=int,
+        metavar="C",
+        help="closed loop: C requests in flight (default 4; trace: its offsets)",
+    )
     loop.add_argument("--rate", type=float, metavar="R", help="open loop: Poisson, R requests/s")
-    run_p.add_argument("--requests", type=int, metavar="N",
-                       help="stop after N requests (default: the whole workload)")
-    run_p.add_argument("--duration", type=float, default=300.0, metavar="S",
-                       help="stop sending after S seconds (default 300)")
+    run_p.add_argument(
+        "--requests", type=int, metavar="N", help="stop after N requests (default: the whole workload)"
+    )
+    run_p.add_argument(
+        "--duration",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="stop sending after S seconds (default 300)",
+    )
     run_p.add_argument("--seed", type=int, default=0, metavar="K")
     run_p.add_argument("--json", required=True, metavar="PATH", help="write results here")
     run_p.add_argument("--plots", metavar="DIR", help="write PNG plots into DIR")
     run_p.add_argument("--model", help="model name to send (default: the first in /v1/models)")
-    run_p.add_argument("--api-key", metavar="KEY", default=os.environ.get(API_KEY_ENV) or None,
-                       help=f"send 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, which keeps the "
-                            "key out of the process list)")
+    run_p.add_argument(
+        "--api-key",
+        metavar="KEY",
+        default=os.environ.get(API_KEY_ENV) or None,
+        help=f"send 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, which keeps the "
+        "key out of the process list)",
+    )
     sizes = run_p.add_argument_group("workload sizes (lengths in words, ~1 token each)")
-    sizes.add_argument("--conversations", type=int, metavar="N", help=(
-        "conversations (default: C; shared-prefix and oversubscribed: 4 x C; open loop: 8)"))
-    sizes.add_argument("--turns", type=int, help="turns per conversation (default 4; "
-                                                 "shared-prefix 1; agent: tool rounds + 1)")
+    sizes.add_argument(
+        "--conversations",
+        type=int,
+        metavar="N",
+        help=("conversations (default: C; shared-prefix and oversubscribed: 4 x C; open loop: 8)"),
+    )
+    sizes.add_argument(
+        "--turns",
+        type=int,
+        help="turns per conversation (default 4; shared-prefix 1; agent: tool rounds + 1)",
+    )
     sizes.add_argument("--system-len", type=int, default=400, help="system prompt (default 400)")
     sizes.add_argument("--turn-len", type=int, default=40, help="user message (default 40)")
     sizes.add_argument("--reply-len", type=int, default=32, help="max_tokens per reply (32)")
     sizes.add_argument("--tool-result-len", type=int, default=80, help="agent tool result (80)")
-    sizes.add_argument("--abort-after", type=int, default=4,
-                       help="abort-resend: disconnect after this many tokens (default 4)")
-    run_p.add_argument("--slo-ttft", type=float, default=1.0, metavar="S",
-                       help="TTFT objective for goodput, seconds (default 1.0)")
-    run_p.add_argument("--timeout", type=float, default=120.0, metavar="S",
-                       help="per-request timeout, seconds (default 120)")
+    sizes.add_argument(
+        "--abort-after",
+        type=int,
+        default=4,
+        help="abort-resend: disconnect after this many tokens (default 4)",
+    )
+    run_p.add_argument(
+        "--slo-ttft",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="TTFT objective for goodput, seconds (default 1.0)",
+    )
+    run_p.add_argument(
+        "--timeout", type=float, default=120.0, metavar="S", help="per-request timeout, seconds (default 120)"
+    )
     run_p.add_argument("--temperature", type=float, default=0.0, help="default 0 (greedy)")
-    run_p.add_argument("--ignore-eos", action="store_true",
-                       help="send ignore_eos=true (non-standard) so replies run to max_tokens")
+    run_p.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="send ignore_eos=true (non-standard) so replies run to max_tokens",
+    )
     run_p.add_argument("--quiet", action="store_true", help="no progress bar")
     cmp_p = sub.add_parser("compare", help="print two results files side by side with ratios")
     cmp_p.add_argument("a", metavar="A.json")
@@ -100,12 +135,22 @@ def _run(args: argparse.Namespace) -> int:
         concurrency = 4
     # Validated before anything connects; the model name is filled in once known.
     cfg = DriveConfig(
-        base_url=url, params=SendParams(model=args.model or "", temperature=args.temperature,
-                                        seed=args.seed, ignore_eos=args.ignore_eos,
-                                        timeout_s=args.timeout, api_key=args.api_key),
-        concurrency=concurrency, rate=args.rate,
-        use_offsets=concurrency is None and args.rate is None, max_requests=args.requests,
-        duration_s=args.duration, seed=args.seed)
+        base_url=url,
+        params=SendParams(
+            model=args.model or "",
+            temperature=args.temperature,
+            seed=args.seed,
+            ignore_eos=args.ignore_eos,
+            timeout_s=args.timeout,
+            api_key=args.api_key,
+        ),
+        concurrency=concurrency,
+        rate=args.rate,
+        use_offsets=concurrency is None and args.rate is None,
+        max_requests=args.requests,
+        duration_s=args.duration,
+        seed=args.seed,
+    )
     sizes: dict[str, int] = {}
     if args.workload == "trace":
         conversations = load_trace(args.trace)
@@ -117,8 +162,12 @@ def _run(args: argparse.Namespace) -> int:
             seed=args.seed,
             num_conversations=_given(args.conversations, 4 * base if is_many else base),
             num_turns=_given(args.turns, 1 if args.workload == "shared-prefix" else 4),
-            system_len=args.system_len, turn_len=args.turn_len, reply_len=args.reply_len,
-            tool_result_len=args.tool_result_len, abort_after=args.abort_after)
+            system_len=args.system_len,
+            turn_len=args.turn_len,
+            reply_len=args.reply_len,
+            tool_result_len=args.tool_result_len,
+            abort_after=args.abort_after,
+        )
         conversations = build_conversations(args.workload, wl)
         planned = num_planned_requests(args.workload, wl)
         sizes = {k: getattr(wl, k) for k in wl.__dataclass_fields__ if k != "seed"}
@@ -130,14 +179,14 @@ def _given(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
-async def _run_async(args: argparse.Namespace, cfg: DriveConfig, conversations: list,
-                     sizes: dict[str, int], total: int) -> int:
+async def _run_async(
+    args: argparse.Namespace, cfg: DriveConfig, conversations: list, sizes: dict[str, int], total: int
+) -> int:
     import dataclasses
 
     import httpx
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, \
-        TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from . import report, results
     from .client import Exchange
@@ -149,16 +198,26 @@ async def _run_async(args: argparse.Namespace, cfg: DriveConfig, conversations: 
     try:
         model = args.model or await discover_model(url, cfg.params) or "default"
     except httpx.HTTPError as exc:
-        err.print(f"slotserve loadtest: cannot reach {url} ({type(exc).__name__}: {exc}); "
-                  "start the server or fix --url")
+        err.print(
+            f"slotserve loadtest: cannot reach {url} ({type(exc).__name__}: {exc}); "
+            "start the server or fix --url"
+        )
         return 2
     params = dataclasses.replace(cfg.params, model=model)
     cfg = dataclasses.replace(cfg, params=params)
     mode = "offsets" if cfg.use_offsets else "open" if cfg.rate is not None else "closed"
-    err.print(f"loadtest: {args.workload}, {len(conversations)} conversations, up to {total} "
-              f"requests, {mode} loop, model {model!r}, against {url}")
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=err, disable=args.quiet)
+    err.print(
+        f"loadtest: {args.workload}, {len(conversations)} conversations, up to {total} "
+        f"requests, {mode} loop, model {model!r}, against {url}"
+    )
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        disable=args.quiet,
+    )
     counts = {"ok": 0, "aborted": 0, "error": 0, "timeout": 0}
 
     with progress:
@@ -167,9 +226,14 @@ async def _run_async(args: argparse.Namespace, cfg: DriveConfig, conversations: 
         def on_done(ex: Exchange) -> None:
             counts[ex.outcome.value] += 1
             ttft = f"{(ex.token_times[0] - ex.t_send) * 1000:.0f} ms" if ex.token_times else "-"
-            progress.update(task, advance=1, description=(
-                f"ok {counts['ok']} aborted {counts['aborted']} "
-                f"failed {counts['error'] + counts['timeout']}  last TTFT {ttft}"))
+            progress.update(
+                task,
+                advance=1,
+                description=(
+                    f"ok {counts['ok']} aborted {counts['aborted']} "
+                    f"failed {counts['error'] + counts['timeout']}  last TTFT {ttft}"
+                ),
+            )
 
         outcome = await drive(conversations, cfg, on_done)
     async with make_client(params) as client:
@@ -177,16 +241,35 @@ async def _run_async(args: argparse.Namespace, cfg: DriveConfig, conversations: 
     if oracle.note:
         err.print(f"oracle: {oracle.note}; estimating from usage counts (docs/loadtest.md)")
     if oracle.num_len_mismatches:
-        err.print(f"oracle: {oracle.num_len_mismatches} prompts where /tokenize and usage "
-                  "disagree on the length; the oracle may be off for them")
+        err.print(
+            f"oracle: {oracle.num_len_mismatches} prompts where /tokenize and usage "
+            "disagree on the length; the oracle may be off for them"
+        )
     records = report.to_records(outcome.exchanges, outcome.t_start, oracle.values)
     run_cfg = results.RunConfig(
-        url=url, model=model, workload=args.workload, seed=args.seed, mode=mode,
-        concurrency=cfg.concurrency, rate=cfg.rate, max_requests=cfg.max_requests,
-        duration_s=cfg.duration_s, timeout_s=args.timeout, temperature=args.temperature,
-        slo_ttft_s=args.slo_ttft, sizes=sizes, trace=args.trace, started_at=outcome.started_at)
-    res = results.Results(config=run_cfg, requests=records, summary=report.summarize(
-        records, outcome.duration_s, args.slo_ttft, oracle.source, oracle.num_len_mismatches))
+        url=url,
+        model=model,
+        workload=args.workload,
+        seed=args.seed,
+        mode=mode,
+        concurrency=cfg.concurrency,
+        rate=cfg.rate,
+        max_requests=cfg.max_requests,
+        duration_s=cfg.duration_s,
+        timeout_s=args.timeout,
+        temperature=args.temperature,
+        slo_ttft_s=args.slo_ttft,
+        sizes=sizes,
+        trace=args.trace,
+        started_at=outcome.started_at,
+    )
+    res = results.Results(
+        config=run_cfg,
+        requests=records,
+        summary=report.summarize(
+            records, outcome.duration_s, args.slo_ttft, oracle.source, oracle.num_len_mismatches
+        ),
+    )
     results.save(res, args.json)
     report.print_tables(report.summary_tables(res), Console(soft_wrap=True))
     err.print(f"results: {args.json}")

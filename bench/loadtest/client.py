@@ -60,9 +60,13 @@ class Exchange:
 
 def request_body(spec: RequestSpec, params: SendParams) -> dict[str, Any]:
     """The JSON body for `spec` (chat when it has messages, text completion otherwise)."""
-    body: dict[str, Any] = {"model": params.model, "max_tokens": spec.max_tokens,
-                            "temperature": params.temperature, "stream": True,
-                            "stream_options": {"include_usage": True}}
+    body: dict[str, Any] = {
+        "model": params.model,
+        "max_tokens": spec.max_tokens,
+        "temperature": params.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if spec.messages is not None:
         body["messages"] = list(spec.messages)
     else:
@@ -105,8 +109,11 @@ def _apply_chunk(ex: Exchange, chunk: Any, now: float) -> None:
             ex.cached_tokens = details.get("cached_tokens")
     for choice in choices:
         delta = choice.get("delta")
-        piece = (delta.get("content") or delta.get("reasoning_content")) if isinstance(
-            delta, dict) else choice.get("text")
+        piece = (
+            (delta.get("content") or delta.get("reasoning_content"))
+            if isinstance(delta, dict)
+            else choice.get("text")
+        )
         if piece:
             ex.token_times.append(now)
             ex.text_parts.append(piece)
@@ -118,26 +125,24 @@ class _StreamError(Exception):
     """An error object inside the event stream."""
 
 
-async def _stream(client: httpx.AsyncClient, base_url: str, ex: Exchange,
-                  params: SendParams) -> None:
+async def _stream(client: httpx.AsyncClient, base_url: str, ex: Exchange, params: SendParams) -> None:
     spec = ex.spec
-    async with client.stream("POST", base_url + endpoint(spec),
-                             json=request_body(spec, params)) as resp:
+    async with client.stream("POST", base_url + endpoint(spec), json=request_body(spec, params)) as resp:
         ex.http_status = resp.status_code
         if resp.status_code != 200:
             ex.error = f"HTTP {resp.status_code}: {_error_message(await resp.aread())}"
             return
         async for data in aiter_sse(resp.aiter_lines()):
             _apply_chunk(ex, json.loads(data), time.perf_counter())
-            if spec.abort_after_tokens is not None and len(
-                    ex.token_times) >= spec.abort_after_tokens:
+            if spec.abort_after_tokens is not None and len(ex.token_times) >= spec.abort_after_tokens:
                 ex.outcome = Outcome.ABORTED
                 return  # leaving the context closes the connection mid-stream
     ex.outcome = Outcome.OK
 
 
-async def send(client: httpx.AsyncClient, base_url: str, spec: RequestSpec, index: int,
-               params: SendParams) -> Exchange:
+async def send(
+    client: httpx.AsyncClient, base_url: str, spec: RequestSpec, index: int, params: SendParams
+) -> Exchange:
     """Send `spec` and return the exchange; never raises for server or network failures
     (they become Outcome.ERROR / TIMEOUT with `error` set)."""
     ex = Exchange(spec=spec, index=index, t_send=time.perf_counter())

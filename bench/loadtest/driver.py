@@ -70,15 +70,23 @@ def make_client(params: SendParams) -> httpx.AsyncClient:
     # NOTE: trust_env=False: a proxy from the environment must never see benchmark traffic.
     headers = {"Authorization": f"Bearer {params.api_key}"} if params.api_key else None
     return httpx.AsyncClient(
-        timeout=httpx.Timeout(params.timeout_s, connect=10.0), trust_env=False, headers=headers,
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        timeout=httpx.Timeout(params.timeout_s, connect=10.0),
+        trust_env=False,
+        headers=headers,
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+    )
 
 
 class _Run:
     """Shared state of one run: the ready queue, the budget, the finished exchanges."""
 
-    def __init__(self, conversations: Sequence[Conversation], cfg: DriveConfig,
-                 client: httpx.AsyncClient, on_done: Callable[[Exchange], None] | None) -> None:
+    def __init__(
+        self,
+        conversations: Sequence[Conversation],
+        cfg: DriveConfig,
+        client: httpx.AsyncClient,
+        on_done: Callable[[Exchange], None] | None,
+    ) -> None:
         self.cfg, self.client, self.on_done = cfg, client, on_done
         self.queue: asyncio.Queue[Conversation | None] = asyncio.Queue()
         for conv in conversations:
@@ -140,6 +148,7 @@ class _Run:
         async def worker() -> None:
             while (item := await self.next_request()) is not None:
                 await self.serve(*item)
+
         await asyncio.gather(*(worker() for _ in range(concurrency)))
 
     async def open_loop(self, rate: float) -> None:
@@ -178,14 +187,16 @@ class _Run:
         await asyncio.gather(*tasks)
 
 
-async def drive(conversations: Sequence[Conversation], cfg: DriveConfig,
-                on_done: Callable[[Exchange], None] | None = None) -> DriveOutcome:
+async def drive(
+    conversations: Sequence[Conversation], cfg: DriveConfig, on_done: Callable[[Exchange], None] | None = None
+) -> DriveOutcome:
     """Run the workload against `cfg.base_url`; `on_done` sees each exchange as it ends."""
     started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     async with make_client(cfg.params) as client:
         run = _Run(conversations, cfg, client, on_done)
         timer = asyncio.get_running_loop().call_at(
-            asyncio.get_running_loop().time() + cfg.duration_s, run.stop)
+            asyncio.get_running_loop().time() + cfg.duration_s, run.stop
+        )
         try:
             if cfg.use_offsets:
                 await run.offsets(conversations)
@@ -198,8 +209,9 @@ async def drive(conversations: Sequence[Conversation], cfg: DriveConfig,
             timer.cancel()
     exchanges = sorted(run.exchanges, key=lambda e: e.index)
     t_last = max((e.t_end for e in exchanges), default=run.t_start)
-    return DriveOutcome(exchanges=exchanges, t_start=run.t_start, started_at=started_at,
-                        duration_s=t_last - run.t_start)
+    return DriveOutcome(
+        exchanges=exchanges, t_start=run.t_start, started_at=started_at, duration_s=t_last - run.t_start
+    )
 
 
 async def discover_model(base_url: str, params: SendParams) -> str | None:

@@ -79,8 +79,9 @@ def oracle_from_ids(items: Sequence[Seen]) -> list[int]:
     prompts sent between a request's send and its first token are compared pairwise."""
     # NOTE: an end sorts before a send at the same instant; a request ends after its own send
     # (t_end > t_send), so it never sees its own reply.
-    events = sorted([(s.t_end, 0, i) for i, s in enumerate(items)]
-                    + [(s.t_send, 1, i) for i, s in enumerate(items)])
+    events = sorted(
+        [(s.t_end, 0, i) for i, s in enumerate(items)] + [(s.t_send, 1, i) for i, s in enumerate(items)]
+    )
     sends = sorted(range(len(items)), key=lambda i: (items[i].t_send, i))
     rank = {i: pos for pos, i in enumerate(sends)}
     trie = PrefixTrie()
@@ -89,7 +90,7 @@ def oracle_from_ids(items: Sequence[Seen]) -> list[int]:
         s = items[i]
         if kind == 1:  # send: query what came before, then the prompt is seen
             best = trie.longest_prefix(s.prompt_ids)
-            for j in sends[rank[i] + 1:]:  # sent while this request waited for its first token
+            for j in sends[rank[i] + 1 :]:  # sent while this request waited for its first token
                 if items[j].t_send >= s.t_first:
                     break
                 best = max(best, common_prefix_len(s.prompt_ids, items[j].prompt_ids))
@@ -184,8 +185,7 @@ class ServerTokenizer:
 
     async def prompt_ids(self, ex: Exchange) -> list[int]:
         if ex.spec.messages is not None:
-            return await self._tokenize({"messages": list(ex.spec.messages),
-                                         "add_generation_prompt": True})
+            return await self._tokenize({"messages": list(ex.spec.messages), "add_generation_prompt": True})
         return await self._tokenize({"prompt": ex.spec.prompt})
 
     async def text_ids(self, text: str) -> list[int]:
@@ -202,8 +202,9 @@ class OracleResult:
     note: str  # why the fallback was used, when it was
 
 
-async def compute_oracle(exchanges: Sequence[Exchange], client: httpx.AsyncClient,
-                         base_url: str, model: str) -> OracleResult:
+async def compute_oracle(
+    exchanges: Sequence[Exchange], client: httpx.AsyncClient, base_url: str, model: str
+) -> OracleResult:
     """The oracle per exchange: exact from /tokenize, else the usage-count estimate."""
     tok = ServerTokenizer(client, base_url, model)
     try:
@@ -211,8 +212,11 @@ async def compute_oracle(exchanges: Sequence[Exchange], client: httpx.AsyncClien
         replies = await asyncio.gather(*(tok.text_ids(e.text) for e in exchanges))
     except TokenizeUnavailable as exc:
         return OracleResult(oracle_from_usage(exchanges), "usage", 0, str(exc))
-    items = [Seen(e.t_send, e.token_times[0] if e.token_times else e.t_end, e.t_end, p, r)
-             for e, p, r in zip(exchanges, prompts, replies)]
-    mismatches = sum(e.prompt_tokens is not None and e.prompt_tokens != len(p)
-                     for e, p in zip(exchanges, prompts))
+    items = [
+        Seen(e.t_send, e.token_times[0] if e.token_times else e.t_end, e.t_end, p, r)
+        for e, p, r in zip(exchanges, prompts, replies)
+    ]
+    mismatches = sum(
+        e.prompt_tokens is not None and e.prompt_tokens != len(p) for e, p in zip(exchanges, prompts)
+    )
     return OracleResult(list(oracle_from_ids(items)), "tokenize", mismatches, "")

@@ -57,8 +57,7 @@ def write_plots(results: Results, out_dir: str | Path) -> list[Path]:
     xs = sorted(r.ttft_s * 1000 for r in streamed)  # type: ignore[operator]
     if xs:
         ax.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post")
-    ax.set(xlabel="TTFT (ms)", ylabel="fraction of requests", ylim=(0, 1.02),
-           title=f"TTFT CDF: {title}")
+    ax.set(xlabel="TTFT (ms)", ylabel="fraction of requests", ylim=(0, 1.02), title=f"TTFT CDF: {title}")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(paths[1], dpi=100)
@@ -77,8 +76,7 @@ def write_plots(results: Results, out_dir: str | Path) -> list[Path]:
     centers = [(i + 0.5) * width for i in range(num_bins)]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(centers, [n / width for n in tok_bins], label="output chunks/s")
-    ax.set(xlabel="time since start (s)", ylabel="output chunks/s",
-           title=f"throughput: {title}")
+    ax.set(xlabel="time since start (s)", ylabel="output chunks/s", title=f"throughput: {title}")
     ax2 = ax.twinx()
     ax2.plot(centers, [n / width for n in req_bins], color="tab:orange", label="requests/s")
     ax2.set_ylabel("completed requests/s")

@@ -34,31 +34,49 @@ def percentile(values: Sequence[float], q: float) -> float | None:
 
 
 def _pcts(values: Sequence[float]) -> Percentiles:
-    return Percentiles(n=len(values), p50=percentile(values, 50), p90=percentile(values, 90),
-                       p99=percentile(values, 99))
+    return Percentiles(
+        n=len(values), p50=percentile(values, 50), p90=percentile(values, 90), p99=percentile(values, 99)
+    )
 
 
-def to_records(exchanges: Sequence[Exchange], t_start: float,
-               oracle: Sequence[int | None]) -> list[RequestRecord]:
+def to_records(
+    exchanges: Sequence[Exchange], t_start: float, oracle: Sequence[int | None]
+) -> list[RequestRecord]:
     """One JSON record per exchange; `oracle` is aligned with `exchanges`."""
     records = []
     for ex, orc in zip(exchanges, oracle, strict=True):
         times = ex.token_times
-        records.append(RequestRecord(
-            index=ex.index, conversation_id=ex.spec.conversation_id,
-            turn_index=ex.spec.turn_index, attempt=ex.spec.attempt, status=ex.outcome.value,
-            http_status=ex.http_status, error=ex.error, start_s=ex.t_send - t_start,
-            ttft_s=times[0] - ex.t_send if times else None, e2e_s=ex.t_end - ex.t_send,
-            itl_s=[b - a for a, b in zip(times, times[1:])], max_tokens=ex.spec.max_tokens,
-            prompt_tokens=ex.prompt_tokens, cached_tokens=ex.cached_tokens,
-            completion_tokens=ex.completion_tokens if ex.completion_tokens is not None
-            else len(times),
-            oracle_cached_tokens=orc, finish_reason=ex.finish_reason))
+        records.append(
+            RequestRecord(
+                index=ex.index,
+                conversation_id=ex.spec.conversation_id,
+                turn_index=ex.spec.turn_index,
+                attempt=ex.spec.attempt,
+                status=ex.outcome.value,
+                http_status=ex.http_status,
+                error=ex.error,
+                start_s=ex.t_send - t_start,
+                ttft_s=times[0] - ex.t_send if times else None,
+                e2e_s=ex.t_end - ex.t_send,
+                itl_s=[b - a for a, b in zip(times, times[1:])],
+                max_tokens=ex.spec.max_tokens,
+                prompt_tokens=ex.prompt_tokens,
+                cached_tokens=ex.cached_tokens,
+                completion_tokens=ex.completion_tokens if ex.completion_tokens is not None else len(times),
+                oracle_cached_tokens=orc,
+                finish_reason=ex.finish_reason,
+            )
+        )
     return records
 
 
-def summarize(records: Sequence[RequestRecord], duration_s: float, slo_ttft_s: float,
-              oracle_source: str, oracle_len_mismatches: int = 0) -> Summary:
+def summarize(
+    records: Sequence[RequestRecord],
+    duration_s: float,
+    slo_ttft_s: float,
+    oracle_source: str,
+    oracle_len_mismatches: int = 0,
+) -> Summary:
     ok = [r for r in records if r.status == "ok"]
     streamed = [r for r in records if r.status in ("ok", "aborted") and r.ttft_s is not None]
     ttfts = [r.ttft_s for r in streamed if r.ttft_s is not None]
@@ -76,25 +94,38 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo_ttft_s: f
     per_s = (lambda n: n / duration_s) if duration_s > 0 else (lambda n: 0.0)
     ttft, itl, e2e = _pcts(ttfts), _pcts(itls), _pcts(e2es)
     return Summary(
-        num_requests=len(records), num_ok=len(ok),
+        num_requests=len(records),
+        num_ok=len(ok),
         num_aborted=sum(r.status == "aborted" for r in records),
         num_errors=sum(r.status in ("error", "timeout") for r in records),
         duration_s=duration_s,
-        ttft_p50=ttft.p50, ttft_p90=ttft.p90, ttft_p99=ttft.p99,
-        itl_p50=itl.p50, itl_p90=itl.p90, itl_p99=itl.p99,
-        e2e_p50=e2e.p50, e2e_p90=e2e.p90, e2e_p99=e2e.p99,
+        ttft_p50=ttft.p50,
+        ttft_p90=ttft.p90,
+        ttft_p99=ttft.p99,
+        itl_p50=itl.p50,
+        itl_p90=itl.p90,
+        itl_p99=itl.p99,
+        e2e_p50=e2e.p50,
+        e2e_p90=e2e.p90,
+        e2e_p99=e2e.p99,
         ttft_by_turn={t: _pcts(v) for t, v in sorted(by_turn.items())},
         requests_per_s=per_s(len(ok)),
         output_tokens_per_s=per_s(sum(r.completion_tokens or 0 for r in records)),
-        slo_ttft_s=slo_ttft_s, goodput_per_s=per_s(num_good),
+        slo_ttft_s=slo_ttft_s,
+        goodput_per_s=per_s(num_good),
         slo_attainment=num_good / len(ok) if ok else None,
-        prompt_tokens=prompt, cached_tokens=cached, oracle_cached_tokens=oracle,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        oracle_cached_tokens=oracle,
         completion_tokens=sum(r.completion_tokens or 0 for r in records),
         reuse_ratio=cached / prompt if prompt else None,
         oracle_reuse_ratio=oracle / prompt if prompt else None,
-        oracle_source=oracle_source, oracle_len_mismatches=oracle_len_mismatches,
-        errors=dict(Counter((r.error or r.status)[:200] for r in records
-                            if r.status in ("error", "timeout"))))
+        oracle_source=oracle_source,
+        oracle_len_mismatches=oracle_len_mismatches,
+        errors=dict(
+            Counter((r.error or r.status)[:200] for r in records if r.status in ("error", "timeout"))
+        ),
+    )
 
 
 def _ms(x: float | None) -> str:
@@ -108,14 +139,21 @@ def _num(x: float | None, fmt: str = "{:.2f}") -> str:
 def summary_tables(results: Results) -> list[RenderableType]:
     """The end-of-run report: a headline, latency percentiles, then throughput and reuse."""
     s, c = results.summary, results.config
-    headline = (f"{c.workload} against {c.url}: {s.num_ok}/{s.num_requests} ok, "
-                f"{s.num_aborted} aborted, {s.num_errors} errors in {s.duration_s:.1f} s")
+    headline = (
+        f"{c.workload} against {c.url}: {s.num_ok}/{s.num_requests} ok, "
+        f"{s.num_aborted} aborted, {s.num_errors} errors in {s.duration_s:.1f} s"
+    )
     lat = Table()
     for col in ("latency (ms)", "n", "p50", "p90", "p99"):
         lat.add_column(col, justify="left" if col.startswith("lat") else "right")
     ok_n = s.num_ok
-    lat.add_row("TTFT", str(sum(p.n for p in s.ttft_by_turn.values())),
-                _ms(s.ttft_p50), _ms(s.ttft_p90), _ms(s.ttft_p99))
+    lat.add_row(
+        "TTFT",
+        str(sum(p.n for p in s.ttft_by_turn.values())),
+        _ms(s.ttft_p50),
+        _ms(s.ttft_p90),
+        _ms(s.ttft_p99),
+    )
     for turn, p in s.ttft_by_turn.items():
         lat.add_row(f"  TTFT turn {turn}", str(p.n), _ms(p.p50), _ms(p.p90), _ms(p.p99))
     lat.add_row("ITL", "", _ms(s.itl_p50), _ms(s.itl_p90), _ms(s.itl_p99))
@@ -127,10 +165,14 @@ def summary_tables(results: Results) -> list[RenderableType]:
     thr.add_row("output tokens/s", _num(s.output_tokens_per_s, "{:.1f}"))
     thr.add_row(f"goodput/s (TTFT <= {s.slo_ttft_s * 1000:.0f} ms)", _num(s.goodput_per_s))
     thr.add_row("SLO attainment", _num(s.slo_attainment, "{:.1%}"))
-    thr.add_row("reuse ratio (cached / prompt)", _num(s.reuse_ratio, "{:.1%}")
-                + f"  ({s.cached_tokens}/{s.prompt_tokens})")
-    thr.add_row(f"oracle maximum ({s.oracle_source})", _num(s.oracle_reuse_ratio, "{:.1%}")
-                + f"  ({s.oracle_cached_tokens}/{s.prompt_tokens})")
+    thr.add_row(
+        "reuse ratio (cached / prompt)",
+        _num(s.reuse_ratio, "{:.1%}") + f"  ({s.cached_tokens}/{s.prompt_tokens})",
+    )
+    thr.add_row(
+        f"oracle maximum ({s.oracle_source})",
+        _num(s.oracle_reuse_ratio, "{:.1%}") + f"  ({s.oracle_cached_tokens}/{s.prompt_tokens})",
+    )
     tables: list[RenderableType] = [headline, lat, thr]
     if s.errors:
         err = Table()
@@ -144,11 +186,17 @@ def summary_tables(results: Results) -> list[RenderableType]:
 
 # (label, summary attribute, unit): unit "ms" prints seconds as milliseconds.
 COMPARED = (
-    ("TTFT p50", "ttft_p50", "ms"), ("TTFT p90", "ttft_p90", "ms"),
-    ("TTFT p99", "ttft_p99", "ms"), ("ITL p50", "itl_p50", "ms"), ("ITL p90", "itl_p90", "ms"),
-    ("end-to-end p50", "e2e_p50", "ms"), ("end-to-end p90", "e2e_p90", "ms"),
-    ("requests/s", "requests_per_s", ""), ("output tokens/s", "output_tokens_per_s", ""),
-    ("goodput/s", "goodput_per_s", ""), ("reuse ratio", "reuse_ratio", "%"),
+    ("TTFT p50", "ttft_p50", "ms"),
+    ("TTFT p90", "ttft_p90", "ms"),
+    ("TTFT p99", "ttft_p99", "ms"),
+    ("ITL p50", "itl_p50", "ms"),
+    ("ITL p90", "itl_p90", "ms"),
+    ("end-to-end p50", "e2e_p50", "ms"),
+    ("end-to-end p90", "e2e_p90", "ms"),
+    ("requests/s", "requests_per_s", ""),
+    ("output tokens/s", "output_tokens_per_s", ""),
+    ("goodput/s", "goodput_per_s", ""),
+    ("reuse ratio", "reuse_ratio", "%"),
     ("oracle reuse ratio", "oracle_reuse_ratio", "%"),
 )
 
@@ -157,8 +205,7 @@ def compare_rows(a: Summary, b: Summary) -> list[tuple[str, str, float | None, f
     """(label, unit, A, B) for every compared metric, TTFT p50 per shared turn included."""
     rows = [(label, unit, getattr(a, attr), getattr(b, attr)) for label, attr, unit in COMPARED]
     for turn in sorted(set(a.ttft_by_turn) & set(b.ttft_by_turn)):
-        rows.append((f"TTFT p50 turn {turn}", "ms", a.ttft_by_turn[turn].p50,
-                     b.ttft_by_turn[turn].p50))
+        rows.append((f"TTFT p50 turn {turn}", "ms", a.ttft_by_turn[turn].p50, b.ttft_by_turn[turn].p50))
     return rows
 
 
@@ -167,8 +214,10 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 
 def compare_header(a: Results, b: Results, name_a: str, name_b: str) -> str:
-    return "\n".join(f"{k} = {name} ({r.config.workload}, {r.config.url}, {r.config.started_at})"
-                     for k, name, r in (("A", name_a, a), ("B", name_b, b)))
+    return "\n".join(
+        f"{k} = {name} ({r.config.workload}, {r.config.url}, {r.config.started_at})"
+        for k, name, r in (("A", name_a, a), ("B", name_b, b))
+    )
 
 
 def compare_table(a: Results, b: Results) -> Table:

@@ -112,8 +112,10 @@ def load(path: str | Path) -> Results:
     try:
         results = msgspec.json.decode(raw, type=Results)
     except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
-        raise ValueError(f"{path}: not a loadtest results file ({exc}); write one with "
-                         "`slotserve loadtest run ... --json PATH`") from None
+        raise ValueError(
+            f"{path}: not a loadtest results file ({exc}); write one with "
+            "`slotserve loadtest run ... --json PATH`"
+        ) from None
     if results.schema != SCHEMA:
         raise ValueError(f"{path}: schema {results.schema!r}, this harness reads {SCHEMA!r}")
     return results

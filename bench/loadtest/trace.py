@@ -51,8 +51,10 @@ def _parse_line(obj: object, where: str, turn_index: int) -> RequestSpec:
     if (messages is None) == (prompt is None):
         raise ValueError(f'{where}: give exactly one of "messages" (chat) or "prompt" (text)')
     if messages is not None and not (
-            isinstance(messages, list) and messages
-            and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)):
+        isinstance(messages, list)
+        and messages
+        and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)
+    ):
         raise ValueError(f'{where}: "messages" must be a non-empty list of {{"role", "content"}}')
     if prompt is not None and not isinstance(prompt, str):
         raise ValueError(f'{where}: "prompt" must be a string')
@@ -60,9 +62,14 @@ def _parse_line(obj: object, where: str, turn_index: int) -> RequestSpec:
         raise ValueError(f'{where}: "offset_s" must be a number >= 0 (seconds after the start)')
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise ValueError(f'{where}: "max_tokens" must be an integer >= 1')
-    return RequestSpec(conversation_id=cid, turn_index=turn_index, max_tokens=max_tokens,
-                       messages=tuple(messages) if messages is not None else None,
-                       prompt=prompt, offset_s=float(offset))
+    return RequestSpec(
+        conversation_id=cid,
+        turn_index=turn_index,
+        max_tokens=max_tokens,
+        messages=tuple(messages) if messages is not None else None,
+        prompt=prompt,
+        offset_s=float(offset),
+    )
 
 
 def load_trace(path: str | Path) -> list[TraceConversation]:
@@ -90,8 +97,11 @@ def write_trace(path: str | Path, specs: list[RequestSpec]) -> None:
     """Write specs as a trace (the inverse of `load_trace`, up to turn numbering)."""
     with open(path, "w", encoding="utf-8") as f:
         for s in specs:
-            obj: dict[str, object] = {"conversation_id": s.conversation_id,
-                                      "offset_s": s.offset_s or 0.0, "max_tokens": s.max_tokens}
+            obj: dict[str, object] = {
+                "conversation_id": s.conversation_id,
+                "offset_s": s.offset_s or 0.0,
+                "max_tokens": s.max_tokens,
+            }
             if s.messages is not None:
                 obj["messages"] = list(s.messages)
             else:

@@ -94,11 +94,17 @@ class WorkloadConfig:
     abort_after: int = 4  # streamed tokens before the client disconnects (abort-resend)
 
     def __post_init__(self) -> None:
-        for name in ("num_conversations", "num_turns", "system_len", "turn_len", "reply_len",
-                     "tool_result_len", "abort_after"):
+        for name in (
+            "num_conversations",
+            "num_turns",
+            "system_len",
+            "turn_len",
+            "reply_len",
+            "tool_result_len",
+            "abort_after",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1 (got {getattr(self, name)})")
-
 
 
 def num_planned_requests(workload: str, cfg: WorkloadConfig) -> int:
@@ -141,9 +147,13 @@ class ChatConversation:
         user = {"role": "user", "content": self.user_turns[self._turn]}
         is_abort = self.abort_after is not None and self._attempt == 0
         return RequestSpec(
-            conversation_id=self.conversation_id, turn_index=self._turn,
-            max_tokens=self.reply_len, messages=tuple(self._history + [user]),
-            attempt=self._attempt, abort_after_tokens=self.abort_after if is_abort else None)
+            conversation_id=self.conversation_id,
+            turn_index=self._turn,
+            max_tokens=self.reply_len,
+            messages=tuple(self._history + [user]),
+            attempt=self._attempt,
+            abort_after_tokens=self.abort_after if is_abort else None,
+        )
 
     def record_reply(self, spec: RequestSpec, outcome: Outcome, text: str) -> None:
         if outcome is Outcome.ABORTED and spec.abort_after_tokens is not None:
@@ -177,14 +187,17 @@ class AgentConversation:
     _is_over: bool = False
 
     def __post_init__(self) -> None:
-        self._history = [{"role": "system", "content": self.system},
-                         {"role": "user", "content": self.task}]
+        self._history = [{"role": "system", "content": self.system}, {"role": "user", "content": self.task}]
 
     def next_request(self) -> RequestSpec | None:
         if self._is_over or self._round > len(self.tool_results):
             return None
-        return RequestSpec(conversation_id=self.conversation_id, turn_index=self._round,
-                           max_tokens=self.reply_len, messages=tuple(self._history))
+        return RequestSpec(
+            conversation_id=self.conversation_id,
+            turn_index=self._round,
+            max_tokens=self.reply_len,
+            messages=tuple(self._history),
+        )
 
     def record_reply(self, spec: RequestSpec, outcome: Outcome, text: str) -> None:
         if outcome is not Outcome.OK:
@@ -211,27 +224,47 @@ def build_conversations(workload: str, cfg: WorkloadConfig) -> list[Conversation
     """The conversations of a synthetic workload, identical for identical (workload, cfg)."""
     if workload not in SYNTHETIC_WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; choose one of {SYNTHETIC_WORKLOADS}")
-    shared_system = _system_prompt(random.Random(f"{cfg.seed}/{workload}/system"), cfg.system_len,
-                                   "You are a helpful assistant. Background notes:")
+    shared_system = _system_prompt(
+        random.Random(f"{cfg.seed}/{workload}/system"),
+        cfg.system_len,
+        "You are a helpful assistant. Background notes:",
+    )
     conversations: list[Conversation] = []
     for i in range(cfg.num_conversations):
         rng = random.Random(f"{cfg.seed}/{workload}/{i}")
         cid = f"{workload}-{i}"
         if workload == "agent":
-            system = _system_prompt(rng, cfg.system_len, "You are a coding agent. Tools: "
-                                    + ", ".join(_TOOLS) + ". Call one tool per reply. Notes:")
+            system = _system_prompt(
+                rng,
+                cfg.system_len,
+                "You are a coding agent. Tools: " + ", ".join(_TOOLS) + ". Call one tool per reply. Notes:",
+            )
             num_rounds = cfg.num_turns - 1
-            conversations.append(AgentConversation(
-                conversation_id=cid, system=system, task=f"Task {i}: {_words(rng, cfg.turn_len)}",
-                tool_results=[_words(rng, cfg.tool_result_len) for _ in range(num_rounds)],
-                tool_calls=[(rng.choice(_TOOLS), _words(rng, 3)) for _ in range(num_rounds)],
-                reply_len=cfg.reply_len))
+            conversations.append(
+                AgentConversation(
+                    conversation_id=cid,
+                    system=system,
+                    task=f"Task {i}: {_words(rng, cfg.turn_len)}",
+                    tool_results=[_words(rng, cfg.tool_result_len) for _ in range(num_rounds)],
+                    tool_calls=[(rng.choice(_TOOLS), _words(rng, 3)) for _ in range(num_rounds)],
+                    reply_len=cfg.reply_len,
+                )
+            )
             continue
         # shared-prefix: one system prompt for every user; the others: one per conversation.
-        system = shared_system if workload == "shared-prefix" else _system_prompt(
-            rng, cfg.system_len, f"You are assistant {i}. Background notes:")
+        system = (
+            shared_system
+            if workload == "shared-prefix"
+            else _system_prompt(rng, cfg.system_len, f"You are assistant {i}. Background notes:")
+        )
         turns = [f"Question {t}: {_words(rng, cfg.turn_len)}" for t in range(cfg.num_turns)]
-        conversations.append(ChatConversation(
-            conversation_id=cid, system=system, user_turns=turns, reply_len=cfg.reply_len,
-            abort_after=cfg.abort_after if workload == "abort-resend" else None))
+        conversations.append(
+            ChatConversation(
+                conversation_id=cid,
+                system=system,
+                user_turns=turns,
+                reply_len=cfg.reply_len,
+                abort_after=cfg.abort_after if workload == "abort-resend" else None,
+            )
+        )
     return conversations

@@ -35,7 +35,12 @@ PREFILL_SIZES = (128, 512, 2048)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", help="GGUF model path (default: the default model, pulled if missing)")
+    parser.add_argument(
+        "--model",
+        metavar="NAME|PATH",
+        help="a known model's short name (`slotserve pull --list`) or a GGUF path "
+        "(default: the default model, pulled if missing)",
+    )
     parser.add_argument(
         "--threads", type=int, action="append", help="thread count to measure (repeatable; default: 1 and 2)"
     )
@@ -173,16 +178,15 @@ def run(args: argparse.Namespace) -> int:
 
     from slotserve.engine_ext import SlotPool
     from slotserve.engine_ext.gguf_file import load_model_file
+    from slotserve.engine_ext.model_cache import resolve_model
     from slotserve.engine_ext.tokenizer import Tokenizer
 
     from .engine_numpy import NumpyLlama
 
-    if args.model:
-        path = Path(args.model)
-    else:
-        from slotserve.model_cache import ensure_default_model
-
-        path = Path(ensure_default_model(progress=False))
+    try:
+        path = Path(resolve_model(args.model, progress=False))
+    except ValueError as exc:
+        raise SystemExit(f"slotserve bench engine: {exc}") from None
     threads = args.threads or [1, 2]
     if any(t < 1 for t in threads) or args.reps < 1:
         raise SystemExit("--threads and --reps must be >= 1")

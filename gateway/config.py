@@ -27,7 +27,7 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 class ServeConfig:
     """Everything `slotserve serve` needs; validated at construction (ValueError with the fix)."""
 
-    model: str | None = None  # GGUF path; None = the default model, pulled on first use
+    model: str | None = None  # short name or GGUF path; None = the default model, pulled on first use
     host: str = "127.0.0.1"
     port: int = 8080
     batched_session: int = 4  # number of live KV slots
@@ -158,8 +158,9 @@ OPTIONS: tuple[Option, ...] = (
         "model",
         ("--model", "-m"),
         str,
-        "GGUF model file (default: the default model, pulled on first use)",
-        metavar="PATH",
+        "a known model's short name (`slotserve pull --list`, pulled on first use) or a GGUF "
+        "file path (default: the default model)",
+        metavar="NAME|PATH",
     ),
     Option("host", ("--host",), str, "address to bind (default 127.0.0.1)"),
     Option("port", ("--port",), int, "port to bind (default 8080)"),

@@ -131,8 +131,7 @@ def open_served_model(config: ServeConfig) -> OpenedModel:
     """Resolve and open the model (heavy: loads weights, allocates KV); starts the KV-events
     publisher when configured (closed by the returned `closers`)."""
     from slotserve.engine_ext.loader import open_model
-
-    from slotserve.model_cache import resolve_model
+    from slotserve.engine_ext.model_cache import resolve_model
 
     path = Path(resolve_model(config.model))
     bundle = open_model(

@@ -12,7 +12,7 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "pull": ("slotserve.model_cache", "download the default model into the cache"),
+    "pull": ("slotserve.pull", "download a known model into the cache (--list shows them)"),
     "generate": ("slotserve.generate", "one-shot generation on a model"),
     "serve": ("slotserve.gateway.cli", "start the OpenAI-compatible server"),
     "bench": ("slotserve.bench.cli", "benchmarks (engine, routing)"),

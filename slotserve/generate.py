@@ -20,7 +20,10 @@ MAX_TOKENS_LIMIT = 32768
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = "Generate a continuation of one prompt and print it (timings on stderr)."
     parser.add_argument(
-        "--model", metavar="PATH", help="a local GGUF file (default: the default model, pulled on first use)"
+        "--model",
+        metavar="NAME|PATH",
+        help="a known model's short name (`slotserve pull --list`) or a local GGUF file "
+        "(default: the default model); known models are pulled on first use",
     )
     parser.add_argument("--prompt", required=True, metavar="TEXT", help="the prompt text")
     parser.add_argument(
@@ -85,8 +88,8 @@ def _generate(args: argparse.Namespace) -> int:
     from slotserve.engine_ext.chat import chat_template_for
     from slotserve.engine_ext.gguf_file import load_model_file
     from slotserve.engine_ext.loader import open_model
+    from slotserve.engine_ext.model_cache import resolve_model
     from slotserve.engine_ext.tokenizer import Tokenizer
-    from slotserve.model_cache import resolve_model
     from slotserve.scheduler.interface import BatchItem
 
     path = resolve_model(args.model, progress=True)

@@ -53,9 +53,17 @@ def tiny_model_path(tiny_model_factory: Callable[..., Path]) -> Path:
 @pytest.fixture(scope="session")
 def real_model_path() -> Path:
     """The default SmolLM2-135M-Instruct Q4_1 GGUF, pulled into the cache on first use."""
-    from slotserve.model_cache import ensure_default_model
+    from slotserve.engine_ext.model_cache import ensure_default_model
 
     return ensure_default_model(progress=False)
+
+
+@pytest.fixture(scope="session")
+def gemma3_model_path() -> Path:
+    """Gemma 3 270M Q4_K_M (base model, SentencePiece vocabulary), pulled on first use."""
+    from slotserve.engine_ext.model_cache import GEMMA3_270M, ensure_model
+
+    return ensure_model(GEMMA3_270M, progress=False)
 
 
 @pytest.fixture(scope="session")

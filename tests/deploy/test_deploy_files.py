@@ -356,9 +356,8 @@ def test_systemd_analyze_verify(tmp_path):
 
 
 def test_every_slotserve_variable_in_deploy_is_a_real_one():
+    from slotserve.engine_ext.model_cache import HOME_ENV
     from slotserve.scheduler.config import REUSE_LOG_ENV
-
-    from slotserve.model_cache import HOME_ENV
 
     known = {o.env for o in OPTIONS} | {HOME_ENV, REUSE_LOG_ENV}
     for path in DEPLOY.rglob("*"):

@@ -1,0 +1,137 @@
+"""Tool-call parsing per template family, whole and streamed (gateway/tool_calls.py)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+from slotserve.gateway.tool_calls import (
+    StreamingToolParser,
+    ToolCallFamily,
+    family_for_template,
+    hermes_shim,
+    parse_tool_calls,
+)
+
+H, L, M = ToolCallFamily.HERMES, ToolCallFamily.LLAMA3, ToolCallFamily.MISTRAL
+
+
+def ids():
+    counter = itertools.count()
+    return lambda: f"call_{next(counter)}"
+
+
+def test_hermes_two_calls_and_content():
+    text = (
+        'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+        '<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    )
+    out = parse_tool_calls(text, H, new_id=ids())
+    assert out.content == "Let me check."
+    assert [(c.id, c.name, c.arguments) for c in out.tool_calls] == [
+        ("call_0", "get_weather", '{"city":"Paris"}'),
+        ("call_1", "get_time", "{}"),
+    ]
+
+
+def test_hermes_unclosed_last_call_and_string_arguments():
+    out = parse_tool_calls('<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}', H)
+    assert out.content is None and out.tool_calls[0].arguments == '{"x":1}'
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<tool_call>{not json}</tool_call>",
+        '<tool_call>{"name": "unknown", "arguments": {}}</tool_call>',
+        '<tool_call>{"arguments": {}}</tool_call>',
+        '<tool_call>{"name": "f", "arguments": [1]}</tool_call>',
+    ],
+)
+def test_hermes_invalid_calls_stay_content(text):
+    out = parse_tool_calls(text, H, tool_names={"f"})
+    assert out.tool_calls == () and out.content == text
+
+
+def test_llama3_forms():
+    out = parse_tool_calls(
+        '<|python_tag|>{"name": "f", "parameters": {"a": 1}}; {"name": "g", "parameters": {}}', L
+    )
+    assert [(c.name, c.arguments) for c in out.tool_calls] == [("f", '{"a":1}'), ("g", "{}")]
+    prose = parse_tool_calls("The answer is {1, 2}.", L)
+    assert prose.tool_calls == () and prose.content == "The answer is {1, 2}."
+
+
+def test_mistral_array():
+    out = parse_tool_calls('ok [TOOL_CALLS][{"name": "f", "arguments": {"q": "x"}}]', M)
+    assert out.content == "ok" and out.tool_calls[0].arguments == '{"q":"x"}'
+
+
+def test_family_for_template():
+    assert family_for_template("{% if tools %}<tool_call>{% endif %}") == (H, True)
+    assert family_for_template("<|im_start|>{{ m.content }}") == (H, False)
+    assert family_for_template("<|start_header_id|>{% if tools %}<|python_tag|>{% endif %}")[0] is L
+    assert family_for_template("[TOOL_CALLS]{{ tools }}")[0] is M
+    assert family_for_template(None) == (H, False)
+
+
+CASES = [
+    (H, 'Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": "<b>"}}\n</tool_call>\nDone <tool'),
+    (
+        H,
+        '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call><tool_call>{"name": "f", "arguments": {}}',
+    ),
+    (H, "no calls here, only a < sign and <tool_c"),
+    (L, '  {"name": "f", "parameters": {"a": [1, 2]}}'),
+    (L, "Plain prose {with braces}"),
+    (M, 'x[TOOL_CALLS][{"name": "f", "arguments": {"k": true}}]'),
+    (H, "<tool_call>{broken</tool_call> tail"),
+]
+
+
+@pytest.mark.parametrize("family,text", CASES)
+@pytest.mark.parametrize("step", [1, 3, 7, 1000])
+def test_streaming_matches_whole_parse(family, text, step):
+    whole = parse_tool_calls(text, family, tool_names={"f"}, new_id=ids())
+    parser = StreamingToolParser(family, tool_names={"f"}, new_id=ids())
+    content, deltas = [], []
+    for i in range(0, len(text), step):
+        c, d = parser.feed(text[i : i + step])
+        content.append(c)
+        deltas.extend(d)
+    c, d = parser.finish()
+    content.append(c)
+    deltas.extend(d)
+    assert ("".join(content).strip() or None) == whole.content
+    assert tuple(parser.tool_calls) == whole.tool_calls
+    # deltas rebuild the calls the way an OpenAI client accumulates them
+    rebuilt: dict[int, dict] = {}
+    for dl in deltas:
+        slot = rebuilt.setdefault(dl.index, {"id": None, "name": None, "arguments": ""})
+        slot["id"] = slot["id"] or dl.id
+        slot["name"] = slot["name"] or dl.name
+        slot["arguments"] += dl.arguments
+    assert [(v["id"], v["name"], v["arguments"]) for _, v in sorted(rebuilt.items())] == [
+        (c.id, c.name, c.arguments) for c in whole.tool_calls
+    ]
+
+
+def test_hermes_shim_renders_calls_results_and_tools_stably():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    turn1 = [{"role": "user", "content": "hi"}]
+    call = {"id": "call_0", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    turn2 = turn1 + [
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_0", "content": "42"},
+    ]
+    r1, r2 = hermes_shim(turn1, tools), hermes_shim(turn2, tools)
+    assert r2[: len(r1)] == r1  # the resent conversation keeps its prefix
+    assert r1[0]["role"] == "system" and json.dumps(tools[0]) in r1[0]["content"]
+    assert r2[2] == {
+        "role": "assistant",
+        "content": '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>',
+    }
+    assert r2[3] == {"role": "tool", "content": "<tool_response>\n42\n</tool_response>"}
+    parsed = parse_tool_calls(r2[2]["content"], H)
+    assert parsed.tool_calls[0].name == "f"

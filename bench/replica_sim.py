@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 from slotserve.scheduler.policy import Capabilities, RouteAction, RouteDecision, SlotCandidate, route
-from slotserve.scheduler.prefix_index import common_prefix_len
+from slotserve.scheduler.prefix import common_prefix_len
 
 
 class ClusterPolicy(str, enum.Enum):

@@ -38,7 +38,7 @@ def _records(prompt_len: int, num_slots: int, vocab: int, seed: int = 0):
 def run(args: argparse.Namespace) -> int:
     import numpy as np
     from slotserve.scheduler.policy import RouteAction, SlotCandidate, route
-    from slotserve.scheduler.prefix_index import common_prefix_len
+    from slotserve.scheduler.prefix import common_prefix_len
 
     if args.prompt_tokens < 2 or args.slots < 1 or args.repeat < 1:
         raise SystemExit("need --prompt-tokens >= 2, --slots >= 1, --repeat >= 1")

@@ -1,79 +1,244 @@
-"""Request validation and the finish records of a request: pure functions, no scheduler state."""
+"""Admission: which queued requests get a slot this step, where their prefix comes from, and how
+their slot is prepared.
+
+Design: `Admission` walks the queue by priority. Each request is routed (`policy.route`) against
+every slot and the checkpoint stores, then its slot is prepared (rewind / copy / restore / clear)
+in the same step that starts its first prefill segment: a `Prepare` goes into the step plan and
+the slot mirror is updated at once, in the order the plan will execute. A request that would
+overwrite valuable content first has it captured (rule `evict`). With no free slot, a request
+puts back the lowest-priority running prefill below its own priority (preemption). A route to a
+disk checkpoint first reads the file on a background thread; the request keeps its place in the
+queue meanwhile and is routed again once the file is staged.
+
+The queue and the running table belong to the scheduler (it finishes, cancels and times out
+requests in both); admission receives them by reference and is the only code that moves a
+request from one to the other.
+"""
 
 from __future__ import annotations
 
-import numpy as np
+import asyncio
+import logging
+from collections.abc import Callable
 
-from .request import FinishEvent, FinishReason, GenerationRequest, PromptTooLong, ReuseSource
-from .sampling import validate_params
-from .sequence import Sequence
-from .stats import RequestStats
+from .checkpoint_policy import CheckpointPolicy
+from .checkpoint_store import CaptureRule
+from .config import SchedulerConfig
+from .policy import Capabilities, CheckpointMatch, RouteAction, RouteDecision, SlotCandidate, route
+from .request import ReuseInfo
+from .sequence import Phase, Sequence
+from .slot_table import SlotTable
+from .step import Prepare, StepPlan
 
-_OUTCOME = {
-    FinishReason.STOP: "ok",
-    FinishReason.LENGTH: "ok",
-    FinishReason.CANCELLED: "cancelled",
-    FinishReason.TIMEOUT: "timeout",
-    FinishReason.ERROR: "error",
-}
+log = logging.getLogger("slotserve.scheduler")
+reuse_log = logging.getLogger("slotserve.reuse")
+
+# (plan, slot, num_tokens, rule) -> None: snapshot the slot's first rows at the start of the step
+PlanCaptureFn = Callable[[StepPlan, int, int, CaptureRule], None]
+# (seq, now) -> None: take the slot back from a request that holds it
+ReleaseFn = Callable[[Sequence, float], None]
+# (kind, tier, rule, num_bytes, num_tokens) -> None: forwarded to StatsSink.on_checkpoint
+EmitFn = Callable[[str, str, str, int, int], None]
 
 
-def validate_request(req: GenerationRequest, n_vocab: int, ctx_len: int) -> np.ndarray:
-    """The prompt as int32 [L], or ValueError / PromptTooLong with the fix in the message."""
-    try:
-        prompt = np.asarray(req.prompt_ids)
-    except (TypeError, ValueError):  # ragged nesting
-        prompt = np.empty((0, 0))
-    if prompt.size == 0 and prompt.ndim == 1:
-        raise ValueError("prompt_ids is empty; send at least one token")
-    # NOTE: no dtype= above: it would truncate 6.5 to 6 and overflow on ids past int64.
-    if prompt.ndim != 1 or prompt.dtype.kind not in "iu":
-        raise ValueError("prompt_ids must be a flat list of integer token ids")
-    if prompt.min() < 0 or prompt.max() >= n_vocab:
-        raise ValueError(f"prompt_ids holds a token id outside the vocabulary 0..{n_vocab - 1}")
-    if prompt.shape[0] + 1 > ctx_len:
-        raise PromptTooLong(
-            f"prompt has {prompt.shape[0]} tokens but a slot holds {ctx_len} "
-            f"(prompt + at least one generated token); shorten it to {ctx_len - 1} tokens"
+class Admission:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        *,
+        caps: Capabilities,
+        slots: SlotTable,
+        checkpoints: CheckpointPolicy,
+        queue: list[Sequence],
+        running: dict[int, Sequence],
+        release_slot: ReleaseFn,
+        plan_capture: PlanCaptureFn,
+        emit_checkpoint: EmitFn,
+        on_preemption: Callable[[], None],
+        wake: Callable[[], None],
+        log_reuse: bool,
+    ) -> None:
+        self._config = config
+        self._caps = caps
+        self._slots = slots
+        self._ckpt = checkpoints
+        self._queue = queue  # waiting, sorted by (-priority, order)
+        self._running = running  # slot -> request holding it
+        self._release_slot = release_slot
+        self._plan_capture = plan_capture
+        self._emit_checkpoint = emit_checkpoint
+        self._on_preemption = on_preemption
+        self._wake = wake
+        self._reuse_log = log_reuse
+        self.num_preemptions = 0
+        self._io_tasks: set[asyncio.Task] = set()  # disk loads in flight
+
+    async def aclose(self) -> None:
+        """Wait for the disk loads in flight."""
+        if self._io_tasks:
+            await asyncio.gather(*self._io_tasks, return_exceptions=True)
+
+    def enqueue(self, seq: Sequence) -> None:
+        """Put `seq` in the queue behind every request of its priority or higher admitted earlier."""
+        seq.phase = Phase.QUEUED
+        key = (-seq.priority, seq.order)
+        i = 0
+        while i < len(self._queue) and (-self._queue[i].priority, self._queue[i].order) < key:
+            i += 1
+        self._queue.insert(i, seq)
+
+    def admit(self, plan: StepPlan, now: float) -> None:
+        """Give slots to queued requests, in queue order, until one must wait for a slot."""
+        i = 0
+        while i < len(self._queue):
+            seq = self._queue[i]
+            if seq.loading:
+                i += 1
+                continue
+            if len(self._running) == self._slots.num_slots:  # no free slot: skip the routing
+                if self._try_preempt(seq, plan, now):
+                    continue
+                return
+            decision = self._route(seq, now)
+            if decision.action is RouteAction.WAIT_SLOT:
+                if self._try_preempt(seq, plan, now):
+                    continue
+                return
+            if decision.action is RouteAction.WAIT_SHARED:
+                i += 1
+                continue
+            if decision.action is RouteAction.RESTORE_DISK and seq.staged_snapshot is None:
+                assert decision.checkpoint is not None
+                self._start_disk_load(seq, decision.checkpoint)
+                i += 1
+                continue
+            self._queue.pop(i)
+            self._assign(seq, decision, plan, now)
+
+    def _route(self, seq: Sequence, now: float) -> RouteDecision:
+        cands = []
+        for s in range(self._slots.num_slots):
+            owner = self._running.get(s)
+            target = owner.prompt if owner is not None and owner.phase is Phase.PREFILL else None
+            cands.append(
+                SlotCandidate(
+                    slot=s,
+                    tokens=self._slots.record(s),
+                    is_free=owner is None,
+                    idle_s=0.0 if owner is not None else max(0.0, now - self._slots.last_used[s]),
+                    prefill_target=target,
+                )
+            )
+        return route(
+            seq.prompt,
+            cands,
+            self._ckpt.matches(seq.prompt, seq.staged_snapshot),
+            caps=self._caps,
+            idle_half_life_s=self._config.idle_half_life_s,
+            reuse_enabled=self._config.reuse_enabled,
         )
-    validate_params(req.params, n_vocab)
-    if req.prefix_hint is not None and not 0 < req.prefix_hint <= prompt.shape[0]:
-        raise ValueError(f"prefix_hint={req.prefix_hint} must be within the prompt (1..{prompt.shape[0]})")
-    if req.timeout_s is not None and not req.timeout_s > 0:
-        raise ValueError(f"timeout_s={req.timeout_s} must be > 0")
-    return np.ascontiguousarray(prompt, dtype=np.int32)
 
+    def _try_preempt(self, seq: Sequence, plan: StepPlan, now: float) -> bool:
+        """Put back the lowest-priority running prefill below seq's priority; True if done."""
+        victims = [
+            r
+            for r in self._running.values()
+            if r.phase is Phase.PREFILL
+            and r.priority < seq.priority
+            and not r.cancel_requested
+            and id(r) not in plan.prepare_of  # its slot is prepared in this very step
+        ]
+        if not victims:
+            return False
+        v = min(victims, key=lambda r: (r.priority, -r.order))
+        self._release_slot(v, now)
+        v.reuse = None
+        self.enqueue(v)
+        self.num_preemptions += 1
+        self._on_preemption()
+        log.debug("preempted %s (priority %d) for %s", v.request_id, v.priority, seq.request_id)
+        return True
 
-def rejected_stats(req: GenerationRequest) -> RequestStats:
-    return RequestStats(
-        "rejected", None, len(req.prompt_ids), 0, ReuseSource.NONE, 0, 0, None, None, None, ()
-    )
+    def _assign(self, seq: Sequence, d: RouteDecision, plan: StepPlan, now: float) -> None:
+        dest, n = d.dest, d.reuse_len
+        assert dest is not None and dest not in self._running
+        if d.evicts and d.lost_tokens >= self._config.min_checkpoint_tokens:
+            self._plan_capture(plan, dest, self._slots.lens[dest], CaptureRule.EVICT)
+        source = d.action.reuse_source
+        prep: Prepare | None = None
+        if d.action is RouteAction.REWIND:
+            if self._slots.lens[dest] != n:
+                prep = Prepare(RouteAction.REWIND, dest, n)
+            self._slots.truncate(dest, n)
+        elif d.action is RouteAction.COPY:
+            assert d.src_slot is not None
+            prep = Prepare(RouteAction.COPY, dest, n, src_slot=d.src_slot)
+            self._slots.copy_prefix(d.src_slot, dest, n)
+        elif d.action is RouteAction.RESTORE_MEMORY:
+            assert d.checkpoint is not None
+            entry = self._ckpt.memory.get(d.checkpoint.key)
+            assert entry is not None
+            prep = Prepare(RouteAction.RESTORE_MEMORY, dest, n, snapshot=entry.data)
+            self._slots.assign(dest, entry.tokens[:n])
+            self._emit_checkpoint("restore", "memory", entry.rule.value, entry.num_bytes, n)
+        elif d.action is RouteAction.RESTORE_DISK:
+            assert seq.staged_snapshot is not None
+            tokens, data = seq.staged_snapshot
+            seq.staged_snapshot = None
+            prep = Prepare(RouteAction.RESTORE_DISK, dest, n, snapshot=data)
+            self._slots.assign(dest, tokens[:n])
+            self._emit_checkpoint("restore", "disk", "", memoryview(data).nbytes, n)
+        else:  # COLD
+            if self._slots.lens[dest]:
+                prep = Prepare(RouteAction.COLD, dest, 0)
+            self._slots.truncate(dest, 0)
+        if prep is not None:
+            plan.prepare_of[id(seq)] = len(plan.prepares)
+            plan.prepares.append(prep)
+            plan.prepare_owners.append((seq, d))
+        seq.phase = Phase.PREFILL
+        seq.slot = dest
+        seq.num_computed = n
+        seq.num_errors = 0
+        seq.reuse = ReuseInfo(source, n, seq.prompt_len - n, dest)
+        if seq.assigned_at is None:
+            seq.assigned_at = now
+        self._running[dest] = seq
+        if n > 0:
+            self._slots.num_reuse_hits[dest] += 1
+            self._slots.num_reused_tokens[dest] += n
+        seq.capture_points = self._ckpt.record_routed(seq.prompt, seq.req.prefix_hint, d)
+        if self._reuse_log:
+            extra = f" src={d.src_slot}" if d.action is RouteAction.COPY else ""
+            reuse_log.info(
+                "reuse slot=%d live=%d prompt=%d common=%d action=%s%s reused=%d prefilled=%d request=%s",
+                dest,
+                d.live_len,
+                seq.prompt_len,
+                d.common,
+                source.value if n else "cold",
+                extra,
+                n,
+                seq.prompt_len - n,
+                seq.request_id,
+            )
 
+    def _start_disk_load(self, seq: Sequence, match: CheckpointMatch) -> None:
+        disk = self._ckpt.disk
+        assert disk is not None
+        seq.loading = True
 
-def finish_records(
-    seq: Sequence, reason: FinishReason, text: str, now: float, error: str | None
-) -> tuple[FinishEvent, RequestStats]:
-    """The FinishEvent the gateway receives and the RequestStats the metrics receive."""
-    timings = {"e2e_s": now - seq.admitted_at, "prefill_s": seq.prefill_s}
-    queue_s = seq.assigned_at - seq.admitted_at if seq.assigned_at is not None else None
-    ttft_s = seq.first_token_at - seq.admitted_at if seq.first_token_at is not None else None
-    if queue_s is not None:
-        timings["queue_s"] = queue_s
-    if ttft_s is not None:
-        timings["ttft_s"] = ttft_s
-    ev = FinishEvent(reason, text, seq.prompt_len, seq.num_generated, seq.reuse, error, timings)
-    reuse = seq.reuse
-    stats = RequestStats(
-        outcome=_OUTCOME[reason],
-        finish_reason=reason,
-        prompt_tokens=seq.prompt_len,
-        reused_tokens=reuse.reused_tokens if reuse else 0,
-        reuse_source=reuse.source if reuse else ReuseSource.NONE,
-        prefilled_tokens=seq.num_prefilled,
-        completion_tokens=seq.num_generated,
-        queue_s=queue_s,
-        ttft_s=ttft_s,
-        e2e_s=now - seq.admitted_at,
-        itl_s=tuple(seq.itl_s),
-    )
-    return ev, stats
+        async def load() -> None:
+            try:
+                loaded = await asyncio.to_thread(disk.load, match.key)
+            except Exception:  # noqa: BLE001 - a failed load only loses the reuse
+                log.exception("loading disk checkpoint %s failed", match.key)
+                loaded = None
+            seq.loading = False
+            if loaded is not None and seq.phase is Phase.QUEUED:
+                seq.staged_snapshot = loaded
+            self._wake()
+
+        task = asyncio.get_running_loop().create_task(load())
+        self._io_tasks.add(task)  # keep a reference until done
+        task.add_done_callback(self._io_tasks.discard)

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoints import head_hash, tokens_key
+from .checkpoint_store import head_hash, tokens_key
 from .policy import CheckpointMatch, CheckpointTier
-from .prefix_index import common_prefix_len
+from .prefix import common_prefix_len
 
 log = logging.getLogger("slotserve.scheduler.disk")
 

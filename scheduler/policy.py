@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .prefix_index import common_prefix_len
+from .prefix import common_prefix_len
 from .request import ReuseSource
 
 

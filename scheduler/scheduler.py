@@ -28,28 +28,21 @@ from collections.abc import Sequence as Seq
 
 import numpy as np
 
-from .admission import finish_records, rejected_stats, validate_request
-from .checkpointing import Checkpointing
-from .checkpoints import CaptureRule
+from .admission import Admission
+from .checkpoint_policy import CheckpointPolicy
+from .checkpoint_store import CaptureRule
 from .config import SchedulerConfig, reuse_log_from_env
 from .detok import Detokenizer
+from .finish import finish_records, rejected_stats
 from .handle import RequestHandle
 from .interface import BatchItem, SlotPool
-from .policy import (
-    Capabilities,
-    CheckpointMatch,
-    RouteAction,
-    RouteDecision,
-    SlotCandidate,
-    route,
-)
+from .policy import Capabilities, RouteAction
 from .request import (
     Draining,
     FinishReason,
     GenerationRequest,
     PromptTooLong,
     QueueFull,
-    ReuseInfo,
     SlotView,
     TokenEvent,
 )
@@ -66,11 +59,11 @@ from .stats import (
     StatsSink,
     StepStats,
 )
-from .step import Capture, Prepare, StepPlan, StepResult, execute_plan
+from .step import Capture, StepPlan, StepResult, execute_plan
+from .validation import validate_request
 from .worker import EngineWorker
 
 log = logging.getLogger("slotserve.scheduler")
-reuse_log = logging.getLogger("slotserve.reuse")
 
 _MAX_STEP_ERRORS = 3  # a request whose slot survives this many failed steps is failed anyway
 
@@ -102,7 +95,7 @@ class Scheduler:
         self._clock = clock
         self._caps = Capabilities(bool(pool.can_truncate), bool(pool.can_copy), bool(pool.can_snapshot))
         self._slots = SlotTable(pool.num_slots, pool.ctx_len)
-        self._ckpt = Checkpointing(
+        self._ckpt = CheckpointPolicy(
             config,
             can_snapshot=self._caps.can_snapshot,
             fingerprint=pool.fingerprint,
@@ -113,17 +106,27 @@ class Scheduler:
         self._running: dict[int, Sequence] = {}  # slot -> request holding it
         self._order = itertools.count()
         self._ids = itertools.count(1)
-        self._reuse_log = config.reuse_log or reuse_log_from_env()
-        self._num_preemptions = 0
-        self._prep_index: dict[int, int] = {}  # id(seq) -> prepare index, within one schedule()
         self._draining = False
         self._closing = False
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()  # set whenever a request finishes
         self._step_lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
-        self._io_tasks: set[asyncio.Task] = set()  # disk loads in flight
         self._worker = EngineWorker()
+        self._admission = Admission(
+            config,
+            caps=self._caps,
+            slots=self._slots,
+            checkpoints=self._ckpt,
+            queue=self._queue,
+            running=self._running,
+            release_slot=self._release_slot,
+            plan_capture=self._plan_capture,
+            emit_checkpoint=self._emit_checkpoint,
+            on_preemption=lambda: self._sink_call(self._sink.on_preemption),
+            wake=self._wake.set,
+            log_reuse=config.reuse_log or reuse_log_from_env(),
+        )
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> Scheduler:
@@ -168,8 +171,7 @@ class Scheduler:
             except Exception:  # noqa: BLE001 - already logged by the loop
                 pass
             self._task = None
-        if self._io_tasks:
-            await asyncio.gather(*self._io_tasks, return_exceptions=True)
+        await self._admission.aclose()
         await asyncio.to_thread(self._worker.stop)
         await self._ckpt.aclose()
 
@@ -222,7 +224,7 @@ class Scheduler:
             detok=Detokenizer(self._token_bytes, req.params.stop),
             events=asyncio.Queue(),
         )
-        self._enqueue(seq)
+        self._admission.enqueue(seq)
         self._wake.set()
         return RequestHandle(self, seq)
 
@@ -240,7 +242,7 @@ class Scheduler:
             ctx_len=self._pool.ctx_len,
             checkpoint_memory_bytes=self._ckpt.memory.bytes_used,
             checkpoint_disk_bytes=self._ckpt.disk_bytes,
-            num_preemptions=self._num_preemptions,
+            num_preemptions=self._admission.num_preemptions,
             draining=self._draining,
         )
 
@@ -326,7 +328,6 @@ class Scheduler:
 
     def _schedule(self, now: float) -> StepPlan | None:
         plan = StepPlan()
-        self._prep_index.clear()
         for seq in [*self._queue, *self._running.values()]:
             if seq.deadline is not None and seq.deadline <= now:
                 self._finish(seq, FinishReason.TIMEOUT, now)
@@ -334,150 +335,10 @@ class Scheduler:
             if seq.cancel_requested:
                 self._finish(seq, FinishReason.CANCELLED, now, cancel_phase=seq.phase.value)
         if not self._closing:
-            self._admit(plan, now)
+            self._admission.admit(plan, now)
         self._plan_capture_points(plan)
         self._plan_batch(plan)
         return None if plan.is_empty() else plan
-
-    # -- admission and routing -------------------------------------------------------------
-    def _enqueue(self, seq: Sequence) -> None:
-        seq.phase = Phase.QUEUED
-        key = (-seq.priority, seq.order)
-        i = 0
-        while i < len(self._queue) and (-self._queue[i].priority, self._queue[i].order) < key:
-            i += 1
-        self._queue.insert(i, seq)
-
-    def _admit(self, plan: StepPlan, now: float) -> None:
-        i = 0
-        while i < len(self._queue):
-            seq = self._queue[i]
-            if seq.loading:
-                i += 1
-                continue
-            if len(self._running) == self._slots.num_slots:  # no free slot: skip the routing
-                if self._try_preempt(seq, now):
-                    continue
-                return
-            decision = self._route(seq, now)
-            if decision.action is RouteAction.WAIT_SLOT:
-                if self._try_preempt(seq, now):
-                    continue
-                return
-            if decision.action is RouteAction.WAIT_SHARED:
-                i += 1
-                continue
-            if decision.action is RouteAction.RESTORE_DISK and seq.staged_snapshot is None:
-                self._start_disk_load(seq, decision.checkpoint)
-                i += 1
-                continue
-            self._queue.pop(i)
-            self._assign(seq, decision, plan, now)
-
-    def _route(self, seq: Sequence, now: float) -> RouteDecision:
-        cands = []
-        for s in range(self._slots.num_slots):
-            owner = self._running.get(s)
-            target = owner.prompt if owner is not None and owner.phase is Phase.PREFILL else None
-            cands.append(
-                SlotCandidate(
-                    slot=s,
-                    tokens=self._slots.record(s),
-                    is_free=owner is None,
-                    idle_s=0.0 if owner is not None else max(0.0, now - self._slots.last_used[s]),
-                    prefill_target=target,
-                )
-            )
-        return route(
-            seq.prompt,
-            cands,
-            self._ckpt.matches(seq.prompt, seq.staged_snapshot),
-            caps=self._caps,
-            idle_half_life_s=self._config.idle_half_life_s,
-            reuse_enabled=self._config.reuse_enabled,
-        )
-
-    def _try_preempt(self, seq: Sequence, now: float) -> bool:
-        """Put back the lowest-priority running prefill below seq's priority; True if done."""
-        victims = [
-            r
-            for r in self._running.values()
-            if r.phase is Phase.PREFILL
-            and r.priority < seq.priority
-            and not r.cancel_requested
-            and id(r) not in self._prep_index  # its slot is prepared in this very step
-        ]
-        if not victims:
-            return False
-        v = min(victims, key=lambda r: (r.priority, -r.order))
-        self._release_slot(v, now)
-        v.reuse = None
-        self._enqueue(v)
-        self._num_preemptions += 1
-        self._sink_call(self._sink.on_preemption)
-        log.debug("preempted %s (priority %d) for %s", v.request_id, v.priority, seq.request_id)
-        return True
-
-    def _assign(self, seq: Sequence, d: RouteDecision, plan: StepPlan, now: float) -> None:
-        dest, n = d.dest, d.reuse_len
-        assert dest is not None and dest not in self._running
-        if d.evicts and d.lost_tokens >= self._config.min_checkpoint_tokens:
-            self._plan_capture(plan, dest, self._slots.lens[dest], CaptureRule.EVICT)
-        source = d.action.reuse_source
-        prep: Prepare | None = None
-        if d.action is RouteAction.REWIND:
-            if self._slots.lens[dest] != n:
-                prep = Prepare(RouteAction.REWIND, dest, n)
-            self._slots.truncate(dest, n)
-        elif d.action is RouteAction.COPY:
-            prep = Prepare(RouteAction.COPY, dest, n, src_slot=d.src_slot)
-            self._slots.copy_prefix(d.src_slot, dest, n)
-        elif d.action is RouteAction.RESTORE_MEMORY:
-            entry = self._ckpt.memory.get(d.checkpoint.key)
-            assert entry is not None
-            prep = Prepare(RouteAction.RESTORE_MEMORY, dest, n, snapshot=entry.data)
-            self._slots.assign(dest, entry.tokens[:n])
-            self._emit_checkpoint("restore", "memory", entry.rule.value, entry.num_bytes, n)
-        elif d.action is RouteAction.RESTORE_DISK:
-            tokens, data = seq.staged_snapshot
-            seq.staged_snapshot = None
-            prep = Prepare(RouteAction.RESTORE_DISK, dest, n, snapshot=data)
-            self._slots.assign(dest, tokens[:n])
-            self._emit_checkpoint("restore", "disk", "", memoryview(data).nbytes, n)
-        else:  # COLD
-            if self._slots.lens[dest]:
-                prep = Prepare(RouteAction.COLD, dest, 0)
-            self._slots.truncate(dest, 0)
-        if prep is not None:
-            self._prep_index[id(seq)] = len(plan.prepares)
-            plan.prepares.append(prep)
-            plan.prepare_owners.append((seq, d))
-        seq.phase = Phase.PREFILL
-        seq.slot = dest
-        seq.num_computed = n
-        seq.num_errors = 0
-        seq.reuse = ReuseInfo(source, n, seq.prompt_len - n, dest)
-        if seq.assigned_at is None:
-            seq.assigned_at = now
-        self._running[dest] = seq
-        if n > 0:
-            self._slots.num_reuse_hits[dest] += 1
-            self._slots.num_reused_tokens[dest] += n
-        seq.capture_points = self._ckpt.capture_points(seq.prompt, seq.req.prefix_hint, d)
-        if self._reuse_log:
-            extra = f" src={d.src_slot}" if d.action is RouteAction.COPY else ""
-            reuse_log.info(
-                "reuse slot=%d live=%d prompt=%d common=%d action=%s%s reused=%d prefilled=%d request=%s",
-                dest,
-                d.live_len,
-                seq.prompt_len,
-                d.common,
-                source.value if n else "cold",
-                extra,
-                n,
-                seq.prompt_len - n,
-                seq.request_id,
-            )
 
     # -- captures --------------------------------------------------------------------------
     def _plan_capture(self, plan: StepPlan, slot: int, n: int, rule: CaptureRule) -> None:
@@ -491,7 +352,7 @@ class Scheduler:
 
     def _plan_capture_points(self, plan: StepPlan) -> None:
         for seq in self._running.values():
-            if id(seq) in self._prep_index:
+            if id(seq) in plan.prepare_of:
                 # NOTE: captures run before prepares in execute_plan, so a slot prepared in this
                 # step still holds its old rows when snapshots are taken: capture next step.
                 continue
@@ -499,27 +360,6 @@ class Scheduler:
             while seq.capture_points and seq.capture_points[0][0] <= min(held, seq.num_computed):
                 n, rule = seq.capture_points.pop(0)
                 self._plan_capture(plan, seq.slot, n, rule)
-
-    # -- disk loads ------------------------------------------------------------------------
-    def _start_disk_load(self, seq: Sequence, match: CheckpointMatch) -> None:
-        disk = self._ckpt.disk
-        assert disk is not None
-        seq.loading = True
-
-        async def load() -> None:
-            try:
-                loaded = await asyncio.to_thread(disk.load, match.key)
-            except Exception:  # noqa: BLE001 - a failed load only loses the reuse
-                log.exception("loading disk checkpoint %s failed", match.key)
-                loaded = None
-            seq.loading = False
-            if loaded is not None and seq.phase is Phase.QUEUED:
-                seq.staged_snapshot = loaded
-            self._wake.set()
-
-        task = asyncio.get_running_loop().create_task(load())
-        self._io_tasks.add(task)  # keep a reference until done
-        task.add_done_callback(self._io_tasks.discard)
 
     # -- batch -----------------------------------------------------------------------------
     def _plan_batch(self, plan: StepPlan) -> None:
@@ -544,7 +384,7 @@ class Scheduler:
         slot = seq.slot
         plan.items.append(BatchItem(slot, toks, self._slots.lens[slot], want_logits))
         plan.item_owners.append(seq)
-        plan.item_prepare.append(self._prep_index.get(id(seq)))
+        plan.item_prepare.append(plan.prepare_of.get(id(seq)))
         self._slots.append(slot, toks)
 
     # -- applying results ------------------------------------------------------------------
@@ -572,7 +412,7 @@ class Scheduler:
             self._release_slot(seq, now)
             seq.reuse = None
             if seq.phase is not Phase.DONE:
-                self._enqueue(seq)
+                self._admission.enqueue(seq)
         ran = [(it, seq) for it, seq, ok in zip(plan.items, plan.item_owners, result.ran_items) if ok]
         if not ran:
             return

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .checkpoints import CaptureRule
+from .checkpoint_store import CaptureRule
 from .detok import Detokenizer
 from .request import FinishEvent, FinishReason, GenerationRequest, ReuseInfo
 from .sampling import Sampler

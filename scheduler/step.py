@@ -44,6 +44,7 @@ class StepPlan:
     captures: list[Capture] = field(default_factory=list)
     prepares: list[Prepare] = field(default_factory=list)
     prepare_owners: list[object] = field(default_factory=list)  # parallel to prepares
+    prepare_of: dict[int, int] = field(default_factory=dict)  # id(owner) -> index in prepares
     items: list[BatchItem] = field(default_factory=list)
     item_owners: list[object] = field(default_factory=list)  # parallel to items
     item_prepare: list[int | None] = field(default_factory=list)  # prepare an item depends on

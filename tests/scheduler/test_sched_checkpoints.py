@@ -7,8 +7,8 @@ import os
 import time
 
 import numpy as np
-from slotserve.scheduler import checkpoints as ck
-from slotserve.scheduler.checkpoints import CaptureRule, MemoryCheckpointStore
+from slotserve.scheduler import checkpoint_store as ck
+from slotserve.scheduler.checkpoint_store import CaptureRule, MemoryCheckpointStore
 from slotserve.scheduler.disk_store import DiskCheckpointStore
 
 

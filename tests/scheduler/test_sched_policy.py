@@ -14,7 +14,7 @@ from slotserve.scheduler.policy import (
     SlotCandidate,
     route,
 )
-from slotserve.scheduler.prefix_index import common_prefix_len
+from slotserve.scheduler.prefix import common_prefix_len
 
 
 def arr(xs) -> np.ndarray:

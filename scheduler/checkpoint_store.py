@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .policy import CheckpointMatch, CheckpointTier
-from .prefix_index import common_prefix_len
+from .prefix import common_prefix_len
 
 HEAD_TOKENS = 32  # candidates must share this many leading tokens (or the whole short entry)
 

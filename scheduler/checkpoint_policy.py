@@ -1,10 +1,11 @@
 """Checkpoint policy: both tiers and the four capture rules, behind one object.
 
-Design: the scheduler asks three questions and reports one fact. `matches(prompt)` gives the
-routing its checkpoint candidates; `capture_points(...)` says at which prompt offsets a newly
-routed request should be snapshotted (rules hint / common_prefix / prompt_end); `wants(...)`
-says whether a snapshot of given tokens is worth taking now (not stored yet, and there is room in
-memory or a disk tier to take it); `keep(...)` files a snapshot that was taken. Captures on
+Design: the scheduler asks two questions and reports two facts. `matches(prompt)` gives the
+routing its checkpoint candidates; `wants(...)` says whether a snapshot of given tokens is worth
+taking now (not stored yet, and there is room in memory or a disk tier to take it). It reports
+each routed request with `record_routed(...)`, which remembers the prompt (rule common_prefix
+compares successive unmatched prompts) and answers at which prompt offsets to snapshot it (rules
+hint / common_prefix / prompt_end); `keep(...)` files a snapshot that was taken. Captures on
 evict (rule 4) are decided by the routing (`RouteDecision.evicts`) and filed here the same way.
 Memory evictions and every non-prompt-end capture are written through to the disk tier.
 """
@@ -16,11 +17,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .checkpoints import CaptureRule, MemoryCheckpointStore, tokens_key
+from .checkpoint_store import CaptureRule, MemoryCheckpointStore, tokens_key
 from .config import SchedulerConfig
 from .disk_store import DiskCheckpointStore
 from .policy import CheckpointMatch, CheckpointTier, RouteAction, RouteDecision
-from .prefix_index import common_prefix_len
+from .prefix import common_prefix_len
 
 # (kind, tier, rule, num_bytes, num_tokens) -> None: forwarded to StatsSink.on_checkpoint
 EmitFn = Callable[[str, str, str, int, int], None]
@@ -28,7 +29,7 @@ EmitFn = Callable[[str, str, str, int, int], None]
 _HEADER_SLACK = 4096  # bytes a snapshot carries beyond its KV rows (estimate)
 
 
-class Checkpointing:
+class CheckpointPolicy:
     def __init__(
         self,
         config: SchedulerConfig,
@@ -92,10 +93,12 @@ class Checkpointing:
                 out.append(d)
         return out
 
-    def capture_points(
+    def record_routed(
         self, prompt: np.ndarray, hint: int | None, d: RouteDecision
     ) -> list[tuple[int, CaptureRule]]:
-        """Prompt offsets to snapshot once the request's slot holds them, in ascending order."""
+        """Note that `prompt` was routed by `d`, and return the prompt offsets to snapshot once
+        the request's slot holds them, in ascending order. Not a pure query: a prompt that found
+        no live slot becomes the one the next unmatched prompt is compared with."""
         if not self.enabled:
             return []
         cfg = self._config

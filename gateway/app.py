@@ -96,13 +96,19 @@ class Gateway:
     # ---- checks shared by the routes
 
     def check_auth(self, request: Request) -> None:
+        """The key as `Authorization: Bearer KEY` (OpenAI clients) or `x-api-key: KEY`
+        (Anthropic clients), on every protected route; raises 401 otherwise."""
         if self._api_key is None:
             return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
+        header = request.headers.get("authorization")
+        if header is not None:
+            scheme, _, token = header.partition(" ")
+            if scheme.lower() != "bearer":
+                raise unauthorized()
+        else:
+            token = request.headers.get("x-api-key", "")
         # NOTE: compare_digest runs in time independent of where the strings differ
-        ok = hmac.compare_digest(token.strip().encode(), self._api_key)
-        if scheme.lower() != "bearer" or not ok:
+        if not hmac.compare_digest(token.strip().encode(), self._api_key):
             raise unauthorized()
 
     def check_model(self, name: str | None) -> str:

@@ -66,7 +66,7 @@ def model_not_found(name: str, served: tuple[str, ...]) -> APIError:
 def unauthorized() -> APIError:
     return APIError(
         401,
-        "Missing or incorrect API key; send it as 'Authorization: Bearer KEY'",
+        "Missing or incorrect API key; send it as 'Authorization: Bearer KEY' (or 'x-api-key: KEY')",
         type="authentication_error",
         code="invalid_api_key",
         headers={"WWW-Authenticate": "Bearer"},

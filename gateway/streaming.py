@@ -39,6 +39,12 @@ def sse_data(payload: bytes) -> bytes:
     return b"data: " + payload + b"\n\n"
 
 
+def sse_event(name: str, payload: bytes) -> bytes:
+    """One named SSE event (`event: NAME`) carrying one JSON document: the framing of the
+    Anthropic and OpenAI Responses streams, whose clients dispatch on the event name."""
+    return b"event: " + name.encode() + b"\ndata: " + payload + b"\n\n"
+
+
 async def cancel_quietly(handle: Any) -> bool:
     """Cancel `handle` and wait for the scheduler's acknowledgement, even inside a cancelled scope.
 
@@ -101,6 +107,10 @@ async def collect(handle: Any, receive: Receive) -> Collected | None:
 class StreamFormat:
     """How one endpoint spells its SSE chunks; `EventStream` drives it."""
 
+    # the last chunk of a stream: OpenAI's chat and completion streams end with `data: [DONE]`;
+    # the Anthropic and Responses streams end with their own closing event (b"": nothing more)
+    terminator: bytes = DONE
+
     def opening(self) -> list[bytes]:
         """Chunks sent before any token (e.g. the chat role delta)."""
         return []
@@ -115,7 +125,7 @@ class StreamFormat:
 
 class EventStream:
     """The SSE body of one request: opening chunks, one chunk per non-empty text delta, the
-    closing chunks, `data: [DONE]`.
+    closing chunks, the format's terminator (`data: [DONE]`).
 
     If the consumer stops early (client gone, task cancelled), the generator's `finally:` cancels
     the request and awaits the acknowledgement. `aclose()` also covers a body that was never
@@ -145,7 +155,8 @@ class EventStream:
                     self.is_finished = True
                     for chunk in self.fmt.closing(event, event.text):
                         yield chunk
-            yield DONE
+            if self.fmt.terminator:
+                yield self.fmt.terminator
         finally:
             if not self.is_finished:
                 await cancel_quietly(self.handle)

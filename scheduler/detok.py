@@ -42,6 +42,7 @@ class Detokenizer:
         self._pending_bytes = b""  # bytes of an incomplete character
         self._pending_text = ""  # decoded text not yet released (possible stop-string start)
         self.stopped = False  # a stop string matched; nothing more will be released
+        self.matched_stop: str | None = None  # the stop string that matched (earliest in the text)
 
     def push(self, token_id: int) -> str:
         """Add one token; return the text it releases ('' when everything is held back)."""
@@ -58,8 +59,9 @@ class Detokenizer:
         if not self._stop:
             self._pending_text = ""
             return text
-        hit = min((i for i in (text.find(s) for s in self._stop) if i >= 0), default=-1)
-        if hit >= 0:
+        hits = [(i, s) for s in self._stop if (i := text.find(s)) >= 0]
+        if hits:
+            hit, self.matched_stop = min(hits, key=lambda h: h[0])
             self.stopped = True
             self._pending_text = ""
             self._pending_bytes = b""

@@ -32,7 +32,8 @@ def finish_records(
         timings["queue_s"] = queue_s
     if ttft_s is not None:
         timings["ttft_s"] = ttft_s
-    ev = FinishEvent(reason, text, seq.prompt_len, seq.num_generated, seq.reuse, error, timings)
+    stop = seq.detok.matched_stop if reason is FinishReason.STOP else None
+    ev = FinishEvent(reason, text, seq.prompt_len, seq.num_generated, seq.reuse, error, timings, stop)
     reuse = seq.reuse
     stats = RequestStats(
         outcome=_OUTCOME[reason],

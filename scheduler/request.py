@@ -83,6 +83,7 @@ class FinishEvent:
     reuse: ReuseInfo | None  # None when the request never got a slot
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)  # queue_s, ttft_s, e2e_s, prefill_s
+    stop_sequence: str | None = None  # the stop string that ended it (reason STOP), else None
 
 
 class QueueFull(Exception):

@@ -139,14 +139,20 @@ async def test_api_key_is_required_when_set() -> None:
             "/v1/chat/completions", json=body, headers={"Authorization": "Basic s3cret"}
         )
         models = await client.get("/v1/models")
+        wrong_x = await client.post("/v1/chat/completions", json=body, headers={"x-api-key": "s3cre"})
+        # a Bearer header decides even when x-api-key is also sent
+        both = await client.post(
+            "/v1/chat/completions", json=body, headers={"Authorization": "Bearer no", "x-api-key": "s3cret"}
+        )
         ok = await client.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer s3cret"})
+        ok_x = await client.post("/v1/chat/completions", json=body, headers={"x-api-key": "s3cret"})
         health = await client.get("/health")
         metrics = await client.get("/metrics")
-    for r in (missing, wrong, basic, models):
+    for r in (missing, wrong, basic, models, wrong_x, both):
         err = assert_error(r, 401, code="invalid_api_key")
         assert err["type"] == "authentication_error"
     assert missing.headers["www-authenticate"] == "Bearer"
-    assert ok.status_code == 200
+    assert ok.status_code == 200 and ok_x.status_code == 200
     assert health.status_code == 200 and metrics.status_code == 200  # probes stay open
 
 

@@ -40,8 +40,13 @@ def test_invalid_bytes_become_replacement_characters():
 
 
 def test_earliest_of_several_stop_strings_wins():
-    pieces, _, stopped = run([9, 2, 0], stop=("ca", "bc"))
-    assert "".join(pieces) == "a" and stopped
+    d = Detokenizer(TABLE, ("ca", "bc"))
+    pieces = [d.push(i) for i in (9, 2, 0)]
+    assert "".join(pieces) == "a" and d.stopped
+    assert d.matched_stop == "bc"  # reported as the FinishEvent's stop_sequence
+    plain = Detokenizer(TABLE, ("ca",))
+    plain.push(0)
+    assert plain.matched_stop is None and not plain.stopped
 
 
 @settings(max_examples=300, deadline=None)

@@ -184,7 +184,7 @@ async def test_stop_conditions():
                 )
             )
         )
-        assert out.finish.reason is FinishReason.STOP
+        assert out.finish.reason is FinishReason.STOP and out.finish.stop_sequence is None
         assert out.tokens == ref.tokens[:first]
         assert out.finish.completion_tokens == first + 1
         # a stop string spanning tokens is matched and never streamed
@@ -194,7 +194,7 @@ async def test_stop_conditions():
                 make_request(prompt, params=SamplingParams(temperature=0, max_tokens=12, stop=(stop,)))
             )
         )
-        assert out.finish.reason is FinishReason.STOP
+        assert out.finish.reason is FinishReason.STOP and out.finish.stop_sequence == stop
         assert out.text == ref.text[: ref.text.index(stop)]
         # eos ends the stream unless ignore_eos
         eos_prompt = next(
@@ -204,6 +204,7 @@ async def test_stop_conditions():
             sched.submit(make_request(eos_prompt, params=SamplingParams(temperature=0, max_tokens=20)))
         )
         assert out.finish.reason is FinishReason.STOP and EOS not in out.tokens
+        assert out.finish.stop_sequence is None
     # the context limit ends generation with "length"
     small = make_pool(1, 16)
     async with make_scheduler(small) as sched:

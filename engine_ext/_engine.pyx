@@ -237,6 +237,8 @@ cdef class KernelTable:
 
     def dequantize_row(self, int ggml_type, const uint8_t[::1] raw, int k):
         if not 0 <= ggml_type < GGML_TYPE_COUNT or ggml_row_bytes(ggml_type, k) == 0 \
+                or self.kt.dequantize_row[ggml_type] == NULL \
+                or (ggml_block_elems(ggml_type) and k % ggml_block_elems(ggml_type)) \
                 or raw.shape[0] != ggml_row_bytes(ggml_type, k):
             raise ValueError("row bytes do not match type and k")
         out = np.empty(k, np.float32)
@@ -253,9 +255,11 @@ cdef class KernelTable:
         cdef int n = x.shape[0], k = x.shape[1]
         if o1 < 0:
             o1 = n_out
-        if ggml_type not in (GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1) \
+        if not 0 <= ggml_type < GGML_TYPE_COUNT or self.kt.gemm[ggml_type] == NULL \
                 or n < 1 or n_out < 1 or ggml_row_bytes(ggml_type, k) == 0:
             raise ValueError("unsupported type or empty operands")
+        if ggml_block_elems(ggml_type) and k % ggml_block_elems(ggml_type):
+            raise ValueError(f"k must be a multiple of the type's block of {ggml_block_elems(ggml_type)}")
         if w.shape[0] != ggml_row_bytes(ggml_type, k) * n_out:
             raise ValueError("weight bytes do not match type, k and n_out")
         if o0 % ROW_GROUP or not (0 <= o0 <= o1 <= n_out) or (o1 % ROW_GROUP and o1 != n_out):
@@ -284,7 +288,7 @@ cdef class KernelTable:
             a.qs = &qv[0, 0]
             a.d = &dv[0, 0]
             a.s = &sv[0, 0]
-        elif ggml_type not in (GGML_TYPE_F32, GGML_TYPE_F16):
+        elif ggml_block_elems(ggml_type):
             raise ValueError("block weights need the quantized activations")
         if quantized is not None and not (qv.shape[0] == n and qv.shape[1] == k and dv.shape[0] == n
                                           and dv.shape[1] == k // QK and sv.shape[0] == n and sv.shape[1] == k // QK):

@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
 
+from .errors import UnsupportedModelError
+
 SUPPORTED_ARCHITECTURES = ("llama",)
 
 SUPPORTED_TYPES: frozenset[int] = frozenset(
@@ -39,6 +41,12 @@ SUPPORTED_TYPES: frozenset[int] = frozenset(
         GGMLQuantizationType.Q4_0,
         GGMLQuantizationType.Q4_1,
         GGMLQuantizationType.Q8_0,
+        GGMLQuantizationType.Q5_0,
+        GGMLQuantizationType.Q5_1,
+        GGMLQuantizationType.Q4_K,
+        GGMLQuantizationType.Q5_K,
+        GGMLQuantizationType.Q6_K,
+        GGMLQuantizationType.BF16,
     )
 )
 
@@ -332,7 +340,7 @@ def _check_tensors(path: Path, config: LlamaConfig, tensors: dict[str, TensorRef
         t = tensors[name]
         if t.ggml_type not in SUPPORTED_TYPES:
             supported = ", ".join(ggml_type_name(x) for x in sorted(SUPPORTED_TYPES))
-            raise ValueError(
+            raise UnsupportedModelError(
                 f"{path}: tensor {name!r} has type {t.type_name}, which the engine does "
                 f"not support (supported: {supported}); re-quantize the model"
             )

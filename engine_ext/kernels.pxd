@@ -9,8 +9,15 @@ cdef extern from "kernels.h" nogil:
         GGML_TYPE_Q4_0
         GGML_TYPE_Q4_1
         GGML_TYPE_Q8_0
+        GGML_TYPE_Q5_0
+        GGML_TYPE_Q5_1
+        GGML_TYPE_Q4_K
+        GGML_TYPE_Q5_K
+        GGML_TYPE_Q6_K
+        GGML_TYPE_BF16
         GGML_TYPE_COUNT
         QK
+        QK_K
         ATTN_MAX_ROWS
         KEY_LANES
 
@@ -62,6 +69,7 @@ cdef extern from "kernels.h" nogil:
     const kernel_table *kernels_select(const char *name)
     int kernels_avx2_supported()
     size_t ggml_row_bytes(int type, int k)
+    int ggml_block_elems(int type)
     size_t attn_scratch_floats(int ctx_len, int head_dim)
     void attention_rows(const kernel_table *kt, float *out, int ldo, const float *q, int ldq, const void *k,
                         const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim, float scale,

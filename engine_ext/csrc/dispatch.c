@@ -8,6 +8,18 @@
 
 #include "kernels.h"
 
+/* Table entries of the quant_k.h types (kept together so both tables list the same types). */
+#define K_DEQUANTIZE_GENERIC                                                                       \
+    [GGML_TYPE_Q5_0] = dequantize_row_q5_0_generic, [GGML_TYPE_Q5_1] = dequantize_row_q5_1_generic, \
+    [GGML_TYPE_Q4_K] = dequantize_row_q4_K_generic, [GGML_TYPE_Q5_K] = dequantize_row_q5_K_generic, \
+    [GGML_TYPE_Q6_K] = dequantize_row_q6_K_generic, [GGML_TYPE_BF16] = dequantize_row_bf16_generic,
+#define K_GEMM_GENERIC                                                                             \
+    [GGML_TYPE_Q5_0] = gemm_q5_0_generic, [GGML_TYPE_Q5_1] = gemm_q5_1_generic,                     \
+    [GGML_TYPE_Q4_K] = gemm_q4_K_generic, [GGML_TYPE_Q5_K] = gemm_q5_K_generic,                     \
+    [GGML_TYPE_Q6_K] = gemm_q6_K_generic, [GGML_TYPE_BF16] = gemm_bf16_generic,
+#define K_DEQUANTIZE_AVX2 K_DEQUANTIZE_GENERIC
+#define K_GEMM_AVX2 K_GEMM_GENERIC
+
 static const kernel_table generic_table = {
     .name = "scalar",
     .quantize_q8a = quantize_q8a_generic,
@@ -17,6 +29,7 @@ static const kernel_table generic_table = {
         [GGML_TYPE_Q8_0] = dequantize_row_q8_0_generic,
         [GGML_TYPE_Q4_0] = dequantize_row_q4_0_generic,
         [GGML_TYPE_Q4_1] = dequantize_row_q4_1_generic,
+        K_DEQUANTIZE_GENERIC
     },
     .gemm = {
         [GGML_TYPE_F32] = gemm_f32_generic,
@@ -24,6 +37,7 @@ static const kernel_table generic_table = {
         [GGML_TYPE_Q8_0] = gemm_q8_0_generic,
         [GGML_TYPE_Q4_0] = gemm_q4_0_generic,
         [GGML_TYPE_Q4_1] = gemm_q4_1_generic,
+        K_GEMM_GENERIC
     },
     .attention_chunk = attention_chunk_generic,
     .attention_fold = attention_fold_generic,
@@ -45,6 +59,7 @@ static const kernel_table avx2_table = {
         [GGML_TYPE_Q8_0] = dequantize_row_q8_0_avx2,
         [GGML_TYPE_Q4_0] = dequantize_row_q4_0_avx2,
         [GGML_TYPE_Q4_1] = dequantize_row_q4_1_avx2,
+        K_DEQUANTIZE_AVX2
     },
     .gemm = {
         [GGML_TYPE_F32] = gemm_f32_avx2,
@@ -52,6 +67,7 @@ static const kernel_table avx2_table = {
         [GGML_TYPE_Q8_0] = gemm_q8_0_avx2,
         [GGML_TYPE_Q4_0] = gemm_q4_0_avx2,
         [GGML_TYPE_Q4_1] = gemm_q4_1_avx2,
+        K_GEMM_AVX2
     },
     .attention_chunk = attention_chunk_avx2,
     .attention_fold = attention_fold_avx2,

@@ -124,9 +124,8 @@ struct engine {
     int fault_layer;
 };
 
-static int is_block_type(int type) {
-    return type == GGML_TYPE_Q8_0 || type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q4_1;
-}
+/* Block types multiply 8-bit quantized activations (float types: F32, F16, BF16 read floats). */
+static int is_block_type(int type) { return ggml_block_elems(type) > 0; }
 
 static void *xalloc(size_t n, int *ok) {
     void *p = calloc(n ? n : 1, 1);
@@ -137,7 +136,8 @@ static void *xalloc(size_t n, int *ok) {
 static int weight_ok(const weight_t *w, int n_in, int n_out) {
     if (!w->rows || w->n_in != n_in || w->n_out != n_out) return 0;
     if (ggml_row_bytes(w->type, n_in) == 0) return 0;
-    if (is_block_type(w->type) && (n_in % QK != 0 || n_in > MAX_ROW_LEN)) return 0;
+    /* block types: whole blocks (K-quants: super-blocks of 256) */
+    if (is_block_type(w->type) && (n_in % ggml_block_elems(w->type) != 0 || n_in > MAX_ROW_LEN)) return 0;
     return 1;
 }
 
@@ -149,7 +149,9 @@ static int model_ok(const model_desc *m) {
     if (m->n_heads / m->n_kv_heads > ATTN_MAX_ROWS) return 0;
     int q_dim = m->n_heads * m->head_dim, kv_dim = m->n_kv_heads * m->head_dim;
     if (!m->token_embd.rows || m->token_embd.n_in != m->dim || m->token_embd.n_out != m->n_vocab ||
-        ggml_row_bytes(m->token_embd.type, m->dim) == 0 || !weight_ok(&m->output, m->dim, m->n_vocab))
+        ggml_row_bytes(m->token_embd.type, m->dim) == 0 ||
+        (is_block_type(m->token_embd.type) && m->dim % ggml_block_elems(m->token_embd.type) != 0) ||
+        !weight_ok(&m->output, m->dim, m->n_vocab))
         return 0;
     for (int l = 0; l < m->n_layers; l++) {
         const layer_weights *L = &m->layers[l];

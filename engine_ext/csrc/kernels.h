@@ -16,14 +16,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* ggml tensor type ids (the subset the engine implements). */
+/* ggml tensor type ids (the subset the engine implements; table entries of other ids are NULL). */
 enum {
     GGML_TYPE_F32 = 0,
     GGML_TYPE_F16 = 1,
     GGML_TYPE_Q4_0 = 2,
     GGML_TYPE_Q4_1 = 3,
+    GGML_TYPE_Q5_0 = 6,
+    GGML_TYPE_Q5_1 = 7,
     GGML_TYPE_Q8_0 = 8,
-    GGML_TYPE_COUNT = 9,
+    GGML_TYPE_Q4_K = 12,
+    GGML_TYPE_Q5_K = 13,
+    GGML_TYPE_Q6_K = 14,
+    GGML_TYPE_BF16 = 30,
+    GGML_TYPE_COUNT = 31,
 };
 
 #define QK 32 /* elements per quantization block (every block format here) */
@@ -77,6 +83,8 @@ void pack_x8(void *dst, const void *rows, int type, int n_in, int n_out);
  * it is set, the rest from w->rows. y: [n_rows, ldy]; accumulate != 0 adds to y. */
 typedef void (*gemm_fn)(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x,
                         int n_rows, int accumulate);
+
+#include "quant_k.h" /* Q5_0, Q5_1, K-quants, BF16 */
 
 /* Attention, in chunks. Query rows i = 0..n_q-1 of one slot sit at positions pos0+i and attend
  * keys 0..pos0+i of ONE kv head, shared by `group` query heads (GQA). Keys are cut into chunks

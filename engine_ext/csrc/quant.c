@@ -11,6 +11,12 @@ size_t ggml_row_bytes(int type, int k) {
     case GGML_TYPE_Q8_0: return (size_t)(k / QK) * sizeof(block_q8_0);
     case GGML_TYPE_Q4_0: return (size_t)(k / QK) * sizeof(block_q4_0);
     case GGML_TYPE_Q4_1: return (size_t)(k / QK) * sizeof(block_q4_1);
+    case GGML_TYPE_Q5_0: return (size_t)(k / QK) * sizeof(block_q5_0);
+    case GGML_TYPE_Q5_1: return (size_t)(k / QK) * sizeof(block_q5_1);
+    case GGML_TYPE_Q4_K: return (size_t)(k / QK_K) * sizeof(block_q4_K);
+    case GGML_TYPE_Q5_K: return (size_t)(k / QK_K) * sizeof(block_q5_K);
+    case GGML_TYPE_Q6_K: return (size_t)(k / QK_K) * sizeof(block_q6_K);
+    case GGML_TYPE_BF16: return (size_t)k * 2;
     default: return 0;
     }
 }

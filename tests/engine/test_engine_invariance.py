@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from engine_support import feed, greedy, make_pool, random_tokens
+from gguf_fixtures import K_DIMS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,9 +19,13 @@ N_VOCAB = 299
 GREEDY_STEPS = 6
 
 
-@pytest.fixture(scope="module")
-def path(tiny_model_factory):
-    return tiny_model_factory("Q4_1")
+@pytest.fixture(scope="module", params=["Q4_1", "K_MIX"])
+def path(request, tiny_model_factory):
+    """Q4_1 (the default model's main type) and a llama-quantize-style mix of K-quants, 5-bit
+    and 8-bit blocks (gguf_fixtures.WEIGHT_MIXES)."""
+    if request.param == "K_MIX":
+        return tiny_model_factory("K_MIX", **K_DIMS)
+    return tiny_model_factory(request.param)
 
 
 @pytest.fixture(scope="module")

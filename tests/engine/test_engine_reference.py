@@ -6,9 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from engine_support import make_pool, random_tokens
+from gguf_fixtures import K_DIMS
 from reference import ReferenceLlama
 
-WEIGHT_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")
+WEIGHT_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "BF16", "Q5_0", "Q5_1")
+# Written as random valid blocks at dim 256 (gguf_fixtures.K_DIMS); K_MIX mixes block types.
+K_WEIGHT_TYPES = ("Q4_K", "Q5_K", "Q6_K", "K_MIX")
 
 # Tolerances on the tiny models' logits (std ~2, |max| ~7), as (largest, mean) absolute error.
 # Float weights with f32 KV: only float32 rounding against float64.
@@ -18,6 +21,9 @@ FLOAT_F16KV_ATOL = (0.02, 0.003)
 # Block weights: the engine also quantizes every matmul input to 8-bit blocks of 32, as
 # llama.cpp does (measured <= 0.26 largest, <= 0.04 mean over 5 types x 3 seeds).
 BLOCK_ATOL = (0.4, 0.06)
+# The K-quant fixtures (dim 256, random valid blocks) have logits twice as large (std ~4,
+# |max| ~20) and errors with them (measured <= 0.47 largest, <= 0.066 mean, both variants).
+K_BLOCK_ATOL = (0.8, 0.12)
 
 PREFILL_LEN, DECODE_LEN = 30, 10
 
@@ -34,15 +40,16 @@ def reference_logits(path, tokens: np.ndarray) -> np.ndarray:
 
 
 def tolerance(weight_type: str, kv_dtype: str) -> tuple[float, float]:
-    if weight_type in ("F32", "F16"):
+    if weight_type in ("F32", "F16", "BF16"):
         return FLOAT_F32KV_ATOL if kv_dtype == "f32" else FLOAT_F16KV_ATOL
-    return BLOCK_ATOL
+    return K_BLOCK_ATOL if weight_type in K_WEIGHT_TYPES else BLOCK_ATOL
 
 
 @pytest.mark.parametrize("kv_dtype", ["f16", "f32"])
-@pytest.mark.parametrize("weight_type", WEIGHT_TYPES)
+@pytest.mark.parametrize("weight_type", WEIGHT_TYPES + K_WEIGHT_TYPES)
 def test_prefill_and_decode_match_reference(tiny_model_factory, weight_type, kv_dtype):
-    path = tiny_model_factory(weight_type)
+    dims = K_DIMS if weight_type in K_WEIGHT_TYPES else {}
+    path = tiny_model_factory(weight_type, **dims)
     tokens = random_tokens(PREFILL_LEN + DECODE_LEN, 299, seed=11)
     want = reference_logits(path, tokens)[PREFILL_LEN - 1 :]  # [1 + DECODE_LEN, n_vocab]
     pool = make_pool(path, 2, 64, kv_dtype=kv_dtype)

@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 from gguf_fixtures import WEIGHT_TYPES, write_tiny_llama, write_unsupported_type, write_wrong_arch
+from slotserve.engine_ext.errors import UnsupportedModelError
 from slotserve.engine_ext.gguf_file import SUPPORTED_TYPES, load_model_file, required_tensor_names
 
 
-def test_supported_types_are_the_five_engine_types():
+def test_supported_types_are_the_engine_types():
     names = {GGMLQuantizationType(t).name for t in SUPPORTED_TYPES}
-    assert names == {"F32", "F16", "Q4_0", "Q4_1", "Q8_0"}
+    assert names == {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}
+    # every one of them has kernels: the engine decodes a row of it
+    from slotserve.engine_ext import _engine
+
+    kt = _engine.KernelTable("scalar")
+    for t in SUPPORTED_TYPES:
+        block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(t)]
+        k = 256 if block == 1 else 256 // block * block
+        raw = np.zeros(k // block * block_bytes, np.uint8)
+        assert np.array_equal(kt.dequantize_row(t, raw, k), np.zeros(k, np.float32))
 
 
 @pytest.mark.parametrize("weight_type", WEIGHT_TYPES)
@@ -71,9 +81,12 @@ def test_wrong_architecture_is_rejected(tmp_path):
 
 
 def test_unsupported_tensor_type_names_tensor_and_type(tmp_path):
-    path = write_unsupported_type(tmp_path / "q5.gguf", tensor="blk.1.ffn_down.weight", type_name="Q5_0")
-    with pytest.raises(ValueError, match=r"'blk.1.ffn_down.weight' has type Q5_0"):
+    path = write_unsupported_type(tmp_path / "mxfp4.gguf", tensor="blk.1.ffn_down.weight", type_name="MXFP4")
+    with pytest.raises(
+        UnsupportedModelError, match=r"'blk.1.ffn_down.weight' has type MXFP4.*supported: .*Q4_K"
+    ) as e:
         load_model_file(path)
+    assert "\n" not in str(e.value)
 
 
 def test_non_gguf_and_missing_files_are_rejected(tmp_path):

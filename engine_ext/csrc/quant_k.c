@@ -1,0 +1,315 @@
+/* Portable reference kernels of the types in quant_k.h: row decoding and matmul for Q5_0, Q5_1,
+ * Q4_K, Q5_K, Q6_K and BF16, and their row groups (x8 layout, kernels.h).
+ *
+ * Design: the matmuls read each weight block through one fetch function per type that returns
+ * the block in the file layout, from the file rows or gathered back out of the row groups, so
+ * the reference computes a row the same way wherever the engine keeps it (and tests of the
+ * grouped path check pack_x8 too). Per row and block the float operations are:
+ *   Q5_0:        acc += d * (ad * dot - 16 * as)
+ *   Q5_1:        acc += d * ad * dot + m * as
+ *   Q4_K, Q5_K:  acc += d * ad * float(sc * dot) - dmin * float(m) * as      (per sub-block of 32)
+ *   Q6_K:        acc += d * ad * float(sc0 * dot16 + sc1 * dot16')            (per block of 32)
+ * with dot the integer dot product of the block's quants and the activation block's int8s.
+ */
+#include <string.h>
+
+#include "fp16.h"
+#include "kernels.h"
+
+int ggml_block_elems(int type) {
+    switch (type) {
+    case GGML_TYPE_Q4_0:
+    case GGML_TYPE_Q4_1:
+    case GGML_TYPE_Q5_0:
+    case GGML_TYPE_Q5_1:
+    case GGML_TYPE_Q8_0: return QK;
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K:
+    case GGML_TYPE_Q6_K: return QK_K;
+    default: return 0;
+    }
+}
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline void store(float *y, float v, int accumulate) {
+    *y = accumulate ? *y + v : v;
+}
+
+/* (sc, m) of sub-block j from the 12 packed bytes of Q4_K / Q5_K:
+ *   j < 4:  sc = s[j] & 63,                          m = s[j+4] & 63
+ *   j >= 4: sc = (s[j+4] & 15) | (s[j-4] >> 6) << 4,   m = (s[j+4] >> 4) | (s[j] >> 6) << 4 */
+static inline void k4_scale_min(const uint8_t *s, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* The inverse of k4_scale_min over all 8 sub-blocks (the 96 bits are a bijection). */
+static void k4_pack_scales(uint8_t *s, const uint8_t *sc, const uint8_t *m) {
+    for (int j = 0; j < 4; j++) {
+        s[j] = (uint8_t)((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+        s[j + 4] = (uint8_t)((m[j] & 63) | ((m[j + 4] >> 4) << 6));
+        s[j + 8] = (uint8_t)((sc[j + 4] & 15) | ((m[j + 4] & 15) << 4));
+    }
+}
+
+/* 5-bit value of element j of a Q5_0/Q5_1 block (0..31). */
+static inline int q5_value(const uint8_t *qs, const uint8_t *qh4, int j) {
+    uint32_t qh;
+    memcpy(&qh, qh4, 4);
+    int nib = j < 16 ? qs[j] & 15 : qs[j - 16] >> 4;
+    return nib | (int)((qh >> j) & 1) << 4;
+}
+
+/* Quants of a Q4_K / Q5_K super-block: q[256] in element order (0..15 or 0..31). */
+static void k4_quants(int *q, const uint8_t *qs, const uint8_t *qh) {
+    for (int c = 0; c < 4; c++)
+        for (int l = 0; l < 32; l++) {
+            q[64 * c + l] = qs[32 * c + l] & 15;
+            q[64 * c + 32 + l] = qs[32 * c + l] >> 4;
+            if (qh) {
+                q[64 * c + l] |= ((qh[l] >> (2 * c)) & 1) << 4;
+                q[64 * c + 32 + l] |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
+            }
+        }
+}
+
+/* Quants of a Q6_K super-block minus 32: q[256] in element order (-32..31). */
+static void k6_quants(int *q, const block_q6_K *b) {
+    for (int n = 0; n < 2; n++) {
+        const uint8_t *ql = b->ql + 64 * n, *qh = b->qh + 32 * n;
+        int *o = q + 128 * n;
+        for (int l = 0; l < 32; l++) {
+            o[l] = ((ql[l] & 15) | ((qh[l] & 3) << 4)) - 32;
+            o[l + 32] = ((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) - 32;
+            o[l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+            o[l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        }
+    }
+}
+
+/* ---- row decoding ---------------------------------------------------------------------------- */
+
+void dequantize_row_bf16_generic(float *y, const void *x, int k) {
+    const uint16_t *h = (const uint16_t *)x;
+    for (int i = 0; i < k; i++) y[i] = bf16_to_f32(h[i]);
+}
+
+void dequantize_row_q5_0_generic(float *y, const void *x, int k) {
+    const block_q5_0 *blk = (const block_q5_0 *)x;
+    for (int b = 0; b < k / QK; b++) {
+        float d = fp16_to_f32(blk[b].d);
+        for (int j = 0; j < QK; j++) y[b * QK + j] = d * (float)(q5_value(blk[b].qs, blk[b].qh, j) - 16);
+    }
+}
+
+void dequantize_row_q5_1_generic(float *y, const void *x, int k) {
+    const block_q5_1 *blk = (const block_q5_1 *)x;
+    for (int b = 0; b < k / QK; b++) {
+        float d = fp16_to_f32(blk[b].d), m = fp16_to_f32(blk[b].m);
+        for (int j = 0; j < QK; j++) y[b * QK + j] = d * (float)q5_value(blk[b].qs, blk[b].qh, j) + m;
+    }
+}
+
+static void dequantize_k4(float *y, uint16_t d16, uint16_t dmin16, const uint8_t *scales, const uint8_t *qs,
+                          const uint8_t *qh) {
+    int q[QK_K];
+    k4_quants(q, qs, qh);
+    const float d = fp16_to_f32(d16), dmin = fp16_to_f32(dmin16);
+    for (int j = 0; j < QK_K / 32; j++) {
+        int sc, m;
+        k4_scale_min(scales, j, &sc, &m);
+        const float ds = d * (float)sc, dm = dmin * (float)m;
+        for (int l = 0; l < 32; l++) y[32 * j + l] = ds * (float)q[32 * j + l] - dm;
+    }
+}
+
+void dequantize_row_q4_K_generic(float *y, const void *x, int k) {
+    const block_q4_K *blk = (const block_q4_K *)x;
+    for (int b = 0; b < k / QK_K; b++) dequantize_k4(y + b * QK_K, blk[b].d, blk[b].dmin, blk[b].scales, blk[b].qs, NULL);
+}
+
+void dequantize_row_q5_K_generic(float *y, const void *x, int k) {
+    const block_q5_K *blk = (const block_q5_K *)x;
+    for (int b = 0; b < k / QK_K; b++)
+        dequantize_k4(y + b * QK_K, blk[b].d, blk[b].dmin, blk[b].scales, blk[b].qs, blk[b].qh);
+}
+
+void dequantize_row_q6_K_generic(float *y, const void *x, int k) {
+    const block_q6_K *blk = (const block_q6_K *)x;
+    int q[QK_K];
+    for (int b = 0; b < k / QK_K; b++) {
+        k6_quants(q, &blk[b]);
+        const float d = fp16_to_f32(blk[b].d);
+        for (int i = 0; i < QK_K; i++) y[b * QK_K + i] = d * (float)blk[b].scales[i / 16] * (float)q[i];
+    }
+}
+
+/* ---- block fetch: file rows or row groups --------------------------------------------------- */
+
+/* Block b of weight row o in the file layout. Rows inside whole groups come from w->x8 when it
+ * is set (gathered into *tmp), the rest straight from w->rows. */
+/* Row groups are added type by type; until a type has them, x8 is NULL and FETCH reads rows. */
+static const block_q5_0 *fetch_q5_0(const gemm_weight *w, int o, int b, block_q5_0 *tmp) {
+    (void)tmp;
+    return (const block_q5_0 *)((const char *)w->rows + (size_t)o * ggml_row_bytes(w->type, w->n_in)) + b;
+}
+static const block_q5_1 *fetch_q5_1(const gemm_weight *w, int o, int b, block_q5_1 *tmp) {
+    (void)tmp;
+    return (const block_q5_1 *)((const char *)w->rows + (size_t)o * ggml_row_bytes(w->type, w->n_in)) + b;
+}
+static const block_q4_K *fetch_q4_K(const gemm_weight *w, int o, int b, block_q4_K *tmp) {
+    (void)tmp;
+    return (const block_q4_K *)((const char *)w->rows + (size_t)o * ggml_row_bytes(w->type, w->n_in)) + b;
+}
+static const block_q5_K *fetch_q5_K(const gemm_weight *w, int o, int b, block_q5_K *tmp) {
+    (void)tmp;
+    return (const block_q5_K *)((const char *)w->rows + (size_t)o * ggml_row_bytes(w->type, w->n_in)) + b;
+}
+static const block_q6_K *fetch_q6_K(const gemm_weight *w, int o, int b, block_q6_K *tmp) {
+    (void)tmp;
+    return (const block_q6_K *)((const char *)w->rows + (size_t)o * ggml_row_bytes(w->type, w->n_in)) + b;
+}
+
+/* ---- matmul ---------------------------------------------------------------------------------- */
+
+void gemm_bf16_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x,
+                       int n_rows, int accumulate) {
+    const uint16_t *wh = (const uint16_t *)w->rows;
+    int k = x->k;
+    for (int r = 0; r < n_rows; r++) {
+        const float *xr = x->f + (size_t)r * k;
+        for (int o = o0; o < o1; o++) {
+            const uint16_t *wr = wh + (size_t)o * k;
+            float acc = 0.0f;
+            for (int i = 0; i < k; i++) acc += bf16_to_f32(wr[i]) * xr[i];
+            store(&y[(size_t)r * ldy + o], acc, accumulate);
+        }
+    }
+}
+
+static void gemm_q5_generic(int has_min, float *y, int ldy, const gemm_weight *w, int o0, int o1,
+                            const act_rows *x, int n_rows, int accumulate) {
+    const int k = x->k, nb = k / QK;
+    for (int r = 0; r < n_rows; r++) {
+        const int8_t *aq = x->qs + (size_t)r * k;
+        const float *ad = x->d + (size_t)r * nb, *as = x->s + (size_t)r * nb;
+        for (int o = o0; o < o1; o++) {
+            float acc = 0.0f;
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *qs, *qh;
+                float d, m = 0.0f;
+                block_q5_0 t0;
+                block_q5_1 t1;
+                if (has_min) {
+                    const block_q5_1 *blk = fetch_q5_1(w, o, b, &t1);
+                    qs = blk->qs, qh = blk->qh, d = fp16_to_f32(blk->d), m = fp16_to_f32(blk->m);
+                } else {
+                    const block_q5_0 *blk = fetch_q5_0(w, o, b, &t0);
+                    qs = blk->qs, qh = blk->qh, d = fp16_to_f32(blk->d);
+                }
+                int dot = 0;
+                for (int j = 0; j < QK; j++) dot += q5_value(qs, qh, j) * aq[b * QK + j];
+                if (has_min) acc += d * ad[b] * (float)dot + m * as[b];
+                else acc += d * (ad[b] * (float)dot - 16.0f * as[b]);
+            }
+            store(&y[(size_t)r * ldy + o], acc, accumulate);
+        }
+    }
+}
+
+void gemm_q5_0_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x,
+                       int n_rows, int accumulate) {
+    gemm_q5_generic(0, y, ldy, w, o0, o1, x, n_rows, accumulate);
+}
+
+void gemm_q5_1_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x,
+                       int n_rows, int accumulate) {
+    gemm_q5_generic(1, y, ldy, w, o0, o1, x, n_rows, accumulate);
+}
+
+static void gemm_k4_generic(int five, float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x,
+                            int n_rows, int accumulate) {
+    const int k = x->k, nb = k / QK, nsb = k / QK_K;
+    int q[QK_K];
+    for (int r = 0; r < n_rows; r++) {
+        const int8_t *aq = x->qs + (size_t)r * k;
+        const float *ad = x->d + (size_t)r * nb, *as = x->s + (size_t)r * nb;
+        for (int o = o0; o < o1; o++) {
+            float acc = 0.0f;
+            for (int s = 0; s < nsb; s++) {
+                uint16_t d16, dmin16;
+                const uint8_t *scales;
+                block_q4_K t4;
+                block_q5_K t5;
+                if (five) {
+                    const block_q5_K *blk = fetch_q5_K(w, o, s, &t5);
+                    k4_quants(q, blk->qs, blk->qh);
+                    d16 = blk->d, dmin16 = blk->dmin, scales = blk->scales;
+                } else {
+                    const block_q4_K *blk = fetch_q4_K(w, o, s, &t4);
+                    k4_quants(q, blk->qs, NULL);
+                    d16 = blk->d, dmin16 = blk->dmin, scales = blk->scales;
+                }
+                const float d = fp16_to_f32(d16), dmin = fp16_to_f32(dmin16);
+                for (int j = 0; j < QK_K / QK; j++) {
+                    const int b = s * (QK_K / QK) + j;
+                    int sc, m, dot = 0;
+                    k4_scale_min(scales, j, &sc, &m);
+                    for (int l = 0; l < QK; l++) dot += q[QK * j + l] * aq[b * QK + l];
+                    acc += d * ad[b] * (float)(sc * dot) - dmin * (float)m * as[b];
+                }
+            }
+            store(&y[(size_t)r * ldy + o], acc, accumulate);
+        }
+    }
+}
+
+void gemm_q4_K_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x,
+                       int n_rows, int accumulate) {
+    gemm_k4_generic(0, y, ldy, w, o0, o1, x, n_rows, accumulate);
+}
+
+void gemm_q5_K_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x,
+                       int n_rows, int accumulate) {
+    gemm_k4_generic(1, y, ldy, w, o0, o1, x, n_rows, accumulate);
+}
+
+void gemm_q6_K_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x,
+                       int n_rows, int accumulate) {
+    const int k = x->k, nb = k / QK, nsb = k / QK_K;
+    int q[QK_K];
+    for (int r = 0; r < n_rows; r++) {
+        const int8_t *aq = x->qs + (size_t)r * k;
+        const float *ad = x->d + (size_t)r * nb;
+        for (int o = o0; o < o1; o++) {
+            float acc = 0.0f;
+            for (int s = 0; s < nsb; s++) {
+                block_q6_K t;
+                const block_q6_K *blk = fetch_q6_K(w, o, s, &t);
+                k6_quants(q, blk);
+                const float d = fp16_to_f32(blk->d);
+                for (int j = 0; j < QK_K / QK; j++) {
+                    const int b = s * (QK_K / QK) + j;
+                    int dot0 = 0, dot1 = 0;
+                    for (int l = 0; l < 16; l++) {
+                        dot0 += q[QK * j + l] * aq[b * QK + l];
+                        dot1 += q[QK * j + 16 + l] * aq[b * QK + 16 + l];
+                    }
+                    acc += d * ad[b] * (float)(blk->scales[2 * j] * dot0 + blk->scales[2 * j + 1] * dot1);
+                }
+            }
+            store(&y[(size_t)r * ldy + o], acc, accumulate);
+        }
+    }
+}

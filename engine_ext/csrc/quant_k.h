@@ -1,0 +1,67 @@
+/* More weight types: 5-bit blocks (Q5_0, Q5_1), K-quants (Q4_K, Q5_K, Q6_K) and BF16.
+ * Included by kernels.h (which defines the type ids, act_rows and gemm_weight); the kernels live
+ * in quant_k.c (portable) and arch/x86_avx2_k.c (AVX2).
+ *
+ * Design: every block weight type multiplies the 8-bit activation blocks of 32 (act_rows) with
+ * an integer dot product per block of 32. The K-quants' super-blocks of 256 hold sub-blocks of
+ * 32 (Q4_K, Q5_K: one 6-bit scale and one 6-bit min each) or 16 (Q6_K: one int8 scale each), so
+ * every activation block meets whole sub-blocks of one super-block:
+ *
+ *   Q4_K, Q5_K  block b = sub-block j = b % 8:   d*sc_j * ad_b * sum(q*aq) - dmin*m_j * as_b
+ *   Q6_K        block b = sub-blocks 2j, 2j+1:   d * ad_b * (sc_2j * sum16(q*aq) + sc_2j+1 * sum16(q*aq))
+ *   Q5_0        d * (ad * sum(q*aq) - 16 * as)   (q = 5-bit 0..31)
+ *   Q5_1        d * ad * sum(q*aq) + m * as
+ *
+ * BF16 weights multiply the float activation rows (act_rows.f), as F16 does.
+ */
+#ifndef SLOTSERVE_QUANT_K_H
+#define SLOTSERVE_QUANT_K_H
+
+#include <stdint.h>
+
+#define QK_K 256      /* elements per K-quant super-block */
+#define K_SCALE_SIZE 12 /* packed 6-bit scales and mins of Q4_K / Q5_K */
+
+/* ggml block layouts, byte-exact with the GGUF file.
+ * Q5_0/Q5_1: element j < 16 is (qs[j] & 15) | bit j of qh << 4; element j + 16 is
+ *   (qs[j] >> 4) | bit j+16 of qh << 4 (qh read as a little-endian uint32). Q5_0 value
+ *   d * (q - 16); Q5_1 value d * q + m.
+ * Q4_K: 4 chunks of 64 elements; chunk c reads qs[32c .. 32c+32): low nibbles are sub-block 2c,
+ *   high nibbles sub-block 2c+1. Value d * sc_j * q - dmin * m_j with the 6-bit (sc_j, m_j) packed
+ *   in scales[12] (see k4_scale_min in quant_k.c).
+ * Q5_K: as Q4_K, plus the fifth bit: bit j of qh[l] for element l of sub-block j.
+ * Q6_K: 2 halves of 128; in half n, for l < 32: ql[64n + l] low nibble -> element 128n + l,
+ *   ql[64n + 32 + l] low -> +32, ql[64n + l] high -> +64, ql[64n + 32 + l] high -> +96; the two
+ *   high bits come from qh[32n + l] bits 0-1, 2-3, 4-5, 6-7 in that order. Value
+ *   d * scales[e / 16] * (q - 32). */
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } block_q5_0;               /* 22 bytes */
+typedef struct { uint16_t d; uint16_t m; uint8_t qh[4]; uint8_t qs[16]; } block_q5_1;   /* 24 bytes */
+typedef struct { uint16_t d; uint16_t dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qs[QK_K / 2]; } block_q4_K; /* 144 */
+typedef struct {
+    uint16_t d; uint16_t dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2];
+} block_q5_K; /* 176 bytes */
+typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } block_q6_K; /* 210 */
+
+_Static_assert(sizeof(block_q5_0) == 22, "block_q5_0 must match ggml");
+_Static_assert(sizeof(block_q5_1) == 24, "block_q5_1 must match ggml");
+_Static_assert(sizeof(block_q4_K) == 144, "block_q4_K must match ggml");
+_Static_assert(sizeof(block_q5_K) == 176, "block_q5_K must match ggml");
+_Static_assert(sizeof(block_q6_K) == 210, "block_q6_K must match ggml");
+
+/* Elements per block of a block type (QK or QK_K); 0 for float types. */
+int ggml_block_elems(int type);
+
+void dequantize_row_bf16_generic(float *y, const void *x, int k);
+void dequantize_row_q5_0_generic(float *y, const void *x, int k);
+void dequantize_row_q5_1_generic(float *y, const void *x, int k);
+void dequantize_row_q4_K_generic(float *y, const void *x, int k);
+void dequantize_row_q5_K_generic(float *y, const void *x, int k);
+void dequantize_row_q6_K_generic(float *y, const void *x, int k);
+void gemm_bf16_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q5_0_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q5_1_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q4_K_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q5_K_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q6_K_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+
+#endif

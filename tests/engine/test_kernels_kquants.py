@@ -1,0 +1,153 @@
+"""The kernels of the quant_k.h types (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, BF16): row decoding against
+the gguf package's own dequantizers on random valid blocks, the portable matmul against float64
+NumPy, the AVX2 matmul against the portable one, and row independence; at sizes that hit SIMD
+tails, row-group tails (n_out not a multiple of 8) and several super-blocks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+from gguf_fixtures import random_blocks
+from kernel_support import assert_close, dequantized_activations
+from slotserve.engine_ext import _engine
+
+K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
+Q5_TYPES = ("Q5_0", "Q5_1")
+BLOCK_TYPES = K_TYPES + Q5_TYPES
+
+# Variants differ only in float summation order: a few float32 ulps of the magnitudes summed.
+SUM_RTOL = 2e-6
+# Row decoding: the same products as gguf's dequantizers, in float32.
+DEQUANT_RTOL = 1e-6
+
+VARIANTS = ["scalar"] + (["avx2"] if _engine.avx2_supported() else [])
+needs_avx2 = pytest.mark.skipif(not _engine.avx2_supported(), reason="this CPU has no AVX2/FMA/F16C")
+
+
+def rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def weight(type_name: str, n_out: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(file-layout bytes of a random [n_out, k] weight, its float64 values by gguf.quants)."""
+    qtype = GGMLQuantizationType[type_name]
+    if type_name == "BF16":
+        raw = quantize(rng(seed).standard_normal((n_out, k)).astype(np.float32), qtype).view(np.uint8)
+    else:
+        raw = random_blocks(type_name, n_out, k, rng(seed))
+    values = dequantize(raw, qtype).reshape(n_out, k).astype(np.float64)
+    return np.ascontiguousarray(raw).reshape(-1), values
+
+
+def type_id(type_name: str) -> int:
+    return int(GGMLQuantizationType[type_name])
+
+
+def test_random_blocks_are_valid_and_spread():
+    for type_name in BLOCK_TYPES:
+        _, values = weight(type_name, 4, 512, seed=1)
+        assert np.isfinite(values).all() and 0.5 < values.std() < 2.0, type_name
+        assert abs(values.mean()) < 0.3, type_name
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("type_name", BLOCK_TYPES + ("BF16",))
+def test_dequantize_row_matches_gguf(variant, type_name):
+    kt = _engine.KernelTable(variant)
+    block = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]][0]
+    k = 3 * 256 if block == 256 else 32 * 5
+    raw, values = weight(type_name, 3, k, seed=7)
+    row_bytes = len(raw) // 3
+    for r in range(3):
+        got = kt.dequantize_row(type_id(type_name), raw[r * row_bytes : (r + 1) * row_bytes], k)
+        assert_close(
+            got, values[r], np.abs(values[r]) + 1e-30, DEQUANT_RTOL, f"{variant} {type_name} row {r}"
+        )
+
+
+def test_dequantize_row_refuses_partial_super_blocks():
+    kt = _engine.KernelTable("scalar")
+    raw, _ = weight("Q4_K", 1, 256)
+    with pytest.raises(ValueError):
+        kt.dequantize_row(type_id("Q4_K"), raw, 128)
+
+
+def shapes(type_name: str) -> list[tuple[int, int]]:
+    """(n_out, k): whole row groups, group tails, several (super-)blocks."""
+    if type_name in K_TYPES:
+        return [(8, 256), (37, 512), (19, 256 * 5)]
+    if type_name in Q5_TYPES:
+        return [(8, 32), (37, 96), (67, 32 * 19)]
+    return [(8, 32), (13, 33), (37, 100)]
+
+
+@pytest.mark.parametrize("type_name", BLOCK_TYPES + ("BF16",))
+def test_gemm_generic_matches_numpy(type_name):
+    """The reference itself: exact products of the dequantized operands (float64 NumPy)."""
+    kt = _engine.KernelTable("scalar")
+    for n_out, k in shapes(type_name):
+        raw, w = weight(type_name, n_out, k, seed=n_out)
+        x = rng(k).standard_normal((5, k)).astype(np.float32)
+        if type_name == "BF16":
+            q, xa = None, x.astype(np.float64)
+        else:
+            q = kt.quantize_q8a(x)
+            xa = dequantized_activations(q)
+        want, scale = xa @ w.T, np.abs(xa) @ np.abs(w).T
+        for grouped in (True, False):
+            got = kt.gemm(type_id(type_name), raw, n_out, x, quantized=q, grouped=grouped)
+            assert_close(got, want, scale, SUM_RTOL, f"generic {type_name} {n_out}x{k} grouped={grouped}")
+
+
+@needs_avx2
+@pytest.mark.parametrize("type_name", BLOCK_TYPES + ("BF16",))
+@pytest.mark.parametrize("n_rows", [1, 3, 4, 9])
+def test_gemm_avx2_matches_generic(type_name, n_rows):
+    generic, avx2 = _engine.KernelTable("scalar"), _engine.KernelTable("avx2")
+    for n_out, k in shapes(type_name):
+        raw, w = weight(type_name, n_out, k, seed=k)
+        x = rng(n_rows).standard_normal((n_rows, k)).astype(np.float32)
+        q = None if type_name == "BF16" else generic.quantize_q8a(x)
+        xa = x.astype(np.float64) if q is None else dequantized_activations(q)
+        scale = np.abs(xa) @ np.abs(w).T
+        t = type_id(type_name)
+        for grouped in (True, False):
+            want = generic.gemm(t, raw, n_out, x, quantized=q, grouped=grouped)
+            got = avx2.gemm(t, raw, n_out, x, quantized=q, grouped=grouped)
+            assert_close(
+                got, want, scale, SUM_RTOL, f"avx2 vs generic {type_name} {n_out}x{k} grouped={grouped}"
+            )
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("type_name", BLOCK_TYPES + ("BF16",))
+def test_gemm_rows_independent_of_grouping(variant, type_name):
+    """Row independence (kernels.h NOTE): a row's outputs are bit-identical whether it is
+    computed alone, in a tile with others, or in an output sub-range."""
+    kt = _engine.KernelTable(variant)
+    n_out, k = 43, (512 if type_name in K_TYPES else 96)
+    raw, _ = weight(type_name, n_out, k)
+    x = rng(3).standard_normal((7, k)).astype(np.float32)
+    q = None if type_name == "BF16" else kt.quantize_q8a(x)
+    t = type_id(type_name)
+    together = kt.gemm(t, raw, n_out, x, quantized=q)
+    for r in range(7):
+        one = None if q is None else (q[0][r : r + 1], q[1][r : r + 1], q[2][r : r + 1])
+        alone = kt.gemm(t, raw, n_out, x[r : r + 1].copy(), quantized=one)
+        assert np.array_equal(alone[0], together[r]), f"row {r}"
+    parts = np.zeros_like(together)
+    for o0, o1 in ((0, 16), (16, 40), (40, 43)):
+        kt.gemm(t, raw, n_out, x, quantized=q, y=parts, o0=o0, o1=o1)
+    assert np.array_equal(parts, together)
+    acc = kt.gemm(t, raw, n_out, x, quantized=q, y=np.ones_like(together))
+    assert np.array_equal(acc, together + np.float32(1.0))
+
+
+def test_gemm_refuses_partial_super_blocks():
+    kt = _engine.KernelTable("scalar")
+    raw, _ = weight("Q6_K", 8, 256)
+    x = np.ones((1, 128), np.float32)
+    with pytest.raises(ValueError):
+        kt.gemm(type_id("Q6_K"), raw[: len(raw) // 2], 8, x, quantized=kt.quantize_q8a(x))

@@ -15,6 +15,8 @@ decoded by msgspec into the Structs of `protocol.py`; `translate.py` maps them t
     GET  /health                 no    liveness
     GET  /ready                  no    model loaded and not draining
     GET  /metrics                no    Prometheus text
+    POST /v1/messages[/count_tokens] yes  Anthropic's Messages API (anthropic_api.py)
+    POST /v1/responses           yes   OpenAI's Responses API (responses_api.py)
     (plus the routes routers call, from router_compat.py)
 """
 
@@ -39,8 +41,8 @@ from starlette.routing import Route
 
 from ..scheduler.request import Draining, GenerationRequest, PromptTooLong, QueueFull
 from ..scheduler.stats import SchedulerStats, StatsSink
+from . import anthropic_api, responses_api, router_compat, translate
 from . import protocol as p
-from . import router_compat, translate
 from .config import ServeConfig
 from .errors import (
     APIError,
@@ -167,9 +169,18 @@ class Gateway:
     def is_draining(self) -> bool:
         return bool(self.runtime.scheduler.stats().draining)
 
-    def route(self, path: str, handler: Handler, methods: list[str], *, protected: bool = True) -> Route:
+    def route(
+        self,
+        path: str,
+        handler: Handler,
+        methods: list[str],
+        *,
+        protected: bool = True,
+        render_error: Callable[[APIError], Response] = error_response,
+    ) -> Route:
         """A Starlette route calling `handler(self, request)`: the API key is checked first when
-        `protected`, an `APIError` becomes OpenAI's error JSON, any other exception a logged 500."""
+        `protected`, an `APIError` becomes an error response (OpenAI's JSON unless
+        `render_error` spells it otherwise), any other exception a logged 500."""
 
         @functools.wraps(handler)
         async def endpoint(request: Request) -> Response:
@@ -178,10 +189,10 @@ class Gateway:
                     self.check_auth(request)
                 return await handler(self, request)
             except APIError as err:
-                return error_response(err)
+                return render_error(err)
             except Exception:
                 log.exception("unhandled error in %s %s", request.method, request.url.path)
-                return error_response(internal_error())
+                return render_error(internal_error())
 
         return Route(path, endpoint, methods=methods)
 
@@ -361,6 +372,8 @@ def create_app(runtime: Runtime, config: ServeConfig, *, metrics: MetricsExporte
         route("/metrics", metrics_text, ["GET"], protected=False),
     ]
     routes += router_compat.routes(gw)  # /model_info, /server_info, /v1/*/render (scale-out routers)
+    routes += anthropic_api.routes(gw)  # /v1/messages, /v1/messages/count_tokens (Anthropic's API)
+    routes += responses_api.routes(gw)  # /v1/responses (OpenAI's Responses API)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

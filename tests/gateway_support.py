@@ -1,5 +1,6 @@
 """Stand-ins and helpers for the gateway tests: a byte tokenizer, a ChatML template, a Runtime
-over `FakeSlotPool` + the real Scheduler, an ASGI driver for disconnects, a live uvicorn thread.
+over `FakeSlotPool` + the real Scheduler, an ASGI driver for disconnects, a live uvicorn thread,
+and a ScriptedScheduler whose exact replies pin tool calls and event sequences.
 
 Byte tokenizer ids:  0..255 the bytes, 256 <|im_start|>, 257 <|im_end|> (eos), 258 <|endoftext|>.
 With FakeSlotPool's pseudo-random logits the greedy output is arbitrary bytes, so UTF-8 hold-back
@@ -10,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import re
 import socket
 import threading
 import time
+import types
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
@@ -24,6 +27,14 @@ from slotserve.gateway.runtime import Runtime
 from slotserve.metrics import ServerMetrics
 from slotserve.scheduler.config import SchedulerConfig
 from slotserve.scheduler.fake_engine import FakeSlotPool
+from slotserve.scheduler.request import (
+    FinishEvent,
+    FinishReason,
+    GenerationRequest,
+    ReuseInfo,
+    ReuseSource,
+    TokenEvent,
+)
 from slotserve.scheduler.scheduler import Scheduler
 
 SPECIALS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
@@ -237,3 +248,99 @@ class LiveServer:
 def live_server(app: Any, runtime: Runtime, config: ServeConfig) -> Iterator[LiveServer]:
     with LiveServer(app, runtime, config) as server:
         yield server
+
+
+# ------------------------------------------------------------------ a scripted scheduler
+
+
+@dataclasses.dataclass
+class Reply:
+    """What a ScriptedScheduler answers one request with: these texts as token events, then a
+    finish with `reason`, `stop_sequence`, and `reused` prompt tokens reported as reused."""
+
+    texts: tuple[str, ...]
+    reason: FinishReason = FinishReason.STOP
+    stop_sequence: str | None = None
+    reused: int = 0
+    error: str | None = None
+
+
+class ScriptedHandle:
+    def __init__(self, gen: GenerationRequest, reply: Reply):
+        self.gen = gen
+        self.reply = reply
+        self.request_id = gen.request_id
+        self.num_cancels = 0
+
+    def __aiter__(self) -> AsyncIterator[TokenEvent | FinishEvent]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[TokenEvent | FinishEvent]:
+        r, n = self.reply, len(self.gen.prompt_ids)
+        for t in r.texts:
+            yield TokenEvent((1,), t)
+        reuse = ReuseInfo(ReuseSource.REWIND if r.reused else ReuseSource.NONE, r.reused, n - r.reused, 0)
+        yield FinishEvent(r.reason, "", n, len(r.texts), reuse, r.error, {}, r.stop_sequence)
+
+    async def cancel(self) -> bool:
+        self.num_cancels += 1
+        return False
+
+
+class ScriptedScheduler:
+    """A scheduler double for exact output: each `submit` records the GenerationRequest and
+    answers with the next Reply (or raises `admission_error`, when set)."""
+
+    def __init__(self, *replies: Reply):
+        self.replies = list(replies)
+        self.submitted: list[GenerationRequest] = []
+        self.admission_error: Exception | None = None
+
+    async def __aenter__(self) -> ScriptedScheduler:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    def submit(self, gen: GenerationRequest) -> ScriptedHandle:
+        if self.admission_error is not None:
+            raise self.admission_error
+        self.submitted.append(gen)
+        return ScriptedHandle(gen, self.replies.pop(0))
+
+    async def drain(self, grace_s: float) -> None:
+        return None
+
+    def stats(self) -> Any:
+        return types.SimpleNamespace(draining=False)
+
+    def slots(self) -> list[Any]:
+        return []
+
+
+def scripted_runtime(*replies: Reply) -> tuple[Runtime, ScriptedScheduler]:
+    """A Runtime over a ScriptedScheduler, with the byte tokenizer and ChatML."""
+    sched = ScriptedScheduler(*replies)
+    tok = ByteTokenizer()
+    runtime = Runtime(
+        scheduler=sched,
+        tokenizer=tok,
+        chat=ChatML(),
+        model_names=(MODEL,),
+        ctx_len=512,
+        num_slots=1,
+        kernel_variant="fake",
+        created=1700000000,
+    )
+    return runtime, sched
+
+
+def named_sse_events(body: str) -> list[tuple[str, Any]]:
+    """Parse a named-event SSE body (`event: NAME` + `data: JSON`) into (name, payload) pairs."""
+    assert body.endswith("\n\n"), body[-50:]
+    out = []
+    for block in body.split("\n\n")[:-1]:
+        name_line, data_line = block.split("\n")
+        assert name_line.startswith("event: ") and data_line.startswith("data: "), block
+        out.append((name_line[len("event: ") :], json.loads(data_line[len("data: ") :])))
+    return out

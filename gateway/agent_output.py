@@ -1,0 +1,228 @@
+"""What the agent front doors share: generated text as ordered output blocks (text, tool call),
+whole or streamed, and the prompt offset of a client's cache breakpoint.
+
+Design: /v1/messages and /v1/responses both answer with a list of typed blocks (Anthropic's
+`text` / `tool_use` content blocks, the Responses API's `message` / `function_call` output items).
+`ToolSpec.for_request` decides whether a request's output is parsed for tool calls at all (tools
+offered and tool_choice not "none"); `split_output` turns a whole text into blocks, and
+`BlockAssembler` turns the stream of released texts into block events that each front door
+spells in its own SSE vocabulary:
+
+    BlockStart(i, TEXT)  TextDelta(i, s)...                     BlockStop(i)
+    BlockStart(i, TOOL_CALL, call_id, name)  ArgsDelta(i, s)... BlockStop(i)
+
+Tool-call syntax is `tool_calls.py`'s (per template family); nothing here knows HTTP.
+
+`breakpoint_offset` maps a cache breakpoint (the end of one chat message, or a cut inside its
+content) to a token offset of the prompt, for the scheduler's checkpoint hint.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .runtime import PromptError, Runtime
+from .tool_calls import StreamingToolParser, ToolCall, ToolCallFamily, family_for_template, parse_tool_calls
+
+# A breakpoint's rendering may end with the template's end-of-turn tokens (and one token merged
+# across the cut) that the whole prompt does not have there; more than this many is a mismatch.
+BREAKPOINT_TAIL_SLACK = 8
+
+
+class BlockKind(str, enum.Enum):
+    TEXT = "text"  # generated prose
+    TOOL_CALL = "tool_call"  # a call the model wrote in its template family's syntax
+
+
+@dataclass(slots=True)
+class Block:
+    """One finished output block."""
+
+    kind: BlockKind
+    text: str = ""  # TEXT: the text; TOOL_CALL: the arguments (JSON object text)
+    call_id: str = ""  # TOOL_CALL only
+    name: str = ""  # TOOL_CALL only
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """How to find tool calls in one request's output."""
+
+    family: ToolCallFamily
+    names: frozenset[str]  # the functions the request offered (other names stay text)
+    new_id: Callable[[], str]  # call ids in the front door's spelling ("toolu_...", "call_...")
+
+    @classmethod
+    def for_request(
+        cls, runtime: Runtime, tool_names: Sequence[str], tool_choice: Any, new_id: Callable[[], str]
+    ) -> ToolSpec | None:
+        """None when the output is not parsed: no tools offered, or tool_choice "none"."""
+        if not tool_names or tool_choice == "none":
+            return None
+        family = getattr(runtime, "tool_family", None)
+        if not isinstance(family, ToolCallFamily):
+            family, _ = family_for_template(getattr(runtime.chat, "source", None))
+        return cls(family, frozenset(tool_names), new_id)
+
+
+def split_output(text: str, tools: ToolSpec | None) -> list[Block]:
+    """A whole generated text as blocks: the text (if any), then each tool call."""
+    if tools is None:
+        return [Block(BlockKind.TEXT, text)] if text else []
+    parsed = parse_tool_calls(text, tools.family, tool_names=tools.names, new_id=tools.new_id)
+    out = [Block(BlockKind.TEXT, parsed.content)] if parsed.content else []
+    out += [_call_block(c) for c in parsed.tool_calls]
+    return out
+
+
+def _call_block(call: ToolCall) -> Block:
+    return Block(BlockKind.TOOL_CALL, call.arguments, call.id, call.name)
+
+
+# ------------------------------------------------------------------ streamed blocks
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStart:
+    index: int
+    kind: BlockKind
+    call_id: str = ""
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TextDelta:
+    index: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ArgsDelta:
+    index: int
+    text: str  # a fragment of the call's arguments JSON
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStop:
+    index: int
+
+
+BlockEvent = BlockStart | TextDelta | ArgsDelta | BlockStop
+
+
+@dataclass(slots=True)
+class BlockAssembler:
+    """Released texts in, block events out; `blocks` holds every block, finished or open.
+
+    Contract: `feed` each TokenEvent's text in order, then `finish` once with the FinishEvent's
+    text. Every BlockStart is matched by one BlockStop before the next block starts, and
+    `finish` closes the last block. Without a ToolSpec, all text is one TEXT block.
+    """
+
+    tools: ToolSpec | None
+    blocks: list[Block] = field(default_factory=list)
+    _open: bool = False  # the last block in `blocks` is still open
+    _parser: StreamingToolParser | None = None
+
+    def __post_init__(self) -> None:
+        if self.tools is not None:
+            self._parser = StreamingToolParser(self.tools.family, self.tools.names, self.tools.new_id)
+
+    def feed(self, text: str) -> list[BlockEvent]:
+        if self._parser is None:
+            return self._text(text)
+        content, deltas = self._parser.feed(text)
+        return self._text(content) + self._calls(deltas)
+
+    def finish(self, text: str) -> list[BlockEvent]:
+        out = self.feed(text) if text else []
+        if self._parser is not None:
+            content, deltas = self._parser.finish()
+            out += self._text(content) + self._calls(deltas)
+        return out + self._close()
+
+    @property
+    def has_tool_calls(self) -> bool:
+        return any(b.kind is BlockKind.TOOL_CALL for b in self.blocks)
+
+    def _close(self) -> list[BlockEvent]:
+        if not self._open:
+            return []
+        self._open = False
+        return [BlockStop(len(self.blocks) - 1)]
+
+    def _text(self, text: str) -> list[BlockEvent]:
+        if not text:
+            return []
+        out: list[BlockEvent] = []
+        if not (self._open and self.blocks[-1].kind is BlockKind.TEXT):
+            out += self._close()
+            self.blocks.append(Block(BlockKind.TEXT))
+            self._open = True
+            out.append(BlockStart(len(self.blocks) - 1, BlockKind.TEXT))
+        self.blocks[-1].text += text
+        out.append(TextDelta(len(self.blocks) - 1, text))
+        return out
+
+    def _calls(self, deltas: Sequence[Any]) -> list[BlockEvent]:
+        out: list[BlockEvent] = []
+        for d in deltas:
+            if d.id is not None:  # a new call: its header
+                out += self._close()
+                self.blocks.append(Block(BlockKind.TOOL_CALL, "", d.id, d.name or ""))
+                self._open = True
+                out.append(BlockStart(len(self.blocks) - 1, BlockKind.TOOL_CALL, d.id, d.name or ""))
+            if d.arguments:
+                self.blocks[-1].text += d.arguments
+                out.append(ArgsDelta(len(self.blocks) - 1, d.arguments))
+        return out
+
+
+# ------------------------------------------------------------------ cache breakpoints
+
+
+@dataclass(frozen=True, slots=True)
+class Breakpoint:
+    """A client's cache breakpoint in the chat messages a request became."""
+
+    message: int  # index into the chat messages
+    cut: int | None = None  # keep this many characters of that message's content; None: all of it
+
+
+def breakpoint_offset(
+    runtime: Runtime,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    bp: Breakpoint,
+    prompt_ids: Sequence[int],
+) -> int | None:
+    """The prompt token offset where `bp` ends, or None if it cannot be placed exactly.
+
+    The messages up to the breakpoint are rendered alone (no generation prompt) through the same
+    `encode_chat` as the prompt; the offset is the common token prefix with the prompt, accepted
+    only when what the partial rendering has beyond it is at most an end-of-turn's few tokens
+    (a longer tail means the template renders the conversation differently when cut there).
+    The offset is always a proper prefix of the prompt (0 < offset < len(prompt_ids)).
+    """
+    part = [dict(m) for m in messages[: bp.message + 1]]
+    if not part or len(part) <= bp.message:
+        return None
+    if bp.cut is not None:
+        last = part[-1]
+        last["content"] = str(last.get("content") or "")[: bp.cut]
+        last.pop("tool_calls", None)
+    try:
+        ids, _ = runtime.encode_chat(part, tools, add_generation_prompt=False)
+    except PromptError:
+        return None
+    n = 0
+    for a, b in zip(ids, prompt_ids, strict=False):
+        if a != b:
+            break
+        n += 1
+    if n == 0 or n >= len(prompt_ids) or len(ids) - n > BREAKPOINT_TAIL_SLACK:
+        return None
+    return n

@@ -1,0 +1,592 @@
+"""Anthropic's Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`) over the chat path.
+
+Design: a request is decoded into the Structs below, translated into the OpenAI chat request the
+chat-completions route takes (`to_chat`: system -> a system message, `tool_use` blocks -> an
+assistant's `tool_calls`, `tool_result` blocks -> `role: tool` messages, tools -> function
+tools, tool_choice auto/any/tool/none -> auto/required/{function}/none), and built by
+`translate.chat_request`, the very function the chat route uses: same template, limits and
+sampling checks. The answer is assembled from the generated text by `agent_output` (text and
+`tool_use` blocks) and spelled as a `message` object or Anthropic's event stream:
+
+    message_start  ping  (content_block_start  content_block_delta...  content_block_stop)...
+    message_delta (stop_reason, usage)  message_stop
+
+`cache_control` on a block is a checkpoint hint: the scheduler snapshots the prompt's KV at the
+end of the last marked block (`agent_output.breakpoint_offset`; one hint per request, so the
+last breakpoint, whose checkpoint also serves every shorter prefix). Usage follows Anthropic's
+accounting: input_tokens + cache_read_input_tokens + cache_creation_input_tokens is the prompt;
+cache_read counts the tokens reused from a slot or checkpoint, cache_creation the tokens computed
+up to the breakpoint. Errors use Anthropic's shape and status codes (`error_response`).
+Images, documents, thinking and server tools are refused with a 400 naming them.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any
+
+import msgspec
+from msgspec import Meta, Struct
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..scheduler.request import FinishEvent, FinishReason
+from . import protocol as p
+from . import translate
+from .agent_output import (
+    ArgsDelta,
+    Block,
+    BlockAssembler,
+    BlockKind,
+    BlockStart,
+    BlockStop,
+    Breakpoint,
+    TextDelta,
+    ToolSpec,
+    breakpoint_offset,
+    split_output,
+)
+from .errors import APIError, bad_request
+from .streaming import EventStream, SSEResponse, StreamFormat, collect, sse_event
+
+if TYPE_CHECKING:
+    from starlette.routing import Route
+
+    from .app import Gateway
+
+_encode = msgspec.json.Encoder().encode
+
+# ------------------------------------------------------------------ request bodies
+
+
+class CacheControl(Struct, kw_only=True):
+    type: str = "ephemeral"
+    ttl: str | None = None  # accepted; a checkpoint lives as long as the store keeps it
+
+
+class ContentBlock(Struct, kw_only=True):
+    """Any request content block; `type` decides which fields count (checked in `to_chat`)."""
+
+    type: str  # text | tool_use | tool_result (others are refused)
+    text: str | None = None  # text
+    id: str | None = None  # tool_use
+    name: str | None = None  # tool_use
+    input: Any = None  # tool_use: the arguments object
+    tool_use_id: str | None = None  # tool_result
+    content: str | list[ContentBlock] | None = None  # tool_result: text or text blocks
+    is_error: bool = False  # tool_result
+    cache_control: CacheControl | None = None
+
+
+class MessageParam(Struct):
+    role: str  # user | assistant
+    content: str | list[ContentBlock]
+
+
+class ToolParam(Struct, kw_only=True):
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any] | None = None
+    type: str | None = None  # None or "custom": a client tool; anything else is a server tool
+    cache_control: CacheControl | None = None
+
+
+class ToolChoiceParam(Struct, kw_only=True):
+    type: str  # auto | any | tool | none
+    name: str | None = None  # with type "tool"
+    disable_parallel_tool_use: bool | None = None  # accepted
+
+
+class ThinkingParam(Struct, kw_only=True):
+    type: str  # only "disabled" is served
+    budget_tokens: int | None = None
+
+
+class CountTokensRequest(Struct, kw_only=True):
+    """The body of /v1/messages/count_tokens, and the base of a Messages request."""
+
+    model: str
+    messages: Annotated[list[MessageParam], Meta(min_length=1)]
+    system: str | list[ContentBlock] | None = None
+    tools: list[ToolParam] | None = None
+    tool_choice: ToolChoiceParam | None = None
+    thinking: ThinkingParam | None = None
+    mcp_servers: Any = None  # refused when given
+
+
+class MessagesRequest(CountTokensRequest, kw_only=True):
+    max_tokens: p.PositiveInt  # required, as Anthropic requires it
+    stop_sequences: p.StopList | None = None
+    stream: bool = False
+    temperature: p.Probability | None = None  # Anthropic's range is 0..1
+    top_p: p.TopP | None = None
+    top_k: Annotated[int, Meta(ge=0)] | None = None
+    metadata: dict[str, Any] | None = None  # accepted (user_id), not used
+    container: Any = None  # refused when given
+
+
+# ------------------------------------------------------------------ response bodies
+
+
+class Usage(Struct):
+    input_tokens: int  # prompt tokens neither reused nor written at a cache breakpoint
+    output_tokens: int
+    cache_creation_input_tokens: int  # computed up to the request's cache_control breakpoint
+    cache_read_input_tokens: int  # reused from a slot or checkpoint
+
+
+class TextBlockOut(Struct, tag="text", tag_field="type"):
+    text: str
+
+
+class ToolUseBlockOut(Struct, tag="tool_use", tag_field="type"):
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class Message(Struct, kw_only=True):
+    id: str
+    model: str
+    content: list[TextBlockOut | ToolUseBlockOut]
+    stop_reason: str | None  # end_turn | max_tokens | stop_sequence | tool_use (None in message_start)
+    stop_sequence: str | None
+    usage: Usage
+    type: str = "message"
+    role: str = "assistant"
+
+
+class ErrorBody(Struct):
+    type: str
+    message: str
+
+
+class ErrorEnvelope(Struct):
+    type: str  # "error"
+    error: ErrorBody
+
+
+# ------------------------------------------------------------------ errors
+
+# APIError status -> Anthropic's (status, error type)
+_ERROR_TYPES = {
+    400: (400, "invalid_request_error"),
+    401: (401, "authentication_error"),
+    403: (403, "permission_error"),
+    404: (404, "not_found_error"),
+    413: (413, "request_too_large"),
+    429: (429, "rate_limit_error"),
+    500: (500, "api_error"),
+    503: (529, "overloaded_error"),  # draining, not ready, timed out before the first token
+}
+
+
+def anthropic_error(err: APIError) -> tuple[int, ErrorEnvelope]:
+    status, kind = _ERROR_TYPES.get(err.status, (err.status, "api_error"))
+    message = err.message
+    if err.param and err.param not in message:  # Anthropic's shape has no `param`: name it in the text
+        message = f"{err.param}: {message}"
+    return status, ErrorEnvelope("error", ErrorBody(kind, message))
+
+
+def error_response(err: APIError) -> Response:
+    """`{"type": "error", "error": {"type", "message"}}` with Anthropic's status code."""
+    status, body = anthropic_error(err)
+    return Response(_encode(body), status_code=status, headers=err.headers, media_type="application/json")
+
+
+# ------------------------------------------------------------------ request translation
+
+
+def new_tool_use_id() -> str:
+    return f"toolu_{uuid.uuid4().hex[:24]}"
+
+
+_REFUSED_BLOCKS = {
+    "image": "images are not supported by this server",
+    "document": "documents are not supported by this server",
+    "thinking": "thinking blocks are not supported by this server (its models do not think)",
+    "redacted_thinking": "thinking blocks are not supported by this server (its models do not think)",
+    "server_tool_use": "server tools are not supported by this server",
+    "web_search_tool_result": "server tools are not supported by this server",
+    "search_result": "search result blocks are not supported by this server",
+}
+
+
+def _refuse_block(block: ContentBlock, where: str) -> APIError:
+    reason = _REFUSED_BLOCKS.get(block.type)
+    if reason is None:
+        reason = f"content blocks of type {block.type!r} are not supported; send text, tool_use, tool_result"
+    return bad_request(f"{where}: {reason}", param=where)
+
+
+def _block_text(block: ContentBlock, where: str) -> str:
+    if block.text is None:
+        raise bad_request(f"{where}: a text block needs a string field `text`", param=where)
+    return block.text
+
+
+def _tool_result_text(block: ContentBlock, where: str) -> str:
+    if block.content is None:
+        return ""
+    if isinstance(block.content, str):
+        return block.content
+    parts = []
+    for k, inner in enumerate(block.content):
+        if inner.type != "text":
+            raise _refuse_block(inner, f"{where}.content[{k}]")
+        parts.append(_block_text(inner, f"{where}.content[{k}]"))
+    return "\n".join(parts)
+
+
+@dataclass
+class ChatPlan:
+    """A Messages request as the chat path takes it, plus what the answer needs."""
+
+    chat: p.ChatCompletionRequest
+    breakpoint: Breakpoint | None  # the last cache_control, in chat-message terms
+    tool_names: list[str]
+    tool_choice: Any  # the chat spelling
+
+
+class _Builder:
+    """Chat messages built from Anthropic's turns, tracking the last cache breakpoint."""
+
+    SEP = "\n"  # between text blocks of one message
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.breakpoint: Breakpoint | None = None
+        self._texts: list[str] = []  # text blocks of the message being built
+        self._cut_at: int | None = None  # a breakpoint inside it: characters kept
+
+    def text(self, text: str, marked: bool) -> None:
+        self._texts.append(text)
+        if marked:
+            self._cut_at = len(self.SEP.join(self._texts))
+
+    def flush(self, role: str, **extra: Any) -> None:
+        """End the message being built (emitted when it has text or `extra`)."""
+        content = self.SEP.join(self._texts)
+        if self._texts or extra:
+            self.messages.append({"role": role, "content": content, **extra})
+            if self._cut_at is not None:
+                end = self._cut_at >= len(content) and "tool_calls" not in extra
+                self.breakpoint = Breakpoint(len(self.messages) - 1, None if end else self._cut_at)
+        self._texts, self._cut_at = [], None
+
+    def whole(self, message: dict[str, Any], marked: bool) -> None:
+        self.messages.append(message)
+        if marked:
+            self.breakpoint = Breakpoint(len(self.messages) - 1)
+
+    def mark_last(self) -> None:
+        if self.messages:
+            self.breakpoint = Breakpoint(len(self.messages) - 1)
+
+
+def _add_user(b: _Builder, i: int, content: list[ContentBlock]) -> None:
+    for j, block in enumerate(content):
+        where = f"messages[{i}].content[{j}]"
+        marked = block.cache_control is not None
+        if block.type == "text":
+            b.text(_block_text(block, where), marked)
+        elif block.type == "tool_result":
+            if not block.tool_use_id:
+                raise bad_request(f"{where}: a tool_result block needs `tool_use_id`", param=where)
+            b.flush("user")
+            text = _tool_result_text(block, where)
+            if block.is_error:
+                text = f"Error: {text}"
+            b.whole({"role": "tool", "tool_call_id": block.tool_use_id, "content": text}, marked)
+        else:
+            raise _refuse_block(block, where)
+    b.flush("user")
+
+
+def _add_assistant(b: _Builder, i: int, content: list[ContentBlock]) -> None:
+    calls: list[dict[str, Any]] = []
+    marked_call = False
+    for j, block in enumerate(content):
+        where = f"messages[{i}].content[{j}]"
+        if block.type == "text":
+            b.text(_block_text(block, where), block.cache_control is not None)
+        elif block.type == "tool_use":
+            if not block.id or not block.name:
+                raise bad_request(f"{where}: a tool_use block needs `id` and `name`", param=where)
+            args = block.input if block.input is not None else {}
+            if not isinstance(args, dict):
+                raise bad_request(f"{where}.input must be an object", param=f"{where}.input")
+            arguments = json.dumps(args, ensure_ascii=False, separators=(",", ":"))
+            calls.append(
+                {"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}}
+            )
+            marked_call = marked_call or block.cache_control is not None
+        else:
+            raise _refuse_block(block, where)
+    if calls:
+        b.flush("assistant", tool_calls=calls)
+        if marked_call:
+            b.mark_last()
+    else:
+        b.flush("assistant")
+
+
+def _tool_choice(req: CountTokensRequest) -> Any:
+    tc = req.tool_choice
+    if tc is None:
+        return None
+    if tc.type == "auto":
+        return "auto"
+    if tc.type == "any":
+        return "required"
+    if tc.type == "none":
+        return "none"
+    if tc.type == "tool":
+        if not tc.name:
+            raise bad_request("tool_choice of type 'tool' needs `name`", param="tool_choice.name")
+        if not any(t.name == tc.name for t in req.tools or ()):
+            raise bad_request(f"tool_choice names {tc.name!r}, which is not in `tools`", param="tool_choice")
+        return {"type": "function", "function": {"name": tc.name}}
+    raise bad_request(
+        f"tool_choice type must be auto, any, tool or none; got {tc.type!r}", param="tool_choice.type"
+    )
+
+
+def to_chat(req: CountTokensRequest) -> ChatPlan:
+    """The chat request a Messages request stands for (400 for what is not served)."""
+    if req.thinking is not None and req.thinking.type != "disabled":
+        raise bad_request(
+            "extended thinking is not supported by this server; omit `thinking` or set its type to 'disabled'",
+            param="thinking",
+        )
+    if req.mcp_servers:
+        raise bad_request("MCP servers (server tools) are not supported by this server", param="mcp_servers")
+    if getattr(req, "container", None) is not None:
+        raise bad_request("containers (server tools) are not supported by this server", param="container")
+    b = _Builder()
+    if req.system is not None:
+        if isinstance(req.system, str):
+            b.text(req.system, False)
+        else:
+            for j, block in enumerate(req.system):
+                if block.type != "text":
+                    raise _refuse_block(block, f"system[{j}]")
+                b.text(_block_text(block, f"system[{j}]"), block.cache_control is not None)
+        b.flush("system")
+    for i, m in enumerate(req.messages):
+        if m.role not in ("user", "assistant"):
+            raise bad_request(
+                f"messages[{i}].role must be 'user' or 'assistant' (system goes in `system`); got {m.role!r}",
+                param=f"messages[{i}].role",
+            )
+        blocks = [ContentBlock(type="text", text=m.content)] if isinstance(m.content, str) else m.content
+        (_add_user if m.role == "user" else _add_assistant)(b, i, blocks)
+    tools = []
+    for k, t in enumerate(req.tools or ()):
+        if t.type not in (None, "custom"):
+            raise bad_request(
+                f"tools[{k}]: server tools (type {t.type!r}) are not supported by this server; "
+                "give client tools with name, description and input_schema",
+                param=f"tools[{k}].type",
+            )
+        fn: dict[str, Any] = {"name": t.name, "parameters": t.input_schema or {"type": "object"}}
+        if t.description is not None:
+            fn["description"] = t.description
+        tools.append({"type": "function", "function": fn})
+    tool_choice = _tool_choice(req)
+    body: dict[str, Any] = {"messages": b.messages}
+    if tools:
+        body["tools"] = tools
+        if tool_choice is not None:
+            body["tool_choice"] = tool_choice
+    if isinstance(req, MessagesRequest):
+        body.update(
+            max_tokens=req.max_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            stop=req.stop_sequences,
+        )
+    try:
+        chat = msgspec.convert(body, p.ChatCompletionRequest)
+    except msgspec.ValidationError as exc:
+        raise bad_request(f"Invalid request: {exc}") from None
+    return ChatPlan(chat, b.breakpoint, [t.name for t in req.tools or ()], tool_choice)
+
+
+# ------------------------------------------------------------------ answers
+
+
+def stop_reason(finish: FinishEvent, has_tool_calls: bool) -> str:
+    if has_tool_calls:
+        return "tool_use"
+    if finish.reason is FinishReason.STOP:
+        return "stop_sequence" if finish.stop_sequence is not None else "end_turn"
+    return "max_tokens"  # length, or a timeout after some tokens (as the chat route's "length")
+
+
+def usage(finish: FinishEvent, hint: int | None) -> Usage:
+    """Anthropic's split of the prompt; `hint` is the cache_control offset the request carried."""
+    read = finish.reuse.reused_tokens if finish.reuse is not None else 0
+    created = max(0, hint - read) if hint is not None else 0
+    return Usage(
+        input_tokens=finish.prompt_tokens - read - created,
+        output_tokens=finish.completion_tokens,
+        cache_creation_input_tokens=created,
+        cache_read_input_tokens=read,
+    )
+
+
+def _tool_input(arguments: str) -> dict[str, Any]:
+    try:
+        value = json.loads(arguments) if arguments else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def content_blocks(blocks: list[Block]) -> list[TextBlockOut | ToolUseBlockOut]:
+    return [
+        TextBlockOut(b.text)
+        if b.kind is BlockKind.TEXT
+        else ToolUseBlockOut(b.call_id, b.name, _tool_input(b.text))
+        for b in blocks
+    ]
+
+
+class MessagesStream(StreamFormat):
+    """Anthropic's event stream for one request."""
+
+    terminator = b""  # message_stop ends it
+
+    def __init__(
+        self, message_id: str, model: str, prompt_tokens: int, tools: ToolSpec | None, hint: int | None
+    ):
+        self.message_id = message_id
+        self.model = model
+        self.prompt_tokens = prompt_tokens
+        self.hint = hint
+        self.blocks = BlockAssembler(tools)
+
+    @staticmethod
+    def _event(name: str, body: dict[str, Any]) -> bytes:
+        return sse_event(name, _encode({"type": name, **body}))
+
+    def opening(self) -> list[bytes]:
+        # NOTE: reuse is known only once the request has a slot: message_start reports the whole
+        # prompt as input_tokens, and message_delta's usage (cumulative, as Anthropic's) corrects it.
+        start = Message(
+            id=self.message_id,
+            model=self.model,
+            content=[],
+            stop_reason=None,
+            stop_sequence=None,
+            usage=Usage(self.prompt_tokens, 0, 0, 0),
+        )
+        return [self._event("message_start", {"message": start}), self._event("ping", {})]
+
+    def _spell(self, events: list[Any]) -> bytes:
+        out = []
+        for ev in events:
+            if isinstance(ev, BlockStart):
+                block: Any = (
+                    {"type": "text", "text": ""}
+                    if ev.kind is BlockKind.TEXT
+                    else {"type": "tool_use", "id": ev.call_id, "name": ev.name, "input": {}}
+                )
+                out.append(self._event("content_block_start", {"index": ev.index, "content_block": block}))
+            elif isinstance(ev, TextDelta):
+                delta = {"type": "text_delta", "text": ev.text}
+                out.append(self._event("content_block_delta", {"index": ev.index, "delta": delta}))
+            elif isinstance(ev, ArgsDelta):
+                delta = {"type": "input_json_delta", "partial_json": ev.text}
+                out.append(self._event("content_block_delta", {"index": ev.index, "delta": delta}))
+            else:
+                assert isinstance(ev, BlockStop)
+                out.append(self._event("content_block_stop", {"index": ev.index}))
+        return b"".join(out)
+
+    def delta(self, text: str) -> bytes:
+        return self._spell(self.blocks.feed(text))
+
+    def closing(self, finish: FinishEvent, text: str) -> list[bytes]:
+        err = translate.failure(finish)
+        closed = self._spell(self.blocks.finish(text))
+        if err is not None:
+            _, body = anthropic_error(err)
+            return (
+                [closed, sse_event("error", _encode(body))] if closed else [sse_event("error", _encode(body))]
+            )
+        delta = {
+            "stop_reason": stop_reason(finish, self.blocks.has_tool_calls),
+            "stop_sequence": finish.stop_sequence,
+        }
+        out = [closed] if closed else []
+        out.append(self._event("message_delta", {"delta": delta, "usage": usage(finish, self.hint)}))
+        out.append(self._event("message_stop", {}))
+        return out
+
+
+# ------------------------------------------------------------------ routes
+
+
+def _plan_request(gw: Gateway, req: MessagesRequest, request_id: str) -> tuple[Any, ChatPlan, int | None]:
+    """(GenerationRequest, plan, cache_control hint) for a Messages request."""
+    plan = to_chat(req)
+    gen = translate.chat_request(plan.chat, gw.config, gw.runtime, request_id)
+    hint = None
+    if plan.breakpoint is not None:
+        tools = msgspec.to_builtins(plan.chat.tools) if plan.chat.tools else None
+        messages = translate.chat_messages(plan.chat)
+        hint = breakpoint_offset(gw.runtime, messages, tools, plan.breakpoint, gen.prompt_ids)
+        if hint is not None:
+            gen.prefix_hint = hint
+    return gen, plan, hint
+
+
+async def create_message(gw: Gateway, request: Request) -> Response:
+    req = await gw.read_body(request, MessagesRequest)
+    model = gw.check_model(req.model)
+    rid = f"msg_{uuid.uuid4().hex}"
+    gen, plan, hint = _plan_request(gw, req, rid)
+    tools = ToolSpec.for_request(gw.runtime, plan.tool_names, plan.tool_choice, new_tool_use_id)
+    handle = gw.submit(gen, "messages")
+    headers = {"X-Request-Id": rid, "request-id": rid}
+    if req.stream:
+        fmt = MessagesStream(rid, model, len(gen.prompt_ids), tools, hint)
+        return SSEResponse(EventStream(handle, fmt), headers=headers)
+    got = await collect(handle, request.receive)
+    if got is None:  # the client left; the request was cancelled and acknowledged
+        return error_response(APIError(499, "client closed the request"))
+    err = translate.failure(got.finish)
+    if err is not None:
+        raise err
+    blocks = split_output(got.text, tools)
+    has_calls = any(b.kind is BlockKind.TOOL_CALL for b in blocks)
+    body = Message(
+        id=rid,
+        model=model,
+        content=content_blocks(blocks),
+        stop_reason=stop_reason(got.finish, has_calls),
+        stop_sequence=got.finish.stop_sequence,
+        usage=usage(got.finish, hint),
+    )
+    return Response(_encode(body), headers=headers, media_type="application/json")
+
+
+async def count_tokens(gw: Gateway, request: Request) -> Response:
+    req = await gw.read_body(request, CountTokensRequest)
+    gw.check_model(req.model)
+    gen = translate.chat_request(to_chat(req).chat, gw.config, gw.runtime, "count_tokens")
+    return Response(_encode({"input_tokens": len(gen.prompt_ids)}), media_type="application/json")
+
+
+def routes(gw: Gateway) -> list[Route]:
+    """POST /v1/messages and /v1/messages/count_tokens, with Anthropic's error shape."""
+    return [
+        gw.route("/v1/messages", create_message, ["POST"], render_error=error_response),
+        gw.route("/v1/messages/count_tokens", count_tokens, ["POST"], render_error=error_response),
+    ]

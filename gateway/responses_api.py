@@ -1,0 +1,696 @@
+"""OpenAI's Responses API (`POST /v1/responses`) over the chat path.
+
+Design: as `anthropic_api.py`: the request becomes the OpenAI chat request the chat route takes
+(`to_chat`: `instructions` -> a system message, input messages as they are, `function_call`
+items -> an assistant's `tool_calls`, `function_call_output` items -> `role: tool` messages,
+function tools and tool_choice in chat's spelling, `text.format` -> `response_format`), built by
+`translate.chat_request`; the answer is assembled by `agent_output` into `message` and
+`function_call` output items, as one response object or the Responses event stream:
+
+    response.created  response.in_progress
+    (output_item.added  content_part.added  output_text.delta...  output_text.done
+       content_part.done  output_item.done)                                   a message
+    (output_item.added  function_call_arguments.delta...  function_call_arguments.done
+       output_item.done)                                                      a function call
+    response.completed | response.incomplete | response.failed
+
+`previous_response_id` continues a stored conversation: `ResponseStore` keeps, for each response
+created with `store` true (the default), the chat messages it ended with (its input without
+`instructions`, which OpenAI does not carry over either, plus its output), in memory, bounded
+by MAX_STORED_RESPONSES and MAX_STORED_BYTES, least recently used out first. An unknown or
+evicted id is a 404 naming it. `store: false` keeps nothing (the client resends the whole
+conversation, as Codex CLI does). Errors are OpenAI's JSON, params named as this API names them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from msgspec import Struct
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..scheduler.request import FinishEvent, FinishReason
+from . import protocol as p
+from . import translate
+from .agent_output import (
+    ArgsDelta,
+    Block,
+    BlockAssembler,
+    BlockKind,
+    BlockStart,
+    BlockStop,
+    TextDelta,
+    ToolSpec,
+    split_output,
+)
+from .errors import APIError, bad_request, error_response
+from .streaming import EventStream, SSEResponse, StreamFormat, collect, sse_event
+
+if TYPE_CHECKING:
+    from starlette.routing import Route
+
+    from .app import Gateway
+
+_encode = msgspec.json.Encoder().encode
+
+MAX_STORED_RESPONSES = 1024  # responses kept for previous_response_id
+MAX_STORED_BYTES = 64 * 2**20  # their conversations' JSON size, summed
+
+# ------------------------------------------------------------------ request bodies
+
+
+class InputContent(Struct, kw_only=True):
+    type: str  # input_text | output_text (others are refused)
+    text: str | None = None
+
+
+class InputItem(Struct, kw_only=True):
+    """Any input item; `type` (or a `role` without one: a message) decides which fields count."""
+
+    type: str | None = None  # message | function_call | function_call_output (others are refused)
+    role: str | None = None  # message: user | assistant | system | developer
+    content: str | list[InputContent] | None = None  # message
+    call_id: str | None = None  # function_call, function_call_output
+    name: str | None = None  # function_call
+    arguments: str | None = None  # function_call
+    output: str | list[InputContent] | None = None  # function_call_output
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionTool(Struct, kw_only=True):
+    type: str  # only "function" is served
+    name: str | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class TextFormat(Struct, kw_only=True):
+    type: str  # text | json_object | json_schema
+    name: str | None = None
+    schema: dict[str, Any] | None = None
+    description: str | None = None
+    strict: bool | None = None
+
+
+class TextConfig(Struct, kw_only=True):
+    format: TextFormat | None = None
+    verbosity: str | None = None  # accepted, not used
+
+
+class ResponsesRequest(Struct, kw_only=True):
+    input: str | list[InputItem]
+    model: str | None = None
+    instructions: str | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Any = None  # auto | none | required | {"type": "function", "name": N}
+    parallel_tool_calls: bool | None = None  # accepted
+    max_output_tokens: p.PositiveInt | None = None
+    temperature: p.Temperature | None = None
+    top_p: p.TopP | None = None
+    text: TextConfig | None = None
+    store: bool = True
+    stream: bool = False
+    previous_response_id: str | None = None
+    metadata: dict[str, str] | None = None
+    background: bool = False  # refused when true
+    conversation: Any = None  # refused when given
+    # accepted and not used: reasoning (no model here reasons), include, truncation, user,
+    # prompt_cache_key, service_tier, ... (unknown fields are ignored)
+
+
+# ------------------------------------------------------------------ response bodies
+
+
+class OutputText(Struct, tag="output_text", tag_field="type", kw_only=True):
+    text: str
+    annotations: list[Any] = msgspec.field(default_factory=list)
+    logprobs: list[Any] = msgspec.field(default_factory=list)
+
+
+class MessageItem(Struct, tag="message", tag_field="type", kw_only=True):
+    id: str
+    status: str  # in_progress | completed | incomplete
+    content: list[OutputText]
+    role: str = "assistant"
+
+
+class FunctionCallItem(Struct, tag="function_call", tag_field="type", kw_only=True):
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: str
+
+
+OutputItem = MessageItem | FunctionCallItem
+
+
+class InputTokensDetails(Struct):
+    cached_tokens: int  # prompt tokens reused from a slot or checkpoint
+
+
+class OutputTokensDetails(Struct):
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(Struct):
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class ErrorInfo(Struct):
+    code: str
+    message: str
+
+
+class IncompleteDetails(Struct):
+    reason: str  # max_output_tokens
+
+
+class ResponseObject(Struct, kw_only=True):
+    id: str
+    created_at: int
+    model: str
+    status: str  # in_progress | completed | incomplete | failed
+    output: list[OutputItem]
+    usage: ResponseUsage | None
+    error: ErrorInfo | None = None
+    incomplete_details: IncompleteDetails | None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    previous_response_id: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    tool_choice: Any = "auto"
+    tools: list[Any] = msgspec.field(default_factory=list)
+    parallel_tool_calls: bool = True
+    text: Any = None
+    store: bool = True
+    metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    truncation: str = "disabled"
+    object: str = "response"
+
+
+# ------------------------------------------------------------------ the store
+
+
+@dataclass
+class _Stored:
+    messages: list[dict[str, Any]]  # the conversation, without instructions
+    num_bytes: int
+
+
+class ResponseStore:
+    """Conversations of stored responses by id: at most `max_responses` and `max_bytes` (their
+    JSON size), least recently used evicted first. A conversation larger than `max_bytes` alone
+    is not kept. Single-threaded (the event loop)."""
+
+    def __init__(self, max_responses: int = MAX_STORED_RESPONSES, max_bytes: int = MAX_STORED_BYTES):
+        self.max_responses = max_responses
+        self.max_bytes = max_bytes
+        self.num_bytes = 0
+        self._items: OrderedDict[str, _Stored] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, response_id: str) -> list[dict[str, Any]] | None:
+        item = self._items.get(response_id)
+        if item is None:
+            return None
+        self._items.move_to_end(response_id)
+        return item.messages
+
+    def put(self, response_id: str, messages: list[dict[str, Any]]) -> bool:
+        """Keep `messages` under `response_id`; False when too large to keep at all."""
+        size = len(json.dumps(messages, ensure_ascii=False).encode())
+        if size > self.max_bytes:
+            return False
+        old = self._items.pop(response_id, None)
+        if old is not None:
+            self.num_bytes -= old.num_bytes
+        while self._items and (
+            len(self._items) >= self.max_responses or self.num_bytes + size > self.max_bytes
+        ):
+            _, evicted = self._items.popitem(last=False)
+            self.num_bytes -= evicted.num_bytes
+        self._items[response_id] = _Stored(messages, size)
+        self.num_bytes += size
+        return True
+
+
+# ------------------------------------------------------------------ request translation
+
+# chat-request field -> this API's name for it (in error params)
+_PARAMS = {
+    "max_tokens": "max_output_tokens",
+    "messages": "input",
+    "response_format": "text.format",
+}
+
+
+def _rename(err: APIError) -> APIError:
+    if err.param is not None:
+        head, dot, rest = err.param.partition(".")
+        base = head.split("[")[0]
+        if base in _PARAMS:
+            err.param = _PARAMS[base] + head[len(base) :] + dot + rest
+            err.message = err.message.replace(base, _PARAMS[base], 1) if base == "max_tokens" else err.message
+    return err
+
+
+def _text_of(content: str | list[InputContent] | None, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for j, c in enumerate(content):
+        if c.type not in ("input_text", "output_text", "text"):
+            what = "images" if c.type == "input_image" else "files" if c.type == "input_file" else None
+            reason = (
+                f"{what} are not supported by this server"
+                if what
+                else f"content of type {c.type!r} is not supported"
+            )
+            raise bad_request(f"{where}[{j}]: {reason}; send input_text", param=f"{where}[{j}].type")
+        if c.text is None:
+            raise bad_request(f"{where}[{j}] needs a string field `text`", param=f"{where}[{j}].text")
+        parts.append(c.text)
+    return "".join(parts)
+
+
+_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+
+
+def input_messages(items: str | list[InputItem]) -> list[dict[str, Any]]:
+    """The chat messages of `input` (400 for items not served)."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        kind = item.type or ("message" if item.role is not None else None)
+        if kind == "message":
+            role = _ROLES.get(item.role or "")
+            if role is None:
+                raise bad_request(
+                    f"{where}.role must be user, assistant, system or developer; got {item.role!r}",
+                    param=f"{where}.role",
+                )
+            out.append({"role": role, "content": _text_of(item.content, f"{where}.content")})
+        elif kind == "function_call":
+            if not item.call_id or not item.name:
+                raise bad_request(f"{where}: a function_call needs call_id and name", param=where)
+            call = {
+                "id": item.call_id,
+                "type": "function",
+                "function": {"name": item.name, "arguments": item.arguments or "{}"},
+            }
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant":  # calls after (or beside) its text
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            if not item.call_id:
+                raise bad_request(f"{where}: a function_call_output needs call_id", param=f"{where}.call_id")
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": item.call_id,
+                    "content": _text_of(item.output, f"{where}.output"),
+                }
+            )
+        elif kind == "reasoning":
+            raise bad_request(
+                f"{where}: reasoning items are not supported by this server", param=f"{where}.type"
+            )
+        else:
+            raise bad_request(
+                f"{where}: items of type {kind!r} are not supported; send messages, function_call "
+                "and function_call_output items",
+                param=f"{where}.type",
+            )
+    return out
+
+
+@dataclass
+class ChatPlan:
+    chat: p.ChatCompletionRequest
+    conversation: list[dict[str, Any]]  # what a stored response keeps (without instructions)
+    tool_names: list[str]
+    tool_choice: Any  # the chat spelling
+
+
+def _tool_choice(value: Any, names: list[str]) -> Any:
+    if value is None or value in ("auto", "none", "required"):
+        return value
+    if isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("name"), str):
+        if value["name"] not in names:
+            raise bad_request(
+                f"tool_choice names {value['name']!r}, which is not in `tools`", param="tool_choice"
+            )
+        return {"type": "function", "function": {"name": value["name"]}}
+    raise bad_request(
+        "tool_choice must be auto, none, required or {'type': 'function', 'name': ...}", param="tool_choice"
+    )
+
+
+def _response_format(text: TextConfig | None) -> dict[str, Any] | None:
+    fmt = text.format if text is not None else None
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_schema":
+        schema = {"name": fmt.name or "response", "schema": fmt.schema or {}, "strict": bool(fmt.strict)}
+        return {"type": "json_schema", "json_schema": schema}
+    return {"type": fmt.type}
+
+
+def to_chat(req: ResponsesRequest, history: list[dict[str, Any]]) -> ChatPlan:
+    """The chat request for `req`, continuing `history` (the previous response's conversation)."""
+    if req.background:
+        raise bad_request("background responses are not supported by this server", param="background")
+    if req.conversation is not None:
+        raise bad_request(
+            "conversations are not supported by this server; use previous_response_id or resend the input",
+            param="conversation",
+        )
+    conversation = [*history, *input_messages(req.input)]
+    if not conversation:
+        raise bad_request("input must hold at least one item", param="input")
+    tools, names = [], []
+    for k, t in enumerate(req.tools or ()):
+        if t.type != "function":
+            raise bad_request(
+                f"tools[{k}]: tools of type {t.type!r} (built-in or server tools) are not supported by "
+                "this server; give function tools",
+                param=f"tools[{k}].type",
+            )
+        if not t.name:
+            raise bad_request(f"tools[{k}] needs a name", param=f"tools[{k}].name")
+        fn: dict[str, Any] = {"name": t.name, "parameters": t.parameters or {"type": "object"}}
+        if t.description is not None:
+            fn["description"] = t.description
+        tools.append({"type": "function", "function": fn})
+        names.append(t.name)
+    tool_choice = _tool_choice(req.tool_choice, names)
+    messages = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    body: dict[str, Any] = {
+        "messages": messages + conversation,
+        "max_tokens": req.max_output_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+    }
+    if tools:
+        body["tools"] = tools
+        if tool_choice is not None:
+            body["tool_choice"] = tool_choice
+    fmt = _response_format(req.text)
+    if fmt is not None:
+        body["response_format"] = fmt
+    try:
+        chat = msgspec.convert(body, p.ChatCompletionRequest)
+    except msgspec.ValidationError as exc:
+        raise bad_request(f"Invalid request: {exc}") from None
+    return ChatPlan(chat, conversation, names, tool_choice)
+
+
+# ------------------------------------------------------------------ answers
+
+
+def usage(finish: FinishEvent) -> ResponseUsage:
+    cached = finish.reuse.reused_tokens if finish.reuse is not None else 0
+    return ResponseUsage(
+        input_tokens=finish.prompt_tokens,
+        input_tokens_details=InputTokensDetails(cached),
+        output_tokens=finish.completion_tokens,
+        output_tokens_details=OutputTokensDetails(),
+        total_tokens=finish.prompt_tokens + finish.completion_tokens,
+    )
+
+
+def _item_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def output_items(blocks: list[Block], status: str, ids: dict[int, str] | None = None) -> list[OutputItem]:
+    """Blocks as output items; `ids` gives the item id of block i (streaming), else fresh ids."""
+    out: list[OutputItem] = []
+    for i, b in enumerate(blocks):
+        if b.kind is BlockKind.TEXT:
+            item_id = ids[i] if ids else _item_id("msg")
+            out.append(MessageItem(id=item_id, status=status, content=[OutputText(text=b.text)]))
+        else:
+            item_id = ids[i] if ids else _item_id("fc")
+            out.append(
+                FunctionCallItem(
+                    id=item_id, call_id=b.call_id, name=b.name, arguments=b.text, status="completed"
+                )
+            )
+    return out
+
+
+def assistant_message(blocks: list[Block]) -> dict[str, Any]:
+    """The output as the chat message a stored conversation continues with."""
+    text = "".join(b.text for b in blocks if b.kind is BlockKind.TEXT)
+    calls = [
+        {"id": b.call_id, "type": "function", "function": {"name": b.name, "arguments": b.text}}
+        for b in blocks
+        if b.kind is BlockKind.TOOL_CALL
+    ]
+    return {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
+
+
+def status_of(finish: FinishEvent) -> tuple[str, IncompleteDetails | None]:
+    if finish.reason is FinishReason.STOP:
+        return "completed", None
+    return "incomplete", IncompleteDetails("max_output_tokens")  # length, or a timeout after tokens
+
+
+@dataclass
+class _Answer:
+    """What every response object of one request shares, and how it ends."""
+
+    req: ResponsesRequest
+    plan: ChatPlan
+    response_id: str
+    model: str
+    created_at: int
+    store: ResponseStore
+
+    def response(
+        self,
+        status: str,
+        output: list[OutputItem],
+        usage: ResponseUsage | None,
+        *,
+        error: ErrorInfo | None = None,
+        incomplete: IncompleteDetails | None = None,
+    ) -> ResponseObject:
+        req = self.req
+        return ResponseObject(
+            id=self.response_id,
+            created_at=self.created_at,
+            model=self.model,
+            status=status,
+            output=output,
+            usage=usage,
+            error=error,
+            incomplete_details=incomplete,
+            instructions=req.instructions,
+            max_output_tokens=req.max_output_tokens,
+            previous_response_id=req.previous_response_id,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            tool_choice=req.tool_choice if req.tool_choice is not None else "auto",
+            tools=msgspec.to_builtins(req.tools or []),
+            parallel_tool_calls=req.parallel_tool_calls is not False,
+            text=msgspec.to_builtins(req.text) if req.text is not None else {"format": {"type": "text"}},
+            store=req.store,
+            metadata=req.metadata or {},
+        )
+
+    def keep(self, blocks: list[Block]) -> None:
+        if self.req.store:
+            self.store.put(self.response_id, [*self.plan.conversation, assistant_message(blocks)])
+
+
+class ResponsesStream(StreamFormat):
+    """The Responses API event stream for one request."""
+
+    terminator = b""  # response.completed (or .incomplete / .failed) ends it
+
+    def __init__(self, answer: _Answer, tools: ToolSpec | None):
+        self.answer = answer
+        self.blocks = BlockAssembler(tools)
+        self.seq = 0
+        self.item_ids: dict[int, str] = {}
+
+    def _event(self, name: str, body: dict[str, Any]) -> bytes:
+        data = _encode({"type": name, "sequence_number": self.seq, **body})
+        self.seq += 1
+        return sse_event(name, data)
+
+    def opening(self) -> list[bytes]:
+        start = self.answer.response("in_progress", [], None)
+        return [
+            self._event("response.created", {"response": start}),
+            self._event("response.in_progress", {"response": start}),
+        ]
+
+    def _spell(self, events: list[Any], status: str = "completed") -> bytes:
+        out = []
+        for ev in events:
+            i = ev.index
+            if isinstance(ev, BlockStart):
+                if ev.kind is BlockKind.TEXT:
+                    self.item_ids[i] = _item_id("msg")
+                    item: Any = MessageItem(id=self.item_ids[i], status="in_progress", content=[])
+                    out.append(self._event("response.output_item.added", {"output_index": i, "item": item}))
+                    part = OutputText(text="")
+                    out.append(
+                        self._event(
+                            "response.content_part.added",
+                            {
+                                "item_id": self.item_ids[i],
+                                "output_index": i,
+                                "content_index": 0,
+                                "part": part,
+                            },
+                        )
+                    )
+                else:
+                    self.item_ids[i] = _item_id("fc")
+                    item = FunctionCallItem(
+                        id=self.item_ids[i],
+                        call_id=ev.call_id,
+                        name=ev.name,
+                        arguments="",
+                        status="in_progress",
+                    )
+                    out.append(self._event("response.output_item.added", {"output_index": i, "item": item}))
+            elif isinstance(ev, TextDelta):
+                body = {
+                    "item_id": self.item_ids[i],
+                    "output_index": i,
+                    "content_index": 0,
+                    "delta": ev.text,
+                    "logprobs": [],
+                }
+                out.append(self._event("response.output_text.delta", body))
+            elif isinstance(ev, ArgsDelta):
+                body = {"item_id": self.item_ids[i], "output_index": i, "delta": ev.text}
+                out.append(self._event("response.function_call_arguments.delta", body))
+            else:
+                assert isinstance(ev, BlockStop)
+                block = self.blocks.blocks[i]
+                item_id = self.item_ids[i]
+                if block.kind is BlockKind.TEXT:
+                    where = {"item_id": item_id, "output_index": i, "content_index": 0}
+                    out.append(
+                        self._event(
+                            "response.output_text.done", {**where, "text": block.text, "logprobs": []}
+                        )
+                    )
+                    out.append(
+                        self._event(
+                            "response.content_part.done", {**where, "part": OutputText(text=block.text)}
+                        )
+                    )
+                else:
+                    body = {"item_id": item_id, "output_index": i, "arguments": block.text}
+                    out.append(self._event("response.function_call_arguments.done", body))
+                (done,) = output_items([block], status, {0: item_id})
+                out.append(self._event("response.output_item.done", {"output_index": i, "item": done}))
+        return b"".join(out)
+
+    def delta(self, text: str) -> bytes:
+        return self._spell(self.blocks.feed(text))
+
+    def closing(self, finish: FinishEvent, text: str) -> list[bytes]:
+        err = translate.failure(finish)
+        status, incomplete = status_of(finish) if err is None else ("failed", None)
+        out = [self._spell(self.blocks.finish(text), "incomplete" if status == "incomplete" else "completed")]
+        output = output_items(
+            self.blocks.blocks, "completed" if status == "completed" else "incomplete", self.item_ids
+        )
+        if err is not None:
+            info = ErrorInfo(err.code or "server_error", err.message)
+            failed = self.answer.response("failed", output, usage(finish), error=info)
+            out.append(self._event("response.failed", {"response": failed}))
+        else:
+            self.answer.keep(self.blocks.blocks)
+            final = self.answer.response(status, output, usage(finish), incomplete=incomplete)
+            out.append(self._event(f"response.{status}", {"response": final}))
+        return [b for b in out if b]
+
+
+# ------------------------------------------------------------------ routes
+
+
+async def create_response(gw: Gateway, request: Request, store: ResponseStore) -> Response:
+    req = await gw.read_body(request, ResponsesRequest)
+    model = gw.check_model(req.model)
+    history: list[dict[str, Any]] = []
+    if req.previous_response_id is not None:
+        found = store.get(req.previous_response_id)
+        if found is None:
+            raise APIError(
+                404,
+                f"Previous response with id '{req.previous_response_id}' not found: it was created with "
+                f"store=false, or evicted (this server keeps the last {store.max_responses} stored "
+                "responses in memory, and none across restarts)",
+                param="previous_response_id",
+                code="previous_response_not_found",
+            )
+        history = found
+    rid = _item_id("resp")
+    plan = to_chat(req, history)
+    try:
+        gen = translate.chat_request(plan.chat, gw.config, gw.runtime, rid)
+    except APIError as err:
+        raise _rename(err) from None
+    tools = ToolSpec.for_request(gw.runtime, plan.tool_names, plan.tool_choice, new_call_id)
+    answer = _Answer(req, plan, rid, model, int(time.time()), store)
+    handle = gw.submit(gen, "input")
+    headers = {"X-Request-Id": rid}
+    if req.stream:
+        return SSEResponse(EventStream(handle, ResponsesStream(answer, tools)), headers=headers)
+    got = await collect(handle, request.receive)
+    if got is None:  # the client left; the request was cancelled and acknowledged
+        return error_response(APIError(499, "client closed the request", code="client_closed_request"))
+    err = translate.failure(got.finish)
+    if err is not None:
+        raise err
+    blocks = split_output(got.text, tools)
+    status, incomplete = status_of(got.finish)
+    answer.keep(blocks)
+    body = answer.response(status, output_items(blocks, status), usage(got.finish), incomplete=incomplete)
+    return Response(_encode(body), headers=headers, media_type="application/json")
+
+
+def routes(gw: Gateway) -> list[Route]:
+    """POST /v1/responses, with its own store for previous_response_id."""
+    store = ResponseStore()
+
+    async def responses(gw: Gateway, request: Request) -> Response:
+        return await create_response(gw, request, store)
+
+    return [gw.route("/v1/responses", responses, ["POST"])]

@@ -1,0 +1,423 @@
+"""POST /v1/messages and /v1/messages/count_tokens over ASGI: translation to the chat path,
+the cache_control hint's token offset, exact event sequences (scripted output), tool_use
+blocks, usage accounting, and every error in Anthropic's shape.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+from gateway_support import (
+    MODEL,
+    ByteTokenizer,
+    Reply,
+    make_runtime,
+    named_sse_events,
+    running_app,
+    scripted_runtime,
+    serve_config,
+)
+from slotserve.gateway import translate
+from slotserve.gateway.anthropic_api import MessagesRequest, to_chat
+from slotserve.gateway.app import create_app
+from slotserve.scheduler.request import Draining, FinishReason, QueueFull
+
+TOK = ByteTokenizer()
+SYSTEM_TEXT = "You are terse."
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "description": "Weather in a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def body(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "max_tokens": 16, "messages": messages, **extra}
+
+
+def user(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": text}
+
+
+def assert_anthropic_error(r: httpx.Response, status: int, kind: str) -> str:
+    assert r.status_code == status, r.text
+    got = r.json()
+    assert set(got) == {"type", "error"} and got["type"] == "error"
+    assert set(got["error"]) == {"type", "message"}
+    assert got["error"]["type"] == kind, got
+    assert got["error"]["message"]
+    return got["error"]["message"]
+
+
+def ids(text: str) -> list[int]:
+    return TOK.encode(text)
+
+
+# ------------------------------------------------------------------ translation
+
+
+def test_blocks_become_chat_messages_with_tool_calls_and_tool_results() -> None:
+    req = msgspec.convert(
+        body(
+            [
+                user("Weather in Paris?"),
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "text", "text": "Checking."},
+                        {
+                            "type": "tool_use",
+                            "id": "toolu_1",
+                            "name": "get_weather",
+                            "input": {"city": "Paris"},
+                        },
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "toolu_1",
+                            "content": [{"type": "text", "text": "sunny"}],
+                        },
+                        {"type": "text", "text": "Thanks"},
+                    ],
+                },
+            ],
+            system=[{"type": "text", "text": "A"}, {"type": "text", "text": "B"}],
+            tools=[WEATHER_TOOL],
+            tool_choice={"type": "any"},
+            stop_sequences=["END"],
+            top_k=5,
+        ),
+        MessagesRequest,
+    )
+    plan = to_chat(req)
+    chat = msgspec.to_builtins(plan.chat)
+    assert translate.chat_messages(plan.chat) == [
+        {"role": "system", "content": "A\nB"},
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": "Checking.",
+            "tool_calls": [
+                {
+                    "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+                    "id": "toolu_1",
+                    "type": "function",
+                }
+            ],
+        },
+        {"role": "tool", "content": "sunny", "tool_call_id": "toolu_1"},
+        {"role": "user", "content": "Thanks"},
+    ]
+    assert chat["tools"] == [
+        {
+            "function": {
+                "name": "get_weather",
+                "description": "Weather in a city",
+                "parameters": WEATHER_TOOL["input_schema"],
+            },
+            "type": "function",
+        }
+    ]
+    assert chat["tool_choice"] == "required"
+    assert chat["stop"] == ["END"] and chat["top_k"] == 5 and chat["max_tokens"] == 16
+    assert plan.breakpoint is None
+
+
+@pytest.mark.parametrize(
+    "choice, chat_choice",
+    [
+        ({"type": "auto"}, "auto"),
+        ({"type": "none"}, "none"),
+        ({"type": "tool", "name": "get_weather"}, {"type": "function", "function": {"name": "get_weather"}}),
+    ],
+)
+def test_tool_choice_spellings(choice: dict[str, Any], chat_choice: Any) -> None:
+    req = msgspec.convert(body([user("x")], tools=[WEATHER_TOOL], tool_choice=choice), MessagesRequest)
+    assert to_chat(req).chat.tool_choice == chat_choice
+
+
+# ------------------------------------------------------------------ the cache_control hint
+
+
+async def submitted_hint(req_body: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    runtime, sched = scripted_runtime(Reply(("ok",)))
+    async with running_app(create_app(runtime, serve_config())) as client:
+        r = await client.post("/v1/messages", json=req_body)
+    assert r.status_code == 200, r.text
+    return sched.submitted[0], r.json()
+
+
+async def test_cache_control_on_the_system_block_hints_the_end_of_the_system_turn() -> None:
+    system = [{"type": "text", "text": SYSTEM_TEXT, "cache_control": {"type": "ephemeral"}}]
+    gen, got = await submitted_hint(body([user("hi")], system=system))
+    offset = len(ids(f"<|im_start|>system\n{SYSTEM_TEXT}<|im_end|>\n"))
+    assert gen.prefix_hint == offset
+    assert gen.prompt_ids[:offset] == ids(f"<|im_start|>system\n{SYSTEM_TEXT}<|im_end|>\n")
+    # Anthropic's accounting: the tokens up to the breakpoint were written, the rest is input
+    assert got["usage"] == {
+        "input_tokens": len(gen.prompt_ids) - offset,
+        "output_tokens": 1,
+        "cache_creation_input_tokens": offset,
+        "cache_read_input_tokens": 0,
+    }
+
+
+async def test_cache_control_on_the_last_message_hints_the_end_of_that_turn() -> None:
+    msgs = [
+        user("one"),
+        {"role": "assistant", "content": "two"},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "three", "cache_control": {"type": "ephemeral"}}],
+        },
+    ]
+    gen, _ = await submitted_hint(body(msgs, system=SYSTEM_TEXT))
+    turns = (
+        f"<|im_start|>system\n{SYSTEM_TEXT}<|im_end|>\n<|im_start|>user\none<|im_end|>\n"
+        "<|im_start|>assistant\ntwo<|im_end|>\n<|im_start|>user\nthree<|im_end|>\n"
+    )
+    assert gen.prefix_hint == len(ids(turns))
+    assert gen.prompt_ids == ids(turns + "<|im_start|>assistant\n")
+
+
+async def test_cache_control_inside_a_message_hints_the_end_of_that_block() -> None:
+    msgs = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "first block", "cache_control": {"type": "ephemeral"}},
+                {"type": "text", "text": "second block"},
+            ],
+        }
+    ]
+    gen, _ = await submitted_hint(body(msgs, system=SYSTEM_TEXT))
+    before = f"<|im_start|>system\n{SYSTEM_TEXT}<|im_end|>\n<|im_start|>user\nfirst block"
+    assert gen.prefix_hint == len(ids(before))
+    assert TOK.decode(gen.prompt_ids[gen.prefix_hint :]).startswith("\nsecond block")
+
+
+async def test_the_last_of_several_breakpoints_is_the_hint() -> None:
+    system = [{"type": "text", "text": SYSTEM_TEXT, "cache_control": {"type": "ephemeral"}}]
+    msgs = [
+        {"role": "user", "content": [{"type": "text", "text": "q", "cache_control": {"type": "ephemeral"}}]}
+    ]
+    gen, _ = await submitted_hint(body(msgs, system=system))
+    assert gen.prefix_hint == len(
+        ids(f"<|im_start|>system\n{SYSTEM_TEXT}<|im_end|>\n<|im_start|>user\nq<|im_end|>\n")
+    )
+
+
+async def test_without_cache_control_the_system_prefix_hint_stays_and_nothing_is_created() -> None:
+    gen, got = await submitted_hint(body([user("hi")], system=SYSTEM_TEXT))
+    assert gen.prefix_hint == len(
+        ids(f"<|im_start|>system\n{SYSTEM_TEXT}<|im_end|>\n")
+    )  # the chat route's own
+    assert got["usage"]["cache_creation_input_tokens"] == 0
+    assert got["usage"]["input_tokens"] == len(gen.prompt_ids)
+
+
+async def test_reused_tokens_are_cache_reads_on_the_real_scheduler() -> None:
+    """Over FakeSlotPool and the real scheduler: turn 2 reads turn 1's prompt from the slot."""
+    runtime, _ = make_runtime(num_slots=1)
+    app = create_app(runtime, serve_config())
+    first = body([user("Tell me about slots.")], system=SYSTEM_TEXT, temperature=0, max_tokens=8)
+    async with running_app(app) as client:
+        r1 = (await client.post("/v1/messages", json=first)).json()
+        answer = r1["content"][0]["text"] if r1["content"] else ""
+        second = {
+            **first,
+            "messages": [*first["messages"], {"role": "assistant", "content": answer}, user("More?")],
+        }
+        r2 = (await client.post("/v1/messages", json=second)).json()
+        counted = (
+            await client.post(
+                "/v1/messages/count_tokens",
+                json={"model": MODEL, **{k: second[k] for k in ("messages", "system")}},
+            )
+        ).json()
+    assert r1["usage"]["cache_read_input_tokens"] == 0
+    u = r2["usage"]
+    prompt1 = r1["usage"]["input_tokens"]
+    assert u["cache_read_input_tokens"] >= prompt1  # all of turn 1's prompt was reused
+    assert (
+        u["input_tokens"] + u["cache_read_input_tokens"] + u["cache_creation_input_tokens"]
+        == counted["input_tokens"]
+    )
+
+
+# ------------------------------------------------------------------ answers
+
+
+async def test_text_answer_shape_and_stop_reasons() -> None:
+    replies = (
+        Reply(("Hel", "lo")),
+        Reply(("cut",), reason=FinishReason.LENGTH),
+        Reply(("up to",), stop_sequence="END"),
+    )
+    runtime, sched = scripted_runtime(*replies)
+    async with running_app(create_app(runtime, serve_config())) as client:
+        got = [
+            (await client.post("/v1/messages", json=body([user("hi")], stop_sequences=["END"]))).json()
+            for _ in replies
+        ]
+    assert sched.submitted[0].params.stop == ("END",)
+    first = got[0]
+    assert first["id"].startswith("msg_") and first["type"] == "message" and first["role"] == "assistant"
+    assert first["model"] == MODEL
+    assert first["content"] == [{"type": "text", "text": "Hello"}]
+    assert [g["stop_reason"] for g in got] == ["end_turn", "max_tokens", "stop_sequence"]
+    assert [g["stop_sequence"] for g in got] == [None, None, "END"]
+
+
+async def test_tool_call_text_becomes_a_tool_use_block() -> None:
+    pieces = ("Let me check.", CALL_TEXT[:20], CALL_TEXT[20:])
+    runtime, _ = scripted_runtime(Reply(pieces), Reply(pieces))
+    async with running_app(create_app(runtime, serve_config())) as client:
+        with_tools = (await client.post("/v1/messages", json=body([user("w?")], tools=[WEATHER_TOOL]))).json()
+        none = await client.post(
+            "/v1/messages", json=body([user("w?")], tools=[WEATHER_TOOL], tool_choice={"type": "none"})
+        )
+    content = with_tools["content"]
+    assert content[0] == {"type": "text", "text": "Let me check."}
+    assert content[1]["type"] == "tool_use" and content[1]["id"].startswith("toolu_")
+    assert content[1]["name"] == "get_weather" and content[1]["input"] == {"city": "Paris"}
+    assert with_tools["stop_reason"] == "tool_use"
+    # tool_choice none: the output is not parsed
+    assert none.json()["content"] == [{"type": "text", "text": "".join(pieces)}]
+
+
+async def test_stream_event_sequence_with_text_and_a_tool_call() -> None:
+    pieces = ("Let me check.", CALL_TEXT[:20], CALL_TEXT[20:])
+    runtime, _ = scripted_runtime(Reply(pieces, reused=3))
+    async with running_app(create_app(runtime, serve_config())) as client:
+        r = await client.post("/v1/messages", json=body([user("w?")], tools=[WEATHER_TOOL], stream=True))
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = named_sse_events(r.text)
+    names = [n for n, _ in events]
+    assert names == [
+        "message_start",
+        "ping",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
+    assert all(data["type"] == name for name, data in events)
+    start = events[0][1]["message"]
+    assert start["content"] == [] and start["stop_reason"] is None
+    assert events[2][1] == {
+        "type": "content_block_start",
+        "index": 0,
+        "content_block": {"type": "text", "text": ""},
+    }
+    assert events[3][1]["delta"] == {"type": "text_delta", "text": "Let me check."}
+    tool = events[5][1]["content_block"]
+    assert events[5][1]["index"] == 1 and tool["type"] == "tool_use" and tool["name"] == "get_weather"
+    assert tool["input"] == {}
+    assert events[6][1]["delta"]["type"] == "input_json_delta"
+    assert json.loads(events[6][1]["delta"]["partial_json"]) == {"city": "Paris"}
+    delta = events[8][1]
+    assert delta["delta"] == {"stop_reason": "tool_use", "stop_sequence": None}
+    prompt = start["usage"]["input_tokens"]  # message_start: the whole prompt, no reuse known yet
+    assert delta["usage"] == {
+        "input_tokens": prompt - 3,
+        "output_tokens": 3,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 3,
+    }
+
+
+async def test_stream_error_after_tokens_is_an_error_event() -> None:
+    runtime, _ = scripted_runtime(Reply(("par",), reason=FinishReason.ERROR, error="boom"))
+    async with running_app(create_app(runtime, serve_config())) as client:
+        r = await client.post("/v1/messages", json=body([user("x")], stream=True))
+    events = named_sse_events(r.text)
+    assert [n for n, _ in events][-2:] == ["content_block_stop", "error"]
+    assert events[-1][1] == {
+        "type": "error",
+        "error": {"type": "api_error", "message": "generation failed: boom"},
+    }
+
+
+async def test_count_tokens_counts_the_prompt_the_route_would_prefill() -> None:
+    runtime, sched = scripted_runtime(Reply(("x",)))
+    req = body([user("how many?")], system=SYSTEM_TEXT, tools=[WEATHER_TOOL])
+    async with running_app(create_app(runtime, serve_config())) as client:
+        counted = await client.post(
+            "/v1/messages/count_tokens", json={k: v for k, v in req.items() if k != "max_tokens"}
+        )
+        await client.post("/v1/messages", json=req)
+    assert counted.json() == {"input_tokens": len(sched.submitted[0].prompt_ids)}
+
+
+# ------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize(
+    "patch, words",
+    [
+        ({"max_tokens": None}, "max_tokens"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "images"),
+        ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, "documents"),
+        (
+            {"messages": [{"role": "assistant", "content": [{"type": "thinking", "thinking": "hm"}]}]},
+            "thinking",
+        ),
+        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+        ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "server tools"),
+        ({"messages": [{"role": "system", "content": "x"}]}, "role"),
+        ({"temperature": 1.5}, "temperature"),
+        ({"max_tokens": 100000}, "max_tokens"),
+        ({"tool_choice": {"type": "tool", "name": "nope"}}, "nope"),
+    ],
+)
+async def test_bad_requests_are_400_invalid_request_error(patch: dict[str, Any], words: str) -> None:
+    runtime, sched = scripted_runtime()
+    req = {**body([user("x")]), **patch}
+    req = {k: v for k, v in req.items() if v is not None}
+    async with running_app(create_app(runtime, serve_config())) as client:
+        r = await client.post("/v1/messages", json=req)
+    assert words in assert_anthropic_error(r, 400, "invalid_request_error")
+    assert sched.submitted == []
+
+
+async def test_auth_model_size_and_admission_errors_use_anthropic_codes() -> None:
+    runtime, sched = scripted_runtime()
+    app = create_app(runtime, serve_config(api_key="k", max_body_bytes=4096))
+    ok_key = {"x-api-key": "k", "anthropic-version": "2023-06-01"}
+    async with running_app(app) as client:
+        no_key = await client.post("/v1/messages", json=body([user("x")]))
+        bad_key = await client.post("/v1/messages", json=body([user("x")]), headers={"x-api-key": "no"})
+        bad_model = await client.post(
+            "/v1/messages", json={**body([user("x")]), "model": "claude-x"}, headers=ok_key
+        )
+        big = await client.post("/v1/messages", json=body([user("z" * 5000)]), headers=ok_key)
+        sched.admission_error = QueueFull(2.0)
+        busy = await client.post("/v1/messages", json=body([user("x")]), headers=ok_key)
+        sched.admission_error = Draining()
+        draining = await client.post("/v1/messages", json=body([user("x")]), headers=ok_key)
+        counted = await client.post(
+            "/v1/messages/count_tokens", json={"model": MODEL, "messages": [user("x")]}
+        )
+    assert_anthropic_error(no_key, 401, "authentication_error")
+    assert_anthropic_error(bad_key, 401, "authentication_error")
+    assert_anthropic_error(counted, 401, "authentication_error")
+    assert "claude-x" in assert_anthropic_error(bad_model, 404, "not_found_error")
+    assert_anthropic_error(big, 413, "request_too_large")
+    assert_anthropic_error(busy, 429, "rate_limit_error")
+    assert busy.headers["retry-after"] == "2"
+    assert_anthropic_error(draining, 529, "overloaded_error")

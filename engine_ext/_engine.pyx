@@ -61,6 +61,13 @@ cdef const float *_f32(object ref, int n) except NULL:
     return <const float *>&raw[0]
 
 
+cdef const float *_f32_opt(dict tensors, str name, int n) except? NULL:
+    """An optional F32 vector: NULL when the model has no such tensor."""
+    if name not in tensors:
+        return NULL
+    return _f32(tensors[name], n)
+
+
 cdef class Engine:
     """The forward pass and KV memory for `num_slots` slots of `ctx_len` tokens.
 
@@ -87,9 +94,13 @@ cdef class Engine:
         m.head_dim = cfg.head_dim
         m.ffn_dim = cfg.ffn_dim
         m.n_vocab = cfg.n_vocab
-        m.rope_base = cfg.rope_base
+        m.rope_mode = int(cfg.rope_mode)
+        m.activation = int(cfg.activation)
         m.rms_eps = cfg.rms_eps
+        m.embed_scale = cfg.embed_scale
+        m.attn_scale = cfg.attn_scale
         t = model_file.tensors
+        m.rope_freqs = _f32_opt(t, "rope_freqs.weight", cfg.head_dim // 2)
         m.token_embd = _weight(t["token_embd.weight"])
         m.output = _weight(t["token_embd.weight" if cfg.tied_output else "output.weight"])
         m.output_norm = _f32(t["output_norm.weight"], cfg.dim)
@@ -105,11 +116,20 @@ cdef class Engine:
                 layers[i].attn_q = _weight(t[p + "attn_q.weight"])
                 layers[i].attn_k = _weight(t[p + "attn_k.weight"])
                 layers[i].attn_v = _weight(t[p + "attn_v.weight"])
+                layers[i].bq = _f32_opt(t, p + "attn_q.bias", cfg.n_heads * cfg.head_dim)
+                layers[i].bk = _f32_opt(t, p + "attn_k.bias", cfg.n_kv_heads * cfg.head_dim)
+                layers[i].bv = _f32_opt(t, p + "attn_v.bias", cfg.n_kv_heads * cfg.head_dim)
+                layers[i].q_norm = _f32_opt(t, p + "attn_q_norm.weight", cfg.head_dim)
+                layers[i].k_norm = _f32_opt(t, p + "attn_k_norm.weight", cfg.head_dim)
                 layers[i].attn_output = _weight(t[p + "attn_output.weight"])
+                layers[i].post_attn_norm = _f32_opt(t, p + "post_attention_norm.weight", cfg.dim)
                 layers[i].ffn_norm = _f32(t[p + "ffn_norm.weight"], cfg.dim)
                 layers[i].ffn_gate = _weight(t[p + "ffn_gate.weight"])
                 layers[i].ffn_up = _weight(t[p + "ffn_up.weight"])
                 layers[i].ffn_down = _weight(t[p + "ffn_down.weight"])
+                layers[i].post_ffn_norm = _f32_opt(t, p + "post_ffw_norm.weight", cfg.dim)
+                layers[i].rope_base = cfg.layer_rope_bases[i]
+                layers[i].window = cfg.layer_windows[i]
             m.layers = layers
             with nogil:
                 self.e = engine_create(&m, kt, num_slots, ctx_len, kv_f16, max_batch_tokens, threads, &status)
@@ -169,6 +189,8 @@ cdef class Engine:
             free(its)
         if status == ENGINE_EINVAL:
             raise ValueError("forward: the engine rejected the batch (slot, position or token id out of range)")
+        if status == ENGINE_EINTERNAL:
+            raise RuntimeError("forward: a step walked another number of phases than the engine counted (engine bug)")
         return status
 
     def kv_snapshot_bytes(self, int n) -> int:
@@ -211,6 +233,20 @@ cdef class Engine:
             raise ValueError(f"slot {slot} / length {n} out of range")
 
 
+def max_row_len() -> int:
+    """The longest row (elements) any kernel takes (kernels.h MAX_ROW_LEN)."""
+    return MAX_ROW_LEN
+
+
+cdef _check_row(Py_ssize_t n, Py_ssize_t n_other):
+    """Element-wise operands: non-empty, of one length, at most MAX_ROW_LEN (the SIMD kernels
+    keep per-row scratch of that size)."""
+    if n < 1 or n_other != n:
+        raise ValueError("operands must be non-empty and of one length")
+    if n > MAX_ROW_LEN:
+        raise ValueError(f"row of {n} elements is longer than the kernels' limit of {MAX_ROW_LEN}")
+
+
 cdef class KernelTable:
     """One kernel variant, callable kernel by kernel on NumPy arrays (for tests)."""
 
@@ -226,6 +262,7 @@ cdef class KernelTable:
         cdef int n = x.shape[0], k = x.shape[1], nb = k // QK, r
         if k % QK:
             raise ValueError("k must be a multiple of 32")
+        _check_row(k, k)
         qs = np.empty((n, k), np.int8)
         d = np.empty((n, nb), np.float32)
         s = np.empty((n, nb), np.float32)
@@ -241,6 +278,7 @@ cdef class KernelTable:
                 or (ggml_block_elems(ggml_type) and k % ggml_block_elems(ggml_type)) \
                 or raw.shape[0] != ggml_row_bytes(ggml_type, k):
             raise ValueError("row bytes do not match type and k")
+        _check_row(k, k)
         out = np.empty(k, np.float32)
         cdef float[::1] ov = out
         self.kt.dequantize_row[ggml_type](&ov[0], &raw[0], k)
@@ -260,6 +298,7 @@ cdef class KernelTable:
             raise ValueError("unsupported type or empty operands")
         if ggml_block_elems(ggml_type) and k % ggml_block_elems(ggml_type):
             raise ValueError(f"k must be a multiple of the type's block of {ggml_block_elems(ggml_type)}")
+        _check_row(k, k)
         if w.shape[0] != ggml_row_bytes(ggml_type, k) * n_out:
             raise ValueError("weight bytes do not match type, k and n_out")
         if o0 % ROW_GROUP or not (0 <= o0 <= o1 <= n_out) or (o1 % ROW_GROUP and o1 != n_out):
@@ -305,13 +344,14 @@ cdef class KernelTable:
         return out
 
     def attention(self, const float[:, ::1] q, k, v, int pos0, int group, int head_dim, float scale,
-                  int repeat=1):
+                  int repeat=1, int window=0):
         """q float32 [n_q, group*head_dim]; k, v [>= pos0+n_q, head_dim] float16 or float32 rows
         (k is rearranged into the engine's blocked key layout here): every chunk's partial
-        state folded in order, then normalised (attention_rows).
-        repeat: run the kernel that many times (timing)."""
+        state folded in order, then normalised (attention_rows). window > 0: each row sees only
+        its last `window` keys. repeat: run the kernel that many times (timing)."""
         cdef int n_q = q.shape[0], kv_f16 = k.dtype == np.float16
-        if n_q * group > ATTN_MAX_ROWS or q.shape[1] != group * head_dim:
+        if n_q < 1 or group < 1 or n_q * group > ATTN_MAX_ROWS or q.shape[1] != group * head_dim \
+                or not 0 < head_dim <= MAX_ROW_LEN or window < 0 or pos0 < 0:
             raise ValueError("bad attention shapes")
         kc = np.ascontiguousarray(k).view(np.uint16 if kv_f16 else np.float32)
         vc = np.ascontiguousarray(v).view(np.uint16 if kv_f16 else np.float32)
@@ -330,32 +370,43 @@ cdef class KernelTable:
         with nogil:
             for i in range(repeat):
                 attention_rows(self.kt, &ov[0, 0], group * head_dim, &q[0, 0], group * head_dim, &kb[0], &vb[0],
-                               kv_f16, pos0, n_q, group, head_dim, scale, &sv[0])
+                               kv_f16, pos0, n_q, group, head_dim, scale, window, &sv[0])
         return out
 
     def rmsnorm(self, const float[::1] x, const float[::1] w, float eps):
-        if x.shape[0] < 1 or w.shape[0] != x.shape[0]:
-            raise ValueError("x and w must be non-empty and of one length")
+        _check_row(x.shape[0], w.shape[0])
         out = np.empty(x.shape[0], np.float32)
         cdef float[::1] ov = out
         self.kt.rmsnorm(&ov[0], &x[0], &w[0], x.shape[0], eps)
         return out
 
-    def rope(self, const float[::1] x, int n_heads, int head_dim, const float[::1] cos_sin):
-        if n_heads < 1 or head_dim < 2 or head_dim % 2 or x.shape[0] != n_heads * head_dim \
-                or cos_sin.shape[0] != head_dim:
+    def rope(self, const float[::1] x, int n_heads, int head_dim, const float[::1] cos_sin, bint neox=False):
+        """Rotate each head's pairs by the angles of cos_sin [head_dim/2][2]: adjacent pairs, or
+        with neox the halves (x[i], x[i + head_dim/2])."""
+        if n_heads < 1 or head_dim < 2 or head_dim % 2 or head_dim > MAX_ROW_LEN \
+                or x.shape[0] != n_heads * head_dim or cos_sin.shape[0] != head_dim:
             raise ValueError("x must hold n_heads * head_dim floats (head_dim even), cos_sin head_dim")
         out = np.array(x, np.float32)
         cdef float[::1] ov = out
-        self.kt.rope(&ov[0], n_heads, head_dim, &cos_sin[0])
+        if neox:
+            self.kt.rope_neox(&ov[0], n_heads, head_dim, &cos_sin[0])
+        else:
+            self.kt.rope(&ov[0], n_heads, head_dim, &cos_sin[0])
         return out
 
     def silu_mul(self, const float[::1] g, const float[::1] u):
-        if g.shape[0] < 1 or u.shape[0] != g.shape[0]:
-            raise ValueError("g and u must be non-empty and of one length")
+        _check_row(g.shape[0], u.shape[0])
         out = np.empty(g.shape[0], np.float32)
         cdef float[::1] ov = out
         self.kt.silu_mul(&ov[0], &g[0], &u[0], g.shape[0])
+        return out
+
+    def gelu_tanh_mul(self, const float[::1] g, const float[::1] u):
+        """gelu(g) * u, GELU's tanh approximation (kernels.h)."""
+        _check_row(g.shape[0], u.shape[0])
+        out = np.empty(g.shape[0], np.float32)
+        cdef float[::1] ov = out
+        self.kt.gelu_tanh_mul(&ov[0], &g[0], &u[0], g.shape[0])
         return out
 
     def exp(self, const float[::1] x):

@@ -1,25 +1,33 @@
 """Open a GGUF model file: validated config, tensor table and raw weight bytes (memory-mapped).
 
 Design: `load_model_file` parses the file with the `gguf` package's GGUFReader over a read-only
-memory map and checks everything the engine relies on before any C code sees a pointer:
-architecture `llama`, tensor types the kernels implement, every required tensor present, every
-shape consistent with the config. The weights are never copied: each `TensorRef.data` is a uint8
+memory map and checks everything the engine relies on before any C code sees a pointer: a
+supported architecture (`ARCHITECTURES`: llama, qwen2, qwen3, gemma3), tensor types the kernels
+implement, every required tensor present, every shape consistent with the config. One
+`ModelConfig` describes every architecture: the `{arch}.*` hyper-parameters plus the switches
+(rope mode, activation, biases, q/k norms, post-norms, embedding scale) and per-layer arrays
+(sliding window, RoPE base) that the engine's one phase sequence reads. The weights are never copied: each `TensorRef.data` is a uint8
 view into the map, and the map lives as long as any `ModelFile` or `TensorRef` refers to it.
 
 Tensor shapes are in GGUF/ggml order: `shape[0]` is the row length (the input dimension of a
 matmul, contiguous in memory), `shape[1]` the number of rows (the output dimension). A weight
 W with shape (n_in, n_out) computes y[j] = sum_i W[j, i] * x[i] over its rows j < n_out.
 
-NOTE: RoPE layout. The usual HF -> GGUF converter permutes the rows of `attn_q` and `attn_k` so
-that rotary embedding rotates *adjacent* pairs: (x[2i], x[2i+1]) of each head by the angle
-pos * rope_base ** (-2i / head_dim) (llama.cpp's rope mode NORMAL, which it uses for arch llama).
-The engine and the test reference both rotate adjacent pairs; do not use the NEOX/HF
-"rotate_half" split layout on these weights.
+NOTE: RoPE layout. For arch llama the usual HF -> GGUF converter permutes the rows of `attn_q`
+and `attn_k` so that rotary embedding rotates *adjacent* pairs: (x[2i], x[2i+1]) of each head by
+the angle pos * rope_base ** (-2i / head_dim) (llama.cpp's rope mode NORMAL). qwen2, qwen3 and
+gemma3 keep HF's row order and rotate the halves (x[i], x[i + head_dim/2]) (mode NEOX). The
+mode is a property of the architecture (`ArchSpec.rope_mode`), never of the file.
+
+NOTE: gemma's norms. HF Gemma computes rmsnorm(x) * (1 + w); llama.cpp's converter stores
+w + 1 in the GGUF, so every norm here, gemma3's included, is plain rmsnorm(x) * w.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -30,8 +38,6 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
 
 from .errors import UnsupportedModelError
-
-SUPPORTED_ARCHITECTURES = ("llama",)
 
 SUPPORTED_TYPES: frozenset[int] = frozenset(
     int(t)
@@ -50,7 +56,7 @@ SUPPORTED_TYPES: frozenset[int] = frozenset(
     )
 )
 
-# Per-layer tensors the engine needs: blk.{i}.{suffix}.weight.
+# Per-layer tensors every architecture has: blk.{i}.{suffix}.weight.
 LAYER_TENSORS = (
     "attn_norm",
     "attn_q",
@@ -64,21 +70,101 @@ LAYER_TENSORS = (
 )
 
 
-@dataclass(frozen=True)
-class LlamaConfig:
-    """Hyper-parameters of a llama-architecture model, read from `llama.*` metadata."""
+class RopeMode(enum.IntEnum):
+    """How RoPE pairs a head's dimensions (values: engine.h ROPE_*)."""
 
+    NORMAL = 0  # adjacent pairs (x[2i], x[2i+1])
+    NEOX = 1  # halves (x[i], x[i + head_dim/2])
+
+
+class Activation(enum.IntEnum):
+    """The feed-forward gate: act(gate) * up (values: engine.h ACT_*)."""
+
+    SILU = 0  # SwiGLU
+    GELU_TANH = 1  # GeGLU with GELU's tanh approximation
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """What an architecture adds to the llama block (fixed per architecture, not per file)."""
+
+    rope_mode: RopeMode
+    activation: Activation
+    qkv_bias: bool = False  # attn_{q,k,v}.bias added after the matmuls
+    qk_norm: bool = False  # attn_{q,k}_norm: rmsnorm per head before RoPE
+    post_norms: bool = False  # post_attention_norm, post_ffw_norm before each residual add
+    embed_scaled: bool = False  # embeddings multiplied by sqrt(dim)
+    sliding_window: bool = False  # {arch}.attention.sliding_window on SWA_PATTERN - 1 of SWA_PATTERN layers
+    rope_freqs: bool = False  # may carry rope_freqs.weight (llama 3.1 frequency factors)
+
+
+ARCHITECTURES: dict[str, ArchSpec] = {
+    "llama": ArchSpec(RopeMode.NORMAL, Activation.SILU, rope_freqs=True),
+    "qwen2": ArchSpec(RopeMode.NEOX, Activation.SILU, qkv_bias=True),
+    "qwen3": ArchSpec(RopeMode.NEOX, Activation.SILU, qk_norm=True),
+    "gemma3": ArchSpec(
+        RopeMode.NEOX,
+        Activation.GELU_TANH,
+        qk_norm=True,
+        post_norms=True,
+        embed_scaled=True,
+        sliding_window=True,
+    ),
+}
+SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
+
+# gemma3 (as llama.cpp reads it): layer i uses the sliding window unless (i + 1) % 6 == 0, and
+# its sliding-window layers use RoPE base 10000 whatever rope.freq_base says (that one is the
+# global layers').
+SWA_PATTERN = 6
+SWA_ROPE_BASE = 10000.0
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyper-parameters of a model, read from its `{arch}.*` metadata, and the architecture's
+    switches the engine reads (one description for every supported architecture)."""
+
+    arch: str  # general.architecture, a key of ARCHITECTURES
     n_layers: int
     dim: int  # embedding width
     n_heads: int  # query heads
     n_kv_heads: int  # key/value heads (grouped-query attention: n_heads % n_kv_heads == 0)
-    head_dim: int  # per-head width (even: RoPE rotates pairs)
-    ffn_dim: int  # SwiGLU hidden width
+    head_dim: int  # per-head width: attention.key_length (not always dim / n_heads); even
+    ffn_dim: int  # gated feed-forward hidden width
     n_vocab: int  # rows of token_embd (and of the output matrix)
-    rope_base: float  # llama.rope.freq_base
-    rms_eps: float  # llama.attention.layer_norm_rms_epsilon
-    ctx_train: int  # llama.context_length (trained context; informational)
+    rope_base: float  # {arch}.rope.freq_base (gemma3: of the global layers)
+    rms_eps: float  # {arch}.attention.layer_norm_rms_epsilon
+    ctx_train: int  # {arch}.context_length (trained context; informational)
     tied_output: bool  # True: no output.weight, logits use token_embd.weight
+    rope_mode: RopeMode = RopeMode.NORMAL
+    activation: Activation = Activation.SILU
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    post_norms: bool = False
+    embed_scale: float = 1.0  # multiplies the embeddings (gemma3: sqrt(dim))
+    attn_scale: float = 0.0  # attention score scale; 0 -> 1/sqrt(head_dim)
+    rope_freqs: bool = False  # rope_freqs.weight [head_dim/2] divides the RoPE frequencies
+    layer_windows: tuple[int, ...] = ()  # per layer: sliding window (0 = whole context); () = all 0
+    layer_rope_bases: tuple[float, ...] = ()  # per layer RoPE base; () = rope_base everywhere
+
+    def __post_init__(self) -> None:
+        if not self.attn_scale:
+            object.__setattr__(self, "attn_scale", 1.0 / math.sqrt(self.head_dim))
+        if not self.layer_windows:
+            object.__setattr__(self, "layer_windows", (0,) * self.n_layers)
+        if not self.layer_rope_bases:
+            object.__setattr__(self, "layer_rope_bases", (self.rope_base,) * self.n_layers)
+        if len(self.layer_windows) != self.n_layers or len(self.layer_rope_bases) != self.n_layers:
+            raise ValueError("layer_windows and layer_rope_bases need one entry per layer")
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * self.head_dim
 
 
 @dataclass(frozen=True, eq=False)
@@ -108,7 +194,7 @@ class ModelFile:
 
     path: Path
     name: str  # general.name, or the file stem
-    config: LlamaConfig
+    config: ModelConfig
     tensors: dict[str, TensorRef]
     metadata: dict[str, object]  # every key/value field, decoded to Python scalars/str/lists
     fingerprint: str  # hex digest of metadata + tensor layout + file size (not the weight bytes)
@@ -133,8 +219,9 @@ def load_model_file(path: str | os.PathLike[str]) -> ModelFile:
     """Open and validate the GGUF at `path`.
 
     Raises ValueError with a message naming the problem (and, where there is one, the fix) if
-    the file is missing, not a GGUF, not a `llama` model, uses a tensor type the engine lacks,
-    misses a required tensor, or has shapes that disagree with its metadata.
+    the file is missing, not a GGUF, uses a tensor type the engine lacks, misses a required
+    tensor, or has shapes that disagree with its metadata; UnsupportedModelError (a ValueError)
+    for an architecture or architecture feature the engine does not implement.
     """
     path = Path(path)
     if not path.is_file():
@@ -148,10 +235,9 @@ def load_model_file(path: str | os.PathLike[str]) -> ModelFile:
 
     metadata = {name: _decode_field(path, f) for name, f in reader.fields.items()}
     arch = metadata.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(
-            f"{path}: unsupported model architecture {arch!r}; "
-            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+    if arch not in ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"{path}: unsupported model architecture {arch!r}; supported: {', '.join(ARCHITECTURES)}"
         )
     tensors = {
         t.name: TensorRef(
@@ -176,12 +262,9 @@ def load_model_file(path: str | os.PathLike[str]) -> ModelFile:
     )
 
 
-def required_tensor_names(n_layers: int) -> list[str]:
-    """Tensors every llama model must have (output.weight is optional: tied output)."""
-    names = ["token_embd.weight", "output_norm.weight"]
-    for i in range(n_layers):
-        names += [f"blk.{i}.{suffix}.weight" for suffix in LAYER_TENSORS]
-    return names
+def required_tensor_names(config: ModelConfig) -> list[str]:
+    """Tensors a model of this config must have (output.weight only when not tied)."""
+    return list(_expected_shapes(config))
 
 
 class _FastReader(GGUFReader):
@@ -248,20 +331,28 @@ def _meta_float(path: Path, metadata: dict[str, object], key: str, default: floa
     return float(value)
 
 
-def _read_config(path: Path, metadata: dict[str, object], tensors: dict[str, TensorRef]) -> LlamaConfig:
-    n_layers = _meta_int(path, metadata, "llama.block_count")
-    dim = _meta_int(path, metadata, "llama.embedding_length")
-    n_heads = _meta_int(path, metadata, "llama.attention.head_count")
-    n_kv_heads = _meta_int(path, metadata, "llama.attention.head_count_kv", n_heads)
-    if dim % n_heads != 0 and "llama.attention.key_length" not in metadata:
+def _read_config(path: Path, metadata: dict[str, object], tensors: dict[str, TensorRef]) -> ModelConfig:
+    arch = str(metadata["general.architecture"])
+    spec = ARCHITECTURES[arch]
+
+    def key(name: str) -> str:
+        return f"{arch}.{name}"
+
+    n_layers = _meta_int(path, metadata, key("block_count"))
+    dim = _meta_int(path, metadata, key("embedding_length"))
+    n_heads = _meta_int(path, metadata, key("attention.head_count"))
+    n_kv_heads = _meta_int(path, metadata, key("attention.head_count_kv"), n_heads)
+    if dim % n_heads != 0 and key("attention.key_length") not in metadata:
         raise ValueError(f"{path}: embedding_length {dim} is not a multiple of head_count {n_heads}")
-    head_dim = _meta_int(path, metadata, "llama.attention.key_length", dim // n_heads)
-    value_dim = _meta_int(path, metadata, "llama.attention.value_length", head_dim)
-    rope_dim = _meta_int(path, metadata, "llama.rope.dimension_count", head_dim)
+    head_dim = _meta_int(path, metadata, key("attention.key_length"), dim // n_heads)
+    value_dim = _meta_int(path, metadata, key("attention.value_length"), head_dim)
+    rope_dim = _meta_int(path, metadata, key("rope.dimension_count"), head_dim)
     if value_dim != head_dim:
-        raise ValueError(f"{path}: key_length {head_dim} != value_length {value_dim} is not supported")
+        raise UnsupportedModelError(
+            f"{path}: key_length {head_dim} != value_length {value_dim} is not supported"
+        )
     if rope_dim != head_dim:
-        raise ValueError(
+        raise UnsupportedModelError(
             f"{path}: partial rotary embedding (rope.dimension_count {rope_dim} "
             f"< head_dim {head_dim}) is not supported"
         )
@@ -269,15 +360,19 @@ def _read_config(path: Path, metadata: dict[str, object], tensors: dict[str, Ten
         raise ValueError(f"{path}: head_dim {head_dim} must be even for RoPE")
     if n_heads % n_kv_heads != 0:
         raise ValueError(f"{path}: head_count {n_heads} is not a multiple of head_count_kv {n_kv_heads}")
-    if metadata.get("llama.expert_count", 0):
-        raise ValueError(f"{path}: mixture-of-experts llama models are not supported")
-    scaling = metadata.get("llama.rope.scaling.type", "none")
+    if metadata.get(key("expert_count"), 0):
+        raise UnsupportedModelError(f"{path}: mixture-of-experts {arch} models are not supported")
+    scaling = metadata.get(key("rope.scaling.type"), "none")
     if scaling not in ("none", None):
-        raise ValueError(f"{path}: RoPE scaling {scaling!r} is not supported (only unscaled RoPE)")
-    if "rope_freqs.weight" in tensors:
-        raise ValueError(
-            f"{path}: per-dimension RoPE frequency factors (tensor 'rope_freqs.weight', "
-            "Llama 3.1-style rope scaling) are not supported"
+        raise UnsupportedModelError(
+            f"{path}: RoPE scaling {scaling!r} is not supported (supported: none, llama 3.1 rope_freqs)"
+        )
+    if metadata.get(key("final_logit_softcapping"), 0) or metadata.get(key("attn_logit_softcapping"), 0):
+        raise UnsupportedModelError(f"{path}: logit soft-capping is not supported")
+    has_rope_freqs = "rope_freqs.weight" in tensors
+    if has_rope_freqs and not spec.rope_freqs:
+        raise UnsupportedModelError(
+            f"{path}: RoPE frequency factors (rope_freqs.weight) on {arch} are not supported"
         )
     embd = tensors.get("token_embd.weight")
     if embd is None:
@@ -290,47 +385,73 @@ def _read_config(path: Path, metadata: dict[str, object], tensors: dict[str, Ten
         raise ValueError(
             f"{path}: the tokenizer has {len(tokens)} tokens but token_embd.weight has {n_vocab} rows"
         )
-    return LlamaConfig(
+    rope_base = _meta_float(path, metadata, key("rope.freq_base"), 10000.0)
+    windows, bases = (0,) * n_layers, (rope_base,) * n_layers
+    if spec.sliding_window and metadata.get(key("attention.sliding_window")):
+        window = _meta_int(path, metadata, key("attention.sliding_window"))
+        local = [(i + 1) % SWA_PATTERN != 0 for i in range(n_layers)]
+        windows = tuple(window if is_local else 0 for is_local in local)
+        bases = tuple(SWA_ROPE_BASE if is_local else rope_base for is_local in local)
+    return ModelConfig(
+        arch=arch,
         n_layers=n_layers,
         dim=dim,
         n_heads=n_heads,
         n_kv_heads=n_kv_heads,
         head_dim=head_dim,
-        ffn_dim=_meta_int(path, metadata, "llama.feed_forward_length"),
+        ffn_dim=_meta_int(path, metadata, key("feed_forward_length")),
         n_vocab=n_vocab,
-        rope_base=_meta_float(path, metadata, "llama.rope.freq_base", 10000.0),
-        rms_eps=_meta_float(path, metadata, "llama.attention.layer_norm_rms_epsilon", 1e-5),
-        ctx_train=_meta_int(path, metadata, "llama.context_length", 2048),
+        rope_base=rope_base,
+        rms_eps=_meta_float(path, metadata, key("attention.layer_norm_rms_epsilon"), 1e-5),
+        ctx_train=_meta_int(path, metadata, key("context_length"), 2048),
         tied_output="output.weight" not in tensors,
+        rope_mode=spec.rope_mode,
+        activation=spec.activation,
+        qkv_bias=spec.qkv_bias,
+        qk_norm=spec.qk_norm,
+        post_norms=spec.post_norms,
+        # NOTE: llama.cpp scales by sqrtf(n_embd) in float32 (HF rounds it to the weights' dtype)
+        embed_scale=float(np.float32(math.sqrt(dim))) if spec.embed_scaled else 1.0,
+        rope_freqs=has_rope_freqs,
+        layer_windows=windows,
+        layer_rope_bases=bases,
     )
 
 
-def _expected_shapes(c: LlamaConfig) -> dict[str, tuple[int, ...]]:
-    q_dim, kv_dim = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+def _expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    q_dim, kv_dim = c.q_dim, c.kv_dim
     shapes: dict[str, tuple[int, ...]] = {
         "token_embd.weight": (c.dim, c.n_vocab),
         "output_norm.weight": (c.dim,),
     }
     if not c.tied_output:
         shapes["output.weight"] = (c.dim, c.n_vocab)
+    if c.rope_freqs:
+        shapes["rope_freqs.weight"] = (c.head_dim // 2,)
     per_layer = {
-        "attn_norm": (c.dim,),
-        "attn_q": (c.dim, q_dim),
-        "attn_k": (c.dim, kv_dim),
-        "attn_v": (c.dim, kv_dim),
-        "attn_output": (q_dim, c.dim),
-        "ffn_norm": (c.dim,),
-        "ffn_gate": (c.dim, c.ffn_dim),
-        "ffn_up": (c.dim, c.ffn_dim),
-        "ffn_down": (c.ffn_dim, c.dim),
+        "attn_norm.weight": (c.dim,),
+        "attn_q.weight": (c.dim, q_dim),
+        "attn_k.weight": (c.dim, kv_dim),
+        "attn_v.weight": (c.dim, kv_dim),
+        "attn_output.weight": (q_dim, c.dim),
+        "ffn_norm.weight": (c.dim,),
+        "ffn_gate.weight": (c.dim, c.ffn_dim),
+        "ffn_up.weight": (c.dim, c.ffn_dim),
+        "ffn_down.weight": (c.ffn_dim, c.dim),
     }
+    if c.qkv_bias:
+        per_layer.update({"attn_q.bias": (q_dim,), "attn_k.bias": (kv_dim,), "attn_v.bias": (kv_dim,)})
+    if c.qk_norm:
+        per_layer.update({"attn_q_norm.weight": (c.head_dim,), "attn_k_norm.weight": (c.head_dim,)})
+    if c.post_norms:
+        per_layer.update({"post_attention_norm.weight": (c.dim,), "post_ffw_norm.weight": (c.dim,)})
     for i in range(c.n_layers):
         for suffix, shape in per_layer.items():
-            shapes[f"blk.{i}.{suffix}.weight"] = shape
+            shapes[f"blk.{i}.{suffix}"] = shape
     return shapes
 
 
-def _check_tensors(path: Path, config: LlamaConfig, tensors: dict[str, TensorRef]) -> None:
+def _check_tensors(path: Path, config: ModelConfig, tensors: dict[str, TensorRef]) -> None:
     expected = _expected_shapes(config)
     missing = [name for name in expected if name not in tensors]
     if missing:
@@ -350,7 +471,7 @@ def _check_tensors(path: Path, config: LlamaConfig, tensors: dict[str, TensorRef
             )
         if len(shape) == 1 and t.ggml_type != GGMLQuantizationType.F32:
             raise ValueError(
-                f"{path}: norm tensor {name!r} has type {t.type_name}; only F32 norms are supported"
+                f"{path}: vector tensor {name!r} (norm, bias) has type {t.type_name}; only F32 is supported"
             )
         block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(t.ggml_type)]
         if shape[0] % block != 0:

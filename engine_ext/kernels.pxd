@@ -20,6 +20,7 @@ cdef extern from "kernels.h" nogil:
         QK_K
         ATTN_MAX_ROWS
         KEY_LANES
+        MAX_ROW_LEN
 
     ctypedef struct act_rows:
         const float *f
@@ -48,7 +49,7 @@ cdef extern from "kernels.h" nogil:
 
     ctypedef void (*attn_chunk_fn)(float *acc, int lda, float *ml, const float *q, int ldq, const void *k,
                                    const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim,
-                                   float scale, int chunk, float *scratch)
+                                   float scale, int window, int chunk, float *scratch)
     ctypedef void (*attn_fold_fn)(float *acc, int lda, float *ml, const float *pacc, int ldp, const float *pml,
                                   int n_q, int group, int head_dim)
 
@@ -61,7 +62,9 @@ cdef extern from "kernels.h" nogil:
         attn_fold_fn attention_fold
         void (*rmsnorm)(float *out, const float *x, const float *w, int n, float eps)
         void (*rope)(float *x, int n_heads, int head_dim, const float *cos_sin)
+        void (*rope_neox)(float *x, int n_heads, int head_dim, const float *cos_sin)
         void (*silu_mul)(float *out, const float *g, const float *u, int n)
+        void (*gelu_tanh_mul)(float *out, const float *g, const float *u, int n)
         void (*exp)(float *y, const float *x, int n)
         void (*f32_to_f16)(uint16_t *y, const float *x, int n)
         void (*f16_to_f32)(float *y, const uint16_t *x, int n)
@@ -73,7 +76,7 @@ cdef extern from "kernels.h" nogil:
     size_t attn_scratch_floats(int ctx_len, int head_dim)
     void attention_rows(const kernel_table *kt, float *out, int ldo, const float *q, int ldq, const void *k,
                         const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim, float scale,
-                        float *scratch)
+                        int window, float *scratch)
 
 
 cdef extern from "engine.h" nogil:
@@ -82,6 +85,11 @@ cdef extern from "engine.h" nogil:
         ENGINE_ENOMEM
         ENGINE_EINVAL
         ENGINE_EFAULT
+        ENGINE_EINTERNAL
+        ROPE_NORMAL
+        ROPE_NEOX
+        ACT_SILU
+        ACT_GELU_TANH
 
     ctypedef gemm_weight weight_t
 
@@ -90,16 +98,29 @@ cdef extern from "engine.h" nogil:
         weight_t attn_q
         weight_t attn_k
         weight_t attn_v
+        const float *bq
+        const float *bk
+        const float *bv
+        const float *q_norm
+        const float *k_norm
         weight_t attn_output
+        const float *post_attn_norm
         const float *ffn_norm
         weight_t ffn_gate
         weight_t ffn_up
         weight_t ffn_down
+        const float *post_ffn_norm
+        double rope_base
+        int window
 
     ctypedef struct model_desc:
         int n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, n_vocab
-        double rope_base
+        int rope_mode
+        int activation
         float rms_eps
+        float embed_scale
+        float attn_scale
+        const float *rope_freqs
         weight_t token_embd
         weight_t output
         const float *output_norm

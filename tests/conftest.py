@@ -45,6 +45,18 @@ def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[...
 
 
 @pytest.fixture(scope="session")
+def arch_model_factory(tiny_model_factory: Callable[..., Path]) -> Callable[..., Path]:
+    """callable(arch, **overrides) -> Path of the tiny fixture of `arch` (gguf_fixtures.ARCH_MODELS:
+    llama3, qwen2, qwen3, gemma3), written once per session like tiny_model_factory's."""
+    from gguf_fixtures import ARCH_MODELS
+
+    def make(arch: str, **overrides: object) -> Path:
+        return tiny_model_factory(**{**ARCH_MODELS[arch], **overrides})
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def tiny_model_path(tiny_model_factory: Callable[..., Path]) -> Path:
     """The default tiny model: Q8_0 weights, 2 layers, dim 64, 4 heads / 2 kv heads, vocab 299."""
     return tiny_model_factory("Q8_0")

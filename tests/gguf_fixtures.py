@@ -1,4 +1,4 @@
-"""Tiny llama GGUF models written by the tests themselves (gguf.GGUFWriter + gguf.quants).
+"""Tiny GGUF models written by the tests themselves (gguf.GGUFWriter + gguf.quants).
 
 Design: `write_tiny_llama` builds a complete, servable model: random weights scaled so that the
 residual stream and logits stay O(1) (greedy tokens vary), every 2-D weight in one tensor type,
@@ -16,6 +16,15 @@ random valid blocks (`random_blocks`: random quant and scale bytes, f16 super-bl
 so the dequantized values have the wanted spread); the reference dequantizes them with
 gguf.quants like any other type. A mix (`WEIGHT_MIXES`) gives each kind of tensor its own type,
 as llama-quantize's Q4_K_M files do; K-quant models need dim and ffn_dim multiples of 256.
+
+`write_tiny_model(path, arch)` writes the other architectures with the same tokenizer and the
+tensors their blocks add (`ARCH_MODELS` names each fixture's shape and type mix):
+
+    llama3  llama with rope_freqs.weight (Llama 3.1 frequency factors)
+    qwen2   attn_{q,k,v}.bias
+    qwen3   attn_{q,k}_norm, key_length 32 != dim / n_heads
+    gemma3  attn_{q,k}_norm, post_attention_norm, post_ffw_norm, key_length 32, one kv head,
+            6 layers (layer 5 global), sliding window 16 on the others
 """
 
 from __future__ import annotations
@@ -164,15 +173,22 @@ def write_tiny_llama(
     ctx_train: int = 2048,
     architecture: str = "llama",
     tensor_types: Mapping[str, str] | None = None,
+    head_dim: int | None = None,
+    sliding_window: int = 0,
+    rope_freqs: bool = False,
 ) -> Path:
-    """Write a random tiny llama model to `path` and return the path.
+    """Write a random tiny model to `path` and return the path.
 
     weight_type applies to every 2-D weight (token_embd and output included), or names a mix
     in WEIGHT_MIXES (a type per kind of tensor); norms stay F32. K-quant types need dim and
-    ffn_dim multiples of 256 (e.g. dim=256, n_heads=4, ffn_dim=512).
-    tensor_types overrides the type of single tensors by name (any gguf.quants type, for the
-    unsupported-type fixture). architecture other than "llama" writes the same tensors under
-    that architecture's metadata prefix (for the wrong-architecture fixture).
+    ffn_dim multiples of 256 (e.g. dim=256, n_heads=4, ffn_dim=512) or, per tensor, a row
+    length (n_in) that is one. tensor_types overrides the type of single tensors by name, or
+    of one tensor in every layer by its kind (e.g. "ffn_down"), any gguf.quants type.
+    architecture qwen2, qwen3 and gemma3 add their tensors (module doc); another name writes
+    llama's tensors under that architecture's metadata prefix (for the wrong-architecture
+    fixture). head_dim: written as attention.key_length/value_length when given (default
+    dim / n_heads). sliding_window: gemma3's attention.sliding_window. rope_freqs: add llama
+    3.1's rope_freqs.weight.
     """
     if weight_type not in WEIGHT_TYPES + MORE_WEIGHT_TYPES + K_TYPES and weight_type not in WEIGHT_MIXES:
         raise ValueError(
@@ -183,16 +199,23 @@ def write_tiny_llama(
     rng = np.random.default_rng(seed)
     tokens, token_types, merges = tiny_vocab()
     n_vocab = len(tokens)
-    head_dim = dim // n_heads
+    if head_dim is None:
+        head_dim = dim // n_heads
+    else:
+        assert head_dim != dim // n_heads or architecture != "llama", "key_length only where it differs"
     overrides = dict(tensor_types or {})
     mix = WEIGHT_MIXES.get(weight_type)
+    q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
 
-    def type_of(name: str) -> str:
-        if name in overrides:
-            return overrides[name]
+    def type_of(name: str, default: str | None = None) -> str:
+        """By name, by kind (in every layer), then the default (norms: F32), then the mix."""
+        kind = name.removesuffix(".weight").split(".")[-1]
+        if name in overrides or kind in overrides:
+            return overrides.get(name, overrides.get(kind, ""))
+        if default is not None:
+            return default
         if mix is None:
             return weight_type
-        kind = name.removesuffix(".weight").split(".")[-1]
         return mix.get(kind, mix.get("*", "Q8_0"))
 
     w = GGUFWriter(path, architecture)
@@ -205,7 +228,12 @@ def write_tiny_llama(
     w.add_head_count_kv(n_kv_heads)
     w.add_rope_dimension_count(head_dim)
     w.add_rope_freq_base(rope_base)
-    w.add_layer_norm_rms_eps(1e-5)
+    w.add_layer_norm_rms_eps(1e-5 if architecture == "llama" else 1e-6)
+    if head_dim != dim // n_heads:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if sliding_window:
+        w.add_sliding_window(sliding_window)
     w.add_vocab_size(n_vocab)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
@@ -229,25 +257,43 @@ def write_tiny_llama(
         else:
             _add(w, name, values, type_name)
 
-    def add_norm(name: str) -> None:
-        values = (1.0 + 0.1 * rng.standard_normal(dim)).astype(np.float32)
-        _add(w, name, values, overrides.get(name, "F32"))
+    def add_norm(name: str, n: int = dim) -> None:
+        values = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+        _add(w, name, values, type_of(name, "F32"))
+
+    def add_bias(name: str, n: int) -> None:
+        _add(w, name, (0.5 * rng.standard_normal(n)).astype(np.float32), "F32")
 
     # Weights ~N(0, 1/n_in) keep each matmul's output O(1). The two projections back into the
     # residual stream are 4x larger and the embedding small (std 0.25): otherwise, with tied
     # output, the input token's own embedding dominates the logits and greedy decoding repeats
     # one token forever. With these scales logits stay within about +-10 and greedy varies.
+    # (gemma3 multiplies the embeddings by sqrt(dim) = 8: its residual stream starts at std 2,
+    # which its pre- and post-norms absorb; the tied logits keep the scale above)
     add_weight("token_embd.weight", n_vocab, dim, 0.25)
+    if rope_freqs:  # llama 3.1's factors: 1 for high frequencies up to 8 for the lowest
+        _add(w, "rope_freqs.weight", np.geomspace(1.0, 8.0, head_dim // 2).astype(np.float32), "F32")
     for i in range(n_layers):
         add_norm(f"blk.{i}.attn_norm.weight")
-        add_weight(f"blk.{i}.attn_q.weight", n_heads * head_dim, dim, dim**-0.5)
-        add_weight(f"blk.{i}.attn_k.weight", n_kv_heads * head_dim, dim, dim**-0.5)
-        add_weight(f"blk.{i}.attn_v.weight", n_kv_heads * head_dim, dim, dim**-0.5)
-        add_weight(f"blk.{i}.attn_output.weight", dim, n_heads * head_dim, 4.0 * (n_heads * head_dim) ** -0.5)
+        add_weight(f"blk.{i}.attn_q.weight", q_dim, dim, dim**-0.5)
+        add_weight(f"blk.{i}.attn_k.weight", kv_dim, dim, dim**-0.5)
+        add_weight(f"blk.{i}.attn_v.weight", kv_dim, dim, dim**-0.5)
+        if architecture == "qwen2":
+            add_bias(f"blk.{i}.attn_q.bias", q_dim)
+            add_bias(f"blk.{i}.attn_k.bias", kv_dim)
+            add_bias(f"blk.{i}.attn_v.bias", kv_dim)
+        if architecture in ("qwen3", "gemma3"):
+            add_norm(f"blk.{i}.attn_q_norm.weight", head_dim)
+            add_norm(f"blk.{i}.attn_k_norm.weight", head_dim)
+        add_weight(f"blk.{i}.attn_output.weight", dim, q_dim, 4.0 * q_dim**-0.5)
+        if architecture == "gemma3":
+            add_norm(f"blk.{i}.post_attention_norm.weight")
         add_norm(f"blk.{i}.ffn_norm.weight")
         add_weight(f"blk.{i}.ffn_gate.weight", ffn_dim, dim, dim**-0.5)
         add_weight(f"blk.{i}.ffn_up.weight", ffn_dim, dim, dim**-0.5)
         add_weight(f"blk.{i}.ffn_down.weight", dim, ffn_dim, 4.0 * ffn_dim**-0.5)
+        if architecture == "gemma3":
+            add_norm(f"blk.{i}.post_ffw_norm.weight")
     add_norm("output_norm.weight")
     if not tied:
         add_weight("output.weight", n_vocab, dim, 0.25)
@@ -259,9 +305,61 @@ def write_tiny_llama(
     return path
 
 
+# Each architecture's tiny fixture: write_tiny_llama arguments. Type mixes in the spirit of
+# llama-quantize's (attn_v and ffn_down one step finer than the rest, token_embd Q8_0).
+ARCH_MODELS: dict[str, dict[str, object]] = {
+    "llama3": dict(
+        architecture="llama",
+        rope_freqs=True,
+        rope_base=500000.0,
+        weight_type="Q4_0",
+        tensor_types={"token_embd.weight": "Q8_0", "attn_v": "Q8_0", "ffn_down": "Q4_1"},
+    ),
+    "qwen2": dict(
+        architecture="qwen2",
+        rope_base=1000000.0,
+        weight_type="Q8_0",
+        tensor_types={"ffn_gate": "Q4_1", "ffn_up": "Q4_1", "attn_q": "Q4_0"},
+    ),
+    "qwen3": dict(
+        architecture="qwen3",
+        head_dim=32,
+        rope_base=1000000.0,
+        weight_type="Q4_0",
+        tensor_types={"token_embd.weight": "Q8_0", "attn_v": "Q8_0", "ffn_down": "Q8_0"},
+    ),
+    # gemma3 as llama-quantize's Q4_K_M writes Gemma 3 270M: rows of dim (64 here, 640 there)
+    # cannot be K-quants and fall back to Q5_0 / Q8_0; attn_output (n_in 256) and ffn_down
+    # (n_in 256) are K-quants
+    "gemma3": dict(
+        architecture="gemma3",
+        n_layers=6,
+        n_heads=4,
+        n_kv_heads=1,
+        head_dim=64,
+        ffn_dim=256,
+        sliding_window=16,
+        rope_base=1000000.0,
+        weight_type="Q5_0",
+        tensor_types={
+            "token_embd.weight": "Q8_0",
+            "attn_v": "Q8_0",
+            "attn_output": "Q4_K",
+            "ffn_down": "Q6_K",
+        },
+    ),
+}
+ARCHS = tuple(ARCH_MODELS)
+
+
+def write_tiny_model(path: str | Path, arch: str, **kwargs: object) -> Path:
+    """The tiny fixture of `arch` (a key of ARCH_MODELS); kwargs override its arguments."""
+    return write_tiny_llama(path, **{**ARCH_MODELS[arch], **kwargs})  # type: ignore[arg-type]
+
+
 def write_wrong_arch(path: str | Path) -> Path:
-    """A tiny model whose general.architecture is "qwen2" (unsupported)."""
-    return write_tiny_llama(path, architecture="qwen2")
+    """A tiny model whose general.architecture is "gpt2" (unsupported)."""
+    return write_tiny_llama(path, architecture="gpt2")
 
 
 def write_unsupported_type(

@@ -1,15 +1,22 @@
-"""NumPy reference forward pass of a llama GGUF, for checking the engine token by token.
+"""NumPy reference forward pass of a GGUF model, for checking the engine token by token.
 
 Design: deliberately plain and independent of slotserve's loader. It reads the file with
 gguf.GGUFReader, dequantizes every weight with gguf.quants.dequantize into matrices [n_out, n_in]
-(float64 by default), and recomputes the whole causal forward pass for each call:
+(float64 by default), and recomputes the whole causal forward pass for each call. One block
+with each architecture's additions written out where they happen (llama.cpp's graphs):
 
-    x = embd[tokens]
+    x = embd[tokens]                                      gemma3: * sqrt(dim) (float32)
     per layer: h = rmsnorm(x) * attn_norm; q,k,v = h @ Wq.T, h @ Wk.T, h @ Wv.T
-               rope(q), rope(k) on adjacent pairs (2i, 2i+1), angle pos * base ** (-2i / head_dim)
-               causal softmax attention, kv head = q head // (n_heads / n_kv_heads)
-               x += attn @ Wo.T
-               h = rmsnorm(x) * ffn_norm; x += (silu(h @ Wg.T) * (h @ Wu.T)) @ Wd.T
+               qwen2: + bq, bk, bv;   qwen3, gemma3: q, k = rmsnorm per head * q_norm, k_norm
+               rope(q), rope(k), angle pos * base ** (-2i / head_dim) (/ rope_freqs[i]) on
+                 pairs (2i, 2i+1) (llama) or (i, i + head_dim/2) (qwen2, qwen3, gemma3)
+               causal softmax attention, kv head = q head // (n_heads / n_kv_heads);
+                 gemma3: layers i with (i+1) % 6 != 0 see only keys t > pos - sliding_window
+                 and use RoPE base 10000
+               o = attn @ Wo.T;  gemma3: o = rmsnorm(o) * post_attention_norm;  x += o
+               h = rmsnorm(x) * ffn_norm; f = (act(h @ Wg.T) * (h @ Wu.T)) @ Wd.T
+                 act = silu, gemma3: gelu (tanh approximation); gemma3: f = rmsnorm(f) * post_ffw_norm
+               x += f
     logits = (rmsnorm(x) * output_norm) @ (output or embd).T
 """
 
@@ -23,12 +30,15 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 
-class ReferenceLlama:
-    """A llama GGUF evaluated with dequantized weights, in float64 by default.
 
-    dtype=np.float32 halves the memory and runs much faster on the real model (135M parameters
-    -> 540 MB), at float32 rounding.
+class ReferenceModel:
+    """A GGUF (llama, qwen2, qwen3 or gemma3) evaluated with dequantized weights, in float64
+    by default.
+
+    dtype=np.float32 halves the memory and runs much faster on the real models, at float32
+    rounding.
     """
 
     def __init__(self, path: str | Path, dtype: type = np.float64) -> None:
@@ -37,16 +47,24 @@ class ReferenceLlama:
         meta = {
             name: f.contents()
             for name, f in reader.fields.items()
-            if name not in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type")
+            if name
+            not in (
+                "tokenizer.ggml.tokens",
+                "tokenizer.ggml.merges",
+                "tokenizer.ggml.token_type",
+                "tokenizer.ggml.scores",
+            )
         }
-        assert meta["general.architecture"] == "llama"
-        self.n_layers = int(meta["llama.block_count"])
-        self.dim = int(meta["llama.embedding_length"])
-        self.n_heads = int(meta["llama.attention.head_count"])
-        self.n_kv_heads = int(meta.get("llama.attention.head_count_kv", self.n_heads))
-        self.head_dim = self.dim // self.n_heads
-        self.rope_base = float(meta.get("llama.rope.freq_base", 10000.0))
-        self.eps = float(meta.get("llama.attention.layer_norm_rms_epsilon", 1e-5))
+        self.arch = arch = meta["general.architecture"]
+        assert arch in ARCHS, arch
+        self.n_layers = int(meta[f"{arch}.block_count"])
+        self.dim = int(meta[f"{arch}.embedding_length"])
+        self.n_heads = int(meta[f"{arch}.attention.head_count"])
+        self.n_kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", self.n_heads))
+        self.head_dim = int(meta.get(f"{arch}.attention.key_length", self.dim // self.n_heads))
+        self.rope_base = float(meta.get(f"{arch}.rope.freq_base", 10000.0))
+        self.eps = float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5))
+        self.window = int(meta.get(f"{arch}.attention.sliding_window", 0)) if arch == "gemma3" else 0
         self.w: dict[str, np.ndarray] = {}
         for t in reader.tensors:
             qtype = GGMLQuantizationType(int(t.tensor_type))
@@ -60,18 +78,34 @@ class ReferenceLlama:
     def _rmsnorm(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
         return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps) * weight
 
-    def _rope(self, x: np.ndarray) -> np.ndarray:
-        """x: [n, heads, head_dim], row i at position i; rotate pairs (2j, 2j+1)."""
-        n = x.shape[0]
-        inv_freq = self.rope_base ** (-np.arange(0, self.head_dim, 2, dtype=np.float64) / self.head_dim)
+    def _is_local(self, layer: int) -> bool:
+        """gemma3 with a sliding window: every layer but each sixth."""
+        return self.window > 0 and (layer + 1) % 6 != 0
+
+    def _rope(self, x: np.ndarray, base: float) -> np.ndarray:
+        """x: [n, heads, head_dim], row i at position i."""
+        n, hd = x.shape[0], self.head_dim
+        inv_freq = base ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+        if "rope_freqs.weight" in self.w:
+            inv_freq = inv_freq / self.w["rope_freqs.weight"].astype(np.float64)
         angle = np.arange(n, dtype=np.float64)[:, None] * inv_freq[None, :]  # [n, head_dim/2]
         cos = np.cos(angle)[:, None, :].astype(self.dtype)
         sin = np.sin(angle)[:, None, :].astype(self.dtype)
-        even, odd = x[..., 0::2], x[..., 1::2]
+        if self.arch == "llama":  # adjacent pairs
+            a, b = x[..., 0::2], x[..., 1::2]
+        else:  # NEOX: halves
+            a, b = x[..., : hd // 2], x[..., hd // 2 :]
+        ra, rb = a * cos - b * sin, a * sin + b * cos
         out = np.empty_like(x)
-        out[..., 0::2] = even * cos - odd * sin
-        out[..., 1::2] = even * sin + odd * cos
+        if self.arch == "llama":
+            out[..., 0::2], out[..., 1::2] = ra, rb
+        else:
+            out[..., : hd // 2], out[..., hd // 2 :] = ra, rb
         return out
+
+    @staticmethod
+    def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
         """[len(tokens), n_vocab] in self.dtype: row p is the next-token logits after tokens[:p+1]."""
@@ -82,24 +116,48 @@ class ReferenceLlama:
         ids = np.asarray(tokens, dtype=np.int64)
         n, hd = len(ids), self.head_dim
         group = self.n_heads // self.n_kv_heads
+        gemma = self.arch == "gemma3"
         x = self.embd[ids]  # [n, dim]
-        causal = np.triu(np.full((n, n), -np.inf, dtype=self.dtype), k=1)  # [n, n]: -inf above the diagonal
+        if gemma:
+            x = x * self.dtype.type(np.float32(math.sqrt(self.dim)))
+        pos = np.arange(n)
+        causal = np.where(pos[None, :] > pos[:, None], -np.inf, 0.0).astype(self.dtype)  # [query, key]
+        windowed = np.where(pos[:, None] - pos[None, :] >= self.window, -np.inf, causal).astype(self.dtype)
         for i in range(self.n_layers):
             w = lambda s, i=i: self.w[f"blk.{i}.{s}.weight"]  # noqa: E731
             h = self._rmsnorm(x, w("attn_norm"))
-            q = self._rope((h @ w("attn_q").T).reshape(n, self.n_heads, hd))
-            k = self._rope((h @ w("attn_k").T).reshape(n, self.n_kv_heads, hd))
-            v = (h @ w("attn_v").T).reshape(n, self.n_kv_heads, hd)
+            q, k, v = h @ w("attn_q").T, h @ w("attn_k").T, h @ w("attn_v").T
+            if self.arch == "qwen2":
+                q = q + self.w[f"blk.{i}.attn_q.bias"]
+                k = k + self.w[f"blk.{i}.attn_k.bias"]
+                v = v + self.w[f"blk.{i}.attn_v.bias"]
+            q = q.reshape(n, self.n_heads, hd)
+            k = k.reshape(n, self.n_kv_heads, hd)
+            v = v.reshape(n, self.n_kv_heads, hd)
+            if self.arch in ("qwen3", "gemma3"):
+                q = self._rmsnorm(q, w("attn_q_norm"))
+                k = self._rmsnorm(k, w("attn_k_norm"))
+            local = self._is_local(i)
+            base = 10000.0 if local else self.rope_base
+            q, k = self._rope(q, base), self._rope(k, base)
+            mask = windowed if local else causal
             attn = np.empty((n, self.n_heads, hd), dtype=self.dtype)
             for head in range(self.n_heads):
                 kv = head // group
-                scores = q[:, head] @ k[:, kv].T / math.sqrt(hd) + causal  # [n, n]
+                scores = q[:, head] @ k[:, kv].T / math.sqrt(hd) + mask  # [n, n]
                 scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
                 attn[:, head] = (scores / scores.sum(axis=-1, keepdims=True)) @ v[:, kv]
-            x = x + attn.reshape(n, -1) @ w("attn_output").T
+            o = attn.reshape(n, -1) @ w("attn_output").T
+            if gemma:
+                o = self._rmsnorm(o, w("post_attention_norm"))
+            x = x + o
             h = self._rmsnorm(x, w("ffn_norm"))
             gate = h @ w("ffn_gate").T
-            x = x + (gate / (1.0 + np.exp(-gate)) * (h @ w("ffn_up").T)) @ w("ffn_down").T
+            act = self._gelu_tanh(gate) if gemma else gate / (1.0 + np.exp(-gate))
+            f = (act * (h @ w("ffn_up").T)) @ w("ffn_down").T
+            if gemma:
+                f = self._rmsnorm(f, w("post_ffw_norm"))
+            x = x + f
         return self._rmsnorm(x, self.w["output_norm.weight"])
 
     def greedy(self, tokens: Sequence[int], n: int) -> list[int]:

@@ -1,7 +1,8 @@
 /* Causal attention in chunks (contract in kernels.h): the portable chunk and fold kernels, and
  * the composition every variant shares.
  *
- * For query position p and head h: s_t = scale * q.k_t for t <= p; over each chunk of
+ * For query position p and head h: s_t = scale * q.k_t for lo <= t <= p (lo = 0, or p-w+1 with
+ * a sliding window w); over each chunk of
  * ATTN_CHUNK keys a partial state (m, l, acc); the states folded in chunk order; out = acc / l.
  */
 #include <math.h>
@@ -41,12 +42,13 @@ static inline void load_key(float *dst, const void *k, int kv_f16, int t, int he
 
 void attention_chunk_generic(float *acc, int lda, float *ml, const float *q, int ldq, const void *k,
                              const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim,
-                             float scale, int chunk, float *scratch) {
+                             float scale, int window, int chunk, float *scratch) {
     float *row = scratch;                 /* [head_dim] */
     float *scores = scratch + head_dim;   /* [ATTN_CHUNK] */
-    const int t0 = chunk * ATTN_CHUNK;
     for (int i = 0; i < n_q; i++) {
-        int t1 = pos0 + i + 1 < t0 + ATTN_CHUNK ? pos0 + i + 1 : t0 + ATTN_CHUNK;
+        const int lo = window > 0 ? pos0 + i - window + 1 : 0;
+        int t0 = chunk * ATTN_CHUNK > lo ? chunk * ATTN_CHUNK : lo;
+        int t1 = pos0 + i + 1 < chunk * ATTN_CHUNK + ATTN_CHUNK ? pos0 + i + 1 : chunk * ATTN_CHUNK + ATTN_CHUNK;
         for (int g = 0; g < group; g++) {
             const float *qh = q + (size_t)i * ldq + (size_t)g * head_dim;
             float *ah = acc + (size_t)i * lda + (size_t)g * head_dim;
@@ -106,17 +108,20 @@ void attention_finish(float *out, int ldo, const float *acc, int lda, const floa
 
 void attention_rows(const kernel_table *kt, float *out, int ldo, const float *q, int ldq, const void *k,
                     const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim, float scale,
-                    float *scratch) {
+                    int window, float *scratch) {
     const int lda = group * head_dim;
     float *acc = scratch;                                   /* [n_q][lda] running state */
     float *ml = acc + (size_t)ATTN_MAX_ROWS * head_dim;     /* [n_q * group][2] */
     float *pacc = ml + 2 * ATTN_MAX_ROWS;                   /* [n_q][lda] chunk partial */
     float *pml = pacc + (size_t)ATTN_MAX_ROWS * head_dim;   /* [n_q * group][2] */
     float *rest = pml + 2 * ATTN_MAX_ROWS;                  /* the chunk kernel's scratch */
-    const int n_chunks = (pos0 + n_q + ATTN_CHUNK - 1) / ATTN_CHUNK;
-    kt->attention_chunk(acc, lda, ml, q, ldq, k, v, kv_f16, pos0, n_q, group, head_dim, scale, 0, rest);
-    for (int c = 1; c < n_chunks; c++) {
-        kt->attention_chunk(pacc, lda, pml, q, ldq, k, v, kv_f16, pos0, n_q, group, head_dim, scale, c, rest);
+    /* NOTE: chunks before the first that any row needs are skipped; a row whose first chunk
+     * comes later starts empty, and folding into an empty state copies exactly (a = 0, b = 1),
+     * so the row's result does not depend on its batch mates. */
+    const int c0 = attn_first_chunk(pos0, window), n_chunks = (pos0 + n_q + ATTN_CHUNK - 1) / ATTN_CHUNK;
+    kt->attention_chunk(acc, lda, ml, q, ldq, k, v, kv_f16, pos0, n_q, group, head_dim, scale, window, c0, rest);
+    for (int c = c0 + 1; c < n_chunks; c++) {
+        kt->attention_chunk(pacc, lda, pml, q, ldq, k, v, kv_f16, pos0, n_q, group, head_dim, scale, window, c, rest);
         kt->attention_fold(acc, lda, ml, pacc, lda, pml, n_q, group, head_dim);
     }
     attention_finish(out, ldo, acc, lda, ml, n_q, group, head_dim);

@@ -1,4 +1,6 @@
-/* The llama forward pass over a pool of KV slots.
+/* The decoder forward pass over a pool of KV slots: llama, qwen2, qwen3 and gemma3, one
+ * phase sequence whose optional parts (biases, q/k norms, post-norms, sliding windows) are
+ * switched by the model description (engine.h).
  *
  * Design: a forward call is cut into steps of at most max_tokens rows; a step holds segments
  * (consecutive tokens of one slot) from any number of slots, so one step streams every weight
@@ -6,12 +8,16 @@
  * a phase is a list of units that any thread grabs, and it ends when all its units are done
  * (a late or descheduled thread finds them taken; threadpool.h):
  *
- *   embed + rope angles (rows)
+ *   embed (* scale) + rope angles of each rope table (rows)
  *   per layer: norm+quantize (rows) | q,k,v matmuls (output rows, dynamic)
- *              | rope + KV store (rows) | attention (segment x kv head x query tile, or per key
- *              chunk + merge when there are few) | quantize (rows) | output matmul += residual
- *              | norm+quantize | gate,up matmuls
- *              | silu*up + quantize (rows) | down matmul += residual
+ *              | biases, q/k norms, rope, KV store (rows) | attention (segment x kv head x query
+ *              tile, or per key chunk + merge when there are few) | quantize (rows)
+ *              | output matmul (+= residual) | [post-norm += residual] | norm+quantize
+ *              | gate,up matmuls | act(gate)*up + quantize (rows) | down matmul (+= residual)
+ *              | [post-norm += residual]
+ *
+ * Every layer walks the same PHASES_PER_LAYER phases (a phase an architecture lacks is an empty
+ * slot in the sequence), and a step checks that it walked exactly the phases it counted.
  *   logits: final norm+quantize of the requested rows only | output matmul (vocab, dynamic)
  *
  * Which thread computes a row or an output never changes the arithmetic (kernels.h NOTE), so
@@ -45,8 +51,9 @@
 
 #define MIN_GEMM_CHUNK 16       /* fewest output rows in one dynamic matmul chunk */
 #define CHUNKS_PER_THREAD 8     /* dynamic matmul chunks per thread (load balance) */
-#define MAX_ROW_LEN (QK * 1024) /* longest weight row the SIMD kernels take */
-#define PHASES_PER_LAYER 11     /* norm, qkv, rope, attention, merge, quantize, output, norm, gate/up, silu, down */
+/* norm, qkv, rope, attention, merge, quantize, output, post-norm, norm, gate/up, act, down, post-norm */
+#define PHASES_PER_LAYER 13
+#define PHASES_EXTRA 3          /* embed; logits norm, logits matmul */
 #define SPLIT_BELOW_UNITS 4     /* split attention into chunks when it has < this many units per thread */
 #define PART_FLOATS (1 << 18)   /* capacity of the split attention partial states (1 MiB) */
 #define ROWS_PER_UNIT 4         /* rows per unit of the row-wise phases (1 for small steps) */
@@ -94,16 +101,19 @@ struct engine {
     size_t kv_elt;            /* bytes per KV element: 2 (f16) or 4 (f32) */
     void *kv;                 /* [num_slots][n_layers][2][n_kv_heads][ctx_pad * head_dim] (see top) */
     size_t kv_bytes;
-    double *inv_freq;         /* [head_dim/2]: rope_base^(-2i/head_dim) */
+    int n_rope;               /* distinct rope tables (one per distinct layer rope_base) */
+    int *layer_rope;          /* [n_layers] rope table of each layer */
+    double *inv_freq;         /* [n_rope][head_dim/2]: rope_base^(-2i/head_dim) / rope_freqs[i] */
 
     /* step buffers; T = max_tokens */
     float *x;                 /* [T][dim] residual stream */
     float *xb;                /* [T][max_k] float matmul input, row stride = current k */
     float *q, *k, *v;         /* [T][q_dim], [T][kv_dim], [T][kv_dim] */
     float *gate, *up;         /* [T][ffn_dim] */
+    float *proj;              /* [T][dim] output / down matmul result before its post-norm */
     int8_t *aqs;              /* [T][max_k] quantized matmul input */
     float *ad, *as;           /* [T][max_k/QK] block scales and sums */
-    float *rope_cs;           /* [T][head_dim/2][2] cos, sin */
+    float *rope_cs;           /* [n_rope][T][head_dim/2][2] cos, sin */
     int32_t *tokens;          /* [T] */
     int *row_pos;             /* [T] absolute position of each row */
     int *row_slot;            /* [T] slot of each row */
@@ -115,8 +125,10 @@ struct engine {
     int *logit_src;           /* [T] step row whose logits each logits row gets */
     float *attn_scratch;      /* [n_threads][attn_floats] */
     size_t attn_floats;
-    phase_sync *sync;         /* [n_phases] work counters, one per phase of a step */
-    int n_phases;
+    phase_sync *sync;         /* [n_phases + PHASES_PER_LAYER] work counters, one per phase of a
+                               * step (the spare layer's worth absorbs a miscount until it is caught) */
+    int n_phases;             /* PHASES_PER_LAYER * n_layers + PHASES_EXTRA */
+    int phases_run;           /* phases the last step walked (thread 0 writes it) */
 
     /* the current step */
     int n_rows, n_segs, n_units, n_merges, n_logits;
@@ -136,15 +148,20 @@ static void *xalloc(size_t n, int *ok) {
 static int weight_ok(const weight_t *w, int n_in, int n_out) {
     if (!w->rows || w->n_in != n_in || w->n_out != n_out) return 0;
     if (ggml_row_bytes(w->type, n_in) == 0) return 0;
+    if (n_in > MAX_ROW_LEN) return 0;
     /* block types: whole blocks (K-quants: super-blocks of 256) */
-    if (is_block_type(w->type) && (n_in % ggml_block_elems(w->type) != 0 || n_in > MAX_ROW_LEN)) return 0;
+    if (is_block_type(w->type) && n_in % ggml_block_elems(w->type) != 0) return 0;
     return 1;
 }
 
 static int model_ok(const model_desc *m) {
     if (m->n_layers < 1 || m->dim < 1 || m->n_heads < 1 || m->n_kv_heads < 1 || m->head_dim < 2 ||
         m->head_dim % 2 || m->n_heads % m->n_kv_heads || m->ffn_dim < 1 || m->n_vocab < 1 ||
-        !m->layers || !m->output_norm)
+        !m->layers || !m->output_norm || m->head_dim > MAX_ROW_LEN || m->dim > MAX_ROW_LEN)
+        return 0;
+    if ((m->rope_mode != ROPE_NORMAL && m->rope_mode != ROPE_NEOX) ||
+        (m->activation != ACT_SILU && m->activation != ACT_GELU_TANH) || !(m->embed_scale > 0.0f) ||
+        !(m->attn_scale > 0.0f) || !(m->rms_eps >= 0.0f))
         return 0;
     if (m->n_heads / m->n_kv_heads > ATTN_MAX_ROWS) return 0;
     int q_dim = m->n_heads * m->head_dim, kv_dim = m->n_kv_heads * m->head_dim;
@@ -158,7 +175,8 @@ static int model_ok(const model_desc *m) {
         if (!L->attn_norm || !L->ffn_norm || !weight_ok(&L->attn_q, m->dim, q_dim) ||
             !weight_ok(&L->attn_k, m->dim, kv_dim) || !weight_ok(&L->attn_v, m->dim, kv_dim) ||
             !weight_ok(&L->attn_output, q_dim, m->dim) || !weight_ok(&L->ffn_gate, m->dim, m->ffn_dim) ||
-            !weight_ok(&L->ffn_up, m->dim, m->ffn_dim) || !weight_ok(&L->ffn_down, m->ffn_dim, m->dim))
+            !weight_ok(&L->ffn_up, m->dim, m->ffn_dim) || !weight_ok(&L->ffn_down, m->ffn_dim, m->dim) ||
+            !(L->rope_base > 0.0) || L->window < 0 || (!L->q_norm != !L->k_norm))
             return 0;
     }
     return 1;
@@ -268,9 +286,24 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
     e->kv_bytes = (size_t)num_slots * m->n_layers * 2 * e->kv_dim * (size_t)e->ctx_pad * e->kv_elt;
     e->kv = big_alloc(e->kv_bytes, 1);
     if (!e->kv) ok = 0;
-    e->inv_freq = xalloc(sizeof(double) * (m->head_dim / 2), &ok);
+    /* one rope table per distinct layer base (gemma3: local 10000 and global layers) */
+    e->layer_rope = xalloc(sizeof(int) * m->n_layers, &ok);
+    e->inv_freq = xalloc(sizeof(double) * (m->head_dim / 2) * m->n_layers, &ok);
     if (ok)
-        for (int i = 0; i < m->head_dim / 2; i++) e->inv_freq[i] = pow(m->rope_base, -2.0 * i / m->head_dim);
+        for (int l = 0; l < m->n_layers; l++) {
+            int t = 0;
+            while (t < l && m->layers[t].rope_base != m->layers[l].rope_base) t++;
+            if (t < l) {
+                e->layer_rope[l] = e->layer_rope[t];
+                continue;
+            }
+            e->layer_rope[l] = e->n_rope;
+            double *f = e->inv_freq + (size_t)e->n_rope++ * (m->head_dim / 2);
+            for (int i = 0; i < m->head_dim / 2; i++) {
+                f[i] = pow(m->layers[l].rope_base, -2.0 * i / m->head_dim);
+                if (m->rope_freqs) f[i] /= m->rope_freqs[i];
+            }
+        }
 
     size_t T = (size_t)max_tokens;
     e->x = xalloc(sizeof(float) * T * m->dim, &ok);
@@ -280,10 +313,11 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
     e->v = xalloc(sizeof(float) * T * e->kv_dim, &ok);
     e->gate = xalloc(sizeof(float) * T * m->ffn_dim, &ok);
     e->up = xalloc(sizeof(float) * T * m->ffn_dim, &ok);
+    e->proj = xalloc(sizeof(float) * T * m->dim, &ok);
     e->aqs = xalloc(T * e->max_k, &ok);
     e->ad = xalloc(sizeof(float) * T * (e->max_k / QK + 1), &ok);
     e->as = xalloc(sizeof(float) * T * (e->max_k / QK + 1), &ok);
-    e->rope_cs = xalloc(sizeof(float) * T * m->head_dim, &ok);
+    e->rope_cs = xalloc(sizeof(float) * T * m->head_dim * (e->n_rope ? e->n_rope : 1), &ok);
     e->tokens = xalloc(sizeof(int32_t) * T, &ok);
     e->row_pos = xalloc(sizeof(int) * T, &ok);
     e->row_slot = xalloc(sizeof(int) * T, &ok);
@@ -297,8 +331,8 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
     e->logit_src = xalloc(sizeof(int) * T, &ok);
     e->attn_floats = (attn_scratch_floats(ctx_len, m->head_dim) + 15) & ~(size_t)15;
     e->attn_scratch = xalloc(sizeof(float) * e->attn_floats * n_threads, &ok);
-    e->n_phases = PHASES_PER_LAYER * m->n_layers + 3; /* + embed, logits norm, logits */
-    e->sync = xalloc(sizeof(phase_sync) * e->n_phases, &ok);
+    e->n_phases = PHASES_PER_LAYER * m->n_layers + PHASES_EXTRA;
+    e->sync = xalloc(sizeof(phase_sync) * (e->n_phases + PHASES_PER_LAYER), &ok);
     if (ok) {
         e->tp = threadpool_create(n_threads);
         if (!e->tp) ok = 0;
@@ -316,7 +350,7 @@ void engine_destroy(engine *e) {
     threadpool_destroy(e->tp);
     big_free(e->packed, e->packed_bytes);
     big_free(e->kv, e->kv_bytes);
-    void *bufs[] = {e->layers, e->inv_freq, e->x, e->xb, e->q, e->k, e->v, e->gate, e->up,
+    void *bufs[] = {e->layers, e->layer_rope, e->inv_freq, e->x, e->xb, e->q, e->k, e->v, e->gate, e->up, e->proj,
                     e->aqs, e->ad, e->as, e->rope_cs, e->tokens, e->row_pos, e->row_slot, e->segs,
                     e->units, e->merges, e->parts, e->logit_src, e->attn_scratch, (void *)e->sync};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free(bufs[i]);
@@ -472,7 +506,8 @@ static inline size_t part_floats(const engine *e, int n_q) {
 static void attention_phase(engine *e, int p, int layer, int ith) {
     const model_desc *m = &e->m;
     float *scratch = e->attn_scratch + (size_t)ith * e->attn_floats;
-    const float scale = 1.0f / sqrtf((float)m->head_dim);
+    const float scale = m->attn_scale;
+    const int window = m->layers[layer].window;
     const int lda = e->group * m->head_dim;
     FOR_EACH_UNIT(e, p, e->n_units, u) {
         const attn_unit *au = &e->units[u];
@@ -483,11 +518,11 @@ static void attention_phase(engine *e, int p, int layer, int ith) {
         const void *k = kv_plane(e, sg->slot, layer, 0, au->kv_head), *v = kv_plane(e, sg->slot, layer, 1, au->kv_head);
         if (au->chunk < 0) {
             attention_rows(e->kt, e->xb + (size_t)row * e->q_dim + col, e->q_dim, q, e->q_dim, k, v, e->kv_f16,
-                           sg->pos0 + au->q0, au->n_q, e->group, m->head_dim, scale, scratch);
+                           sg->pos0 + au->q0, au->n_q, e->group, m->head_dim, scale, window, scratch);
         } else {
             float *acc = e->parts + au->part, *ml = acc + (size_t)au->n_q * lda;
             e->kt->attention_chunk(acc, lda, ml, q, e->q_dim, k, v, e->kv_f16, sg->pos0 + au->q0, au->n_q,
-                                   e->group, m->head_dim, scale, au->chunk, scratch);
+                                   e->group, m->head_dim, scale, window, au->chunk, scratch);
         }
     }
     phase_end(e, p, e->n_units);
@@ -526,6 +561,48 @@ static void norm_phase(engine *e, int p, const float *w, int quantize) {
     phase_end(e, p, nu);
 }
 
+/* rows: x += rmsnorm(proj) * w (a post-norm before the residual add; gemma3) */
+static void post_norm_phase(engine *e, int p, const float *w) {
+    const int dim = e->m.dim, nu = n_row_units(e->n_rows);
+    FOR_EACH_UNIT(e, p, nu, u) {
+        int r0, r1;
+        unit_rows(u, e->n_rows, &r0, &r1);
+        for (int r = r0; r < r1; r++) {
+            float *pr = e->proj + (size_t)r * dim, *xr = e->x + (size_t)r * dim;
+            e->kt->rmsnorm(pr, pr, w, dim, e->m.rms_eps);
+            for (int i = 0; i < dim; i++) xr[i] += pr[i];
+        }
+    }
+    phase_end(e, p, nu);
+}
+
+/* One row's q, k, v after the matmuls: biases, per-head norms, rope, then the KV store. */
+static void qkv_row(engine *e, const layer_weights *L, int l, int r) {
+    const model_desc *m = &e->m;
+    const kernel_table *kt = e->kt;
+    const int hd = m->head_dim;
+    float *q = e->q + (size_t)r * e->q_dim, *k = e->k + (size_t)r * e->kv_dim, *v = e->v + (size_t)r * e->kv_dim;
+    if (L->bq)
+        for (int i = 0; i < e->q_dim; i++) q[i] += L->bq[i];
+    if (L->bk)
+        for (int i = 0; i < e->kv_dim; i++) k[i] += L->bk[i];
+    if (L->bv)
+        for (int i = 0; i < e->kv_dim; i++) v[i] += L->bv[i];
+    if (L->q_norm) {
+        for (int h = 0; h < m->n_heads; h++) kt->rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, m->rms_eps);
+        for (int h = 0; h < m->n_kv_heads; h++) kt->rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, m->rms_eps);
+    }
+    const float *cs = e->rope_cs + ((size_t)e->layer_rope[l] * e->max_tokens + r) * hd;
+    if (m->rope_mode == ROPE_NEOX) {
+        kt->rope_neox(q, m->n_heads, hd, cs);
+        kt->rope_neox(k, m->n_kv_heads, hd, cs);
+    } else {
+        kt->rope(q, m->n_heads, hd, cs);
+        kt->rope(k, m->n_kv_heads, hd, cs);
+    }
+    for (int h = 0; h < m->n_kv_heads; h++) store_kv(e, e->row_slot[r], l, h, e->row_pos[r], k + h * hd, v + h * hd);
+}
+
 static void step_worker(void *ctx, int ith, int nth) {
     engine *e = ctx;
     const model_desc *m = &e->m;
@@ -533,19 +610,24 @@ static void step_worker(void *ctx, int ith, int nth) {
     const int T = e->n_rows, dim = m->dim, hd = m->head_dim, nu = n_row_units(T);
     int p = 0; /* phase index: every thread walks the same sequence */
 
-    /* embed rows; rope angles of each row's position */
+    /* embed rows (scaled); rope angles of each row's position in every rope table */
     const size_t embd_row = ggml_row_bytes(m->token_embd.type, dim);
     FOR_EACH_UNIT(e, p, nu, u) {
         int r0, r1;
         unit_rows(u, T, &r0, &r1);
         for (int r = r0; r < r1; r++) {
-            kt->dequantize_row[m->token_embd.type](e->x + (size_t)r * dim,
-                                                   (const char *)m->token_embd.rows + (size_t)e->tokens[r] * embd_row, dim);
-            float *cs = e->rope_cs + (size_t)r * hd;
-            for (int i = 0; i < hd / 2; i++) {
-                double theta = (double)e->row_pos[r] * e->inv_freq[i];
-                cs[2 * i] = (float)cos(theta);
-                cs[2 * i + 1] = (float)sin(theta);
+            float *xr = e->x + (size_t)r * dim;
+            kt->dequantize_row[m->token_embd.type](xr, (const char *)m->token_embd.rows + (size_t)e->tokens[r] * embd_row, dim);
+            if (m->embed_scale != 1.0f)
+                for (int i = 0; i < dim; i++) xr[i] *= m->embed_scale;
+            for (int t = 0; t < e->n_rope; t++) {
+                float *cs = e->rope_cs + ((size_t)t * e->max_tokens + r) * hd;
+                const double *f = e->inv_freq + (size_t)t * (hd / 2);
+                for (int i = 0; i < hd / 2; i++) {
+                    double theta = (double)e->row_pos[r] * f[i];
+                    cs[2 * i] = (float)cos(theta);
+                    cs[2 * i + 1] = (float)sin(theta);
+                }
             }
         }
     }
@@ -564,13 +646,7 @@ static void step_worker(void *ctx, int ith, int nth) {
         FOR_EACH_UNIT(e, p, nu, u) {
             int r0, r1;
             unit_rows(u, T, &r0, &r1);
-            for (int r = r0; r < r1; r++) {
-                kt->rope(e->q + (size_t)r * e->q_dim, m->n_heads, hd, e->rope_cs + (size_t)r * hd);
-                kt->rope(e->k + (size_t)r * e->kv_dim, m->n_kv_heads, hd, e->rope_cs + (size_t)r * hd);
-                for (int h = 0; h < m->n_kv_heads; h++)
-                    store_kv(e, e->row_slot[r], l, h, e->row_pos[r], e->k + (size_t)r * e->kv_dim + h * hd,
-                             e->v + (size_t)r * e->kv_dim + h * hd);
-            }
+            for (int r = r0; r < r1; r++) qkv_row(e, L, l, r);
         }
         phase_end(e, p++, nu);
         if (l == e->fault_layer) return; /* test hook: every thread leaves at the same point */
@@ -586,10 +662,13 @@ static void step_worker(void *ctx, int ith, int nth) {
         }
         p++;
         {
-            mm_job job = {&L->attn_output, e->x, dim, 1};
+            /* without a post-norm the output adds straight into the residual stream */
+            mm_job job = {&L->attn_output, L->post_attn_norm ? e->proj : e->x, dim, !L->post_attn_norm};
             act_rows in = input_view(e, e->xb, e->q_dim);
             matmul_phase(e, p++, &job, 1, &in, T, nth);
         }
+        if (L->post_attn_norm) post_norm_phase(e, p, L->post_attn_norm);
+        p++;
         /* feed-forward block */
         norm_phase(e, p++, L->ffn_norm, is_block_type(L->ffn_gate.type) || is_block_type(L->ffn_up.type));
         {
@@ -602,15 +681,24 @@ static void step_worker(void *ctx, int ith, int nth) {
             unit_rows(u, T, &r0, &r1);
             for (int r = r0; r < r1; r++) {
                 float *g = e->gate + (size_t)r * m->ffn_dim;
-                kt->silu_mul(g, g, e->up + (size_t)r * m->ffn_dim, m->ffn_dim);
+                if (m->activation == ACT_GELU_TANH) kt->gelu_tanh_mul(g, g, e->up + (size_t)r * m->ffn_dim, m->ffn_dim);
+                else kt->silu_mul(g, g, e->up + (size_t)r * m->ffn_dim, m->ffn_dim);
                 if (is_block_type(L->ffn_down.type)) quantize_row(e, e->gate, m->ffn_dim, r);
             }
         }
         phase_end(e, p++, nu);
         {
-            mm_job job = {&L->ffn_down, e->x, dim, 1};
+            mm_job job = {&L->ffn_down, L->post_ffn_norm ? e->proj : e->x, dim, !L->post_ffn_norm};
             act_rows in = input_view(e, e->gate, m->ffn_dim);
             matmul_phase(e, p++, &job, 1, &in, T, nth);
+        }
+        if (L->post_ffn_norm) post_norm_phase(e, p, L->post_ffn_norm);
+        p++;
+        /* NOTE: the phase count is checked at every layer's end, while the spare counters past
+         * n_phases still absorb a miscount; every thread takes the same branch and leaves. */
+        if (p != 1 + (l + 1) * PHASES_PER_LAYER) {
+            if (ith == 0) e->phases_run = -1;
+            return;
         }
     }
 
@@ -628,8 +716,10 @@ static void step_worker(void *ctx, int ith, int nth) {
     if (nl > 0) {
         mm_job job = {&m->output, e->logits_out, m->n_vocab, 0};
         act_rows in = input_view(e, e->xb, dim);
-        matmul_phase(e, p++, &job, 1, &in, nl, nth);
+        matmul_phase(e, p, &job, 1, &in, nl, nth);
     }
+    p++;
+    if (ith == 0) e->phases_run = p;
 }
 
 /* Fill the step's attention units: segment x kv head x query tile, latest tiles first (they
@@ -659,6 +749,8 @@ static void plan_attention(engine *e) {
         const attn_unit *u = &e->units[i];
         int n_chunks = (e->segs[u->seg].pos0 + u->q0 + u->n_q + ATTN_CHUNK - 1) / ATTN_CHUNK;
         need += (size_t)n_chunks * part_floats(e, u->n_q);
+        /* NOTE: one plan serves every layer: on sliding-window layers the units of chunks
+         * before the window yield empty states at once (and the fold skips them). */
         n_split += n_chunks;
     }
     if (need > PART_FLOATS || n_split > e->max_units) return;
@@ -727,12 +819,15 @@ int engine_forward(engine *e, const engine_item *items, int n_items, float *logi
         plan_attention(e);
         e->logits_out = logits + (size_t)logit_base * e->m.n_vocab;
         e->fault_layer = first_step ? fault_layer : -1;
-        for (int c = 0; c < e->n_phases; c++) {
+        for (int c = 0; c < e->n_phases + PHASES_PER_LAYER; c++) {
             atomic_store(&e->sync[c].next, 0);
             atomic_store(&e->sync[c].done, 0);
         }
+        e->phases_run = 0;
         threadpool_run(e->tp, step_worker, e);
         if (e->fault_layer >= 0 && e->fault_layer < e->m.n_layers) return ENGINE_EFAULT;
+        /* thread 0 is this thread: it wrote phases_run at its walk's end */
+        if (e->phases_run != e->n_phases) return ENGINE_EINTERNAL;
         logit_base += e->n_logits;
         first_step = 0;
     }

@@ -1,4 +1,5 @@
-/* The llama forward pass over a pool of KV slots (see engine.c for the design). */
+/* The decoder forward pass (llama, qwen2, qwen3, gemma3) over a pool of KV slots (see engine.c
+ * for the design). */
 #ifndef SLOTSERVE_ENGINE_H
 #define SLOTSERVE_ENGINE_H
 
@@ -13,28 +14,58 @@ enum {
     ENGINE_ENOMEM = -1,     /* an allocation failed */
     ENGINE_EINVAL = -2,     /* a bad argument (the Python layer validates first) */
     ENGINE_EFAULT = -3,     /* the injected test fault fired */
+    ENGINE_EINTERNAL = -4,  /* a step ran another number of phases than it allocated (a bug) */
+};
+
+/* How RoPE pairs the dimensions of a head (llama.cpp's rope modes). */
+enum {
+    ROPE_NORMAL = 0,        /* adjacent pairs (x[2i], x[2i+1]): llama */
+    ROPE_NEOX = 1,          /* halves (x[i], x[i + head_dim/2]): qwen2, qwen3, gemma3 */
+};
+
+/* The gate activation of the feed-forward block: act(gate) * up. */
+enum {
+    ACT_SILU = 0,           /* llama, qwen2, qwen3 */
+    ACT_GELU_TANH = 1,      /* gemma3 (GELU, tanh approximation) */
 };
 
 /* Weights are kernels.h `gemm_weight`s: the caller fills type, n_in, n_out and rows (borrowed
  * from the model file) and leaves x8 NULL; the engine packs its own row groups. */
 typedef gemm_weight weight_t;
 
+/* One layer. Optional parts are NULL when the architecture has none:
+ *   q = Wq h (+ bq), k = Wk h (+ bk), v = Wv h (+ bv)        biases: qwen2
+ *   q, k = rmsnorm per head * q_norm, k_norm, before RoPE     qwen3, gemma3
+ *   x += rmsnorm(Wo attn) * post_attn_norm (else x += Wo attn) gemma3, likewise post_ffn_norm */
 typedef struct {
     const float *attn_norm; /* [dim] */
     weight_t attn_q;        /* dim -> n_heads * head_dim */
     weight_t attn_k;        /* dim -> n_kv_heads * head_dim */
     weight_t attn_v;        /* dim -> n_kv_heads * head_dim */
+    const float *bq;        /* [n_heads * head_dim] or NULL */
+    const float *bk;        /* [n_kv_heads * head_dim] or NULL */
+    const float *bv;        /* [n_kv_heads * head_dim] or NULL */
+    const float *q_norm;    /* [head_dim] or NULL */
+    const float *k_norm;    /* [head_dim] or NULL */
     weight_t attn_output;   /* n_heads * head_dim -> dim */
+    const float *post_attn_norm; /* [dim] or NULL */
     const float *ffn_norm;  /* [dim] */
     weight_t ffn_gate;      /* dim -> ffn_dim */
     weight_t ffn_up;        /* dim -> ffn_dim */
     weight_t ffn_down;      /* ffn_dim -> dim */
+    const float *post_ffn_norm; /* [dim] or NULL */
+    double rope_base;       /* this layer's RoPE base (gemma3: 10000 on sliding-window layers) */
+    int window;             /* sliding window: a row at pos sees keys pos-window+1..pos; 0 = all */
 } layer_weights;
 
 typedef struct {
     int n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, n_vocab;
-    double rope_base;
+    int rope_mode;          /* ROPE_NORMAL or ROPE_NEOX */
+    int activation;         /* ACT_SILU or ACT_GELU_TANH */
     float rms_eps;
+    float embed_scale;      /* embeddings are multiplied by this (gemma3: sqrt(dim); else 1) */
+    float attn_scale;       /* attention scores are scale * q.k (1/sqrt(head_dim)) */
+    const float *rope_freqs; /* [head_dim/2] RoPE frequency divisors (llama 3.1) or NULL */
     weight_t token_embd;    /* dim x n_vocab: row t is token t's embedding */
     weight_t output;        /* dim -> n_vocab (token_embd when the output is tied) */
     const float *output_norm; /* [dim] */

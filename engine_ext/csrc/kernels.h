@@ -34,6 +34,11 @@ enum {
 
 #define QK 32 /* elements per quantization block (every block format here) */
 
+/* Longest row (elements) any kernel takes: the SIMD kernels keep per-row scratch of this size
+ * on the stack, the engine rejects models with longer weight rows, and KernelTable (the
+ * Python test surface) refuses longer operands. */
+#define MAX_ROW_LEN (QK * 1024)
+
 /* ggml block layouts, byte-exact with the GGUF file. Values: Q8_0 d*q; Q4_0 d*(nib-8);
  * Q4_1 d*nib + m. Nibbles: qs[j] & 15 is element j, qs[j] >> 4 is element j + 16. */
 typedef struct { uint16_t d; int8_t qs[QK]; } block_q8_0;                 /* 34 bytes */
@@ -87,7 +92,8 @@ typedef void (*gemm_fn)(float *y, int ldy, const gemm_weight *w, int o0, int o1,
 #include "quant_k.h" /* Q5_0, Q5_1, K-quants, BF16 */
 
 /* Attention, in chunks. Query rows i = 0..n_q-1 of one slot sit at positions pos0+i and attend
- * keys 0..pos0+i of ONE kv head, shared by `group` query heads (GQA). Keys are cut into chunks
+ * keys lo(i)..pos0+i of ONE kv head, shared by `group` query heads (GQA), where lo(i) = 0, or
+ * with a sliding window w > 0, lo(i) = max(0, pos0+i-w+1) (a key w positions back is masked). Keys are cut into chunks
  * of ATTN_CHUNK at absolute positions; a chunk yields a partial softmax state per (row, head):
  * (m = max score, l = sum exp(s - m), acc = sum exp(s - m) v), and the states are folded
  * chunk by chunk in increasing order. The order is fixed by positions alone, so a row's result
@@ -112,11 +118,12 @@ static inline size_t key_index(int t, int d, int head_dim) {
 /* Largest n_q * group an attention call may take (callers tile queries to fit). */
 #define ATTN_MAX_ROWS 64
 
-/* The partial state of chunk `chunk` for every (row, head); a row whose position is before the
- * chunk gets the empty state (m = -inf, l = 0, acc = 0). scratch: attn_scratch_floats. */
+/* The partial state of chunk `chunk` for every (row, head); a row none of whose keys is in the
+ * chunk gets the empty state (m = -inf, l = 0, acc = 0). window: 0 or the sliding window.
+ * scratch: attn_scratch_floats. */
 typedef void (*attn_chunk_fn)(float *acc, int lda, float *ml, const float *q, int ldq, const void *k,
                               const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim,
-                              float scale, int chunk, float *scratch);
+                              float scale, int window, int chunk, float *scratch);
 /* (acc, ml) = fold((acc, ml), (pacc, pml)): rescale both to the larger max and add. */
 typedef void (*attn_fold_fn)(float *acc, int lda, float *ml, const float *pacc, int ldp, const float *pml,
                              int n_q, int group, int head_dim);
@@ -126,7 +133,11 @@ typedef struct kernel_table kernel_table;
  * out = acc / l. scratch: attn_scratch_floats(ctx_len, head_dim) floats. */
 void attention_rows(const kernel_table *kt, float *out, int ldo, const float *q, int ldq, const void *k,
                     const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim, float scale,
-                    float *scratch);
+                    int window, float *scratch);
+/* The first chunk holding a key that rows pos0.. need (0 without a window). */
+static inline int attn_first_chunk(int pos0, int window) {
+    return window > 0 && pos0 - window + 1 > 0 ? (pos0 - window + 1) / ATTN_CHUNK : 0;
+}
 /* out = acc / l for every (row, head). */
 void attention_finish(float *out, int ldo, const float *acc, int lda, const float *ml, int n_q, int group,
                       int head_dim);
@@ -147,8 +158,13 @@ struct kernel_table {
     /* Rotate adjacent pairs (x[2i], x[2i+1]) of each of n_heads heads by angle i:
      * cos_sin: [head_dim/2][2] (cos, sin) for this token's position. */
     void (*rope)(float *x, int n_heads, int head_dim, const float *cos_sin);
+    /* The same angles on the pairs (x[i], x[i + head_dim/2]) (NEOX layout). */
+    void (*rope_neox)(float *x, int n_heads, int head_dim, const float *cos_sin);
     /* out = silu(g) * u over n elements. */
     void (*silu_mul)(float *out, const float *g, const float *u, int n);
+    /* out = gelu(g) * u over n elements, GELU's tanh approximation as ggml computes it:
+     * 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), 0 for g <= -10, g for g >= 10. */
+    void (*gelu_tanh_mul)(float *out, const float *g, const float *u, int n);
     /* y = exp(x) over n elements (the exponential attention and silu use). */
     void (*exp)(float *y, const float *x, int n);
     /* y (f16 bits) = round-to-nearest-even(x); and back. */
@@ -178,12 +194,14 @@ void gemm_q4_0_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, 
 void gemm_q4_1_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
 void attention_chunk_generic(float *acc, int lda, float *ml, const float *q, int ldq, const void *k,
                              const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim,
-                             float scale, int chunk, float *scratch);
+                             float scale, int window, int chunk, float *scratch);
 void attention_fold_generic(float *acc, int lda, float *ml, const float *pacc, int ldp, const float *pml,
                             int n_q, int group, int head_dim);
 void rmsnorm_generic(float *out, const float *x, const float *w, int n, float eps);
 void rope_generic(float *x, int n_heads, int head_dim, const float *cos_sin);
+void rope_neox_generic(float *x, int n_heads, int head_dim, const float *cos_sin);
 void silu_mul_generic(float *out, const float *g, const float *u, int n);
+void gelu_tanh_mul_generic(float *out, const float *g, const float *u, int n);
 void exp_generic(float *y, const float *x, int n);
 void f32_to_f16_generic(uint16_t *y, const float *x, int n);
 void f16_to_f32_generic(float *y, const uint16_t *x, int n);
@@ -201,12 +219,14 @@ void gemm_q4_0_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, con
 void gemm_q4_1_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
 void attention_chunk_avx2(float *acc, int lda, float *ml, const float *q, int ldq, const void *k,
                           const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim,
-                          float scale, int chunk, float *scratch);
+                          float scale, int window, int chunk, float *scratch);
 void attention_fold_avx2(float *acc, int lda, float *ml, const float *pacc, int ldp, const float *pml,
                          int n_q, int group, int head_dim);
 void rmsnorm_avx2(float *out, const float *x, const float *w, int n, float eps);
 void rope_avx2(float *x, int n_heads, int head_dim, const float *cos_sin);
+void rope_neox_avx2(float *x, int n_heads, int head_dim, const float *cos_sin);
 void silu_mul_avx2(float *out, const float *g, const float *u, int n);
+void gelu_tanh_mul_avx2(float *out, const float *g, const float *u, int n);
 void exp_avx2(float *y, const float *x, int n);
 void f32_to_f16_avx2(uint16_t *y, const float *x, int n);
 void f16_to_f32_avx2(float *y, const uint16_t *x, int n);

@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 import pytest
-from reference import ReferenceLlama
+from reference import ReferenceModel
 from slotserve.engine_ext.chat import chat_template_for
 from slotserve.engine_ext.gguf_file import load_model_file
 from slotserve.engine_ext.tokenizer import Tokenizer
@@ -37,7 +37,7 @@ def test_greedy_matches_reference(tiny_model_factory, capsys):
     tok = _tokenizer(path)
     prompt = "the cat sat on"
     expected = []
-    for t in ReferenceLlama(path).greedy(tok.encode(prompt), 12):
+    for t in ReferenceModel(path).greedy(tok.encode(prompt), 12):
         if t in tok.eos_token_ids:
             break
         expected.append(t)

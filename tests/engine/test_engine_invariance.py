@@ -1,4 +1,4 @@
-"""Invariances of the slot pool: however a slot's tokens were fed (chunks, batch mates,
+"""Invariances of the slot pool, on every architecture: however a slot's tokens were fed (chunks, batch mates,
 rewinds, copies, snapshots, internal steps, threads), its logits are bit-identical to a cold
 single-chunk run, so greedy tokens are identical too.
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from engine_support import feed, greedy, make_pool, random_tokens
-from gguf_fixtures import K_DIMS
+from gguf_fixtures import ARCHS, K_DIMS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,12 +19,15 @@ N_VOCAB = 299
 GREEDY_STEPS = 6
 
 
-@pytest.fixture(scope="module", params=["Q4_1", "K_MIX"])
-def path(request, tiny_model_factory):
-    """Q4_1 (the default model's main type) and a llama-quantize-style mix of K-quants, 5-bit
-    and 8-bit blocks (gguf_fixtures.WEIGHT_MIXES)."""
+@pytest.fixture(scope="module", params=("Q4_1", "K_MIX") + ARCHS)
+def path(request, tiny_model_factory, arch_model_factory):
+    """Q4_1 (the default model's main type), a llama-quantize-style mix of K-quants, 5-bit and
+    8-bit blocks (gguf_fixtures.WEIGHT_MIXES), and every other architecture's tiny model
+    (gemma3's sliding window of 16 is crossed many times)."""
     if request.param == "K_MIX":
         return tiny_model_factory("K_MIX", **K_DIMS)
+    if request.param in ARCHS:
+        return arch_model_factory(request.param)
     return tiny_model_factory(request.param)
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from engine_support import make_pool, random_tokens
-from gguf_fixtures import K_DIMS
-from reference import ReferenceLlama
+from gguf_fixtures import ARCHS, K_DIMS
+from reference import ReferenceModel
 
 WEIGHT_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "BF16", "Q5_0", "Q5_1")
 # Written as random valid blocks at dim 256 (gguf_fixtures.K_DIMS); K_MIX mixes block types.
@@ -27,13 +27,13 @@ K_BLOCK_ATOL = (0.8, 0.12)
 
 PREFILL_LEN, DECODE_LEN = 30, 10
 
-_REFERENCES: dict[str, tuple[ReferenceLlama, np.ndarray]] = {}
+_REFERENCES: dict[str, tuple[ReferenceModel, np.ndarray]] = {}
 
 
 def reference_logits(path, tokens: np.ndarray) -> np.ndarray:
     key = str(path)
     if key not in _REFERENCES:
-        _REFERENCES[key] = (ReferenceLlama(path), tokens)
+        _REFERENCES[key] = (ReferenceModel(path), tokens)
     ref, cached_tokens = _REFERENCES[key]
     assert np.array_equal(cached_tokens, tokens)
     return ref.logits(tokens)
@@ -74,7 +74,7 @@ def test_untied_output_matrix(tiny_model_factory):
     """A model with its own output.weight (not tied to the embedding) reads that matrix."""
     path = tiny_model_factory("F32", tied=False)
     tokens = random_tokens(12, 299, seed=3)
-    want = ReferenceLlama(path).logits(tokens)[-1]
+    want = ReferenceModel(path).logits(tokens)[-1]
     got = make_pool(path, 1, 32, kv_dtype="f32").forward([(0, tokens, 0, True)])[0]
     assert np.abs(got - want).max() <= FLOAT_F32KV_ATOL[0]
 
@@ -85,7 +85,7 @@ def test_long_context_matches_reference(tiny_model_factory, kv_dtype):
     threads, the engine still computes the reference's attention."""
     path = tiny_model_factory("F32")
     tokens = random_tokens(600, 299, seed=12)
-    want = ReferenceLlama(path).logits(tokens)[[579, 599]]
+    want = ReferenceModel(path).logits(tokens)[[579, 599]]
     pool = make_pool(path, 1, 640, kv_dtype=kv_dtype, threads=2)
     got = [pool.forward([(0, tokens[:580], 0, True)])[0]]
     for p in range(580, 600):
@@ -94,3 +94,50 @@ def test_long_context_matches_reference(tiny_model_factory, kv_dtype):
     max_atol, _ = FLOAT_F32KV_ATOL if kv_dtype == "f32" else FLOAT_F16KV_ATOL
     diff = np.abs(np.array(got) - want).max()
     assert diff <= max_atol, f"largest difference {diff:.4g} > {max_atol}"
+
+
+def _prefill_then_decode(path, tokens, kv_dtype, threads=None):
+    pool = make_pool(path, 2, 64, kv_dtype=kv_dtype, threads=threads)
+    rows = [pool.forward([(1, tokens[:PREFILL_LEN], 0, True)])[0]]
+    for p in range(PREFILL_LEN, len(tokens)):
+        rows.append(pool.forward([(1, tokens[p : p + 1], p, True)])[0])
+    return np.array(rows)
+
+
+@pytest.mark.parametrize("kv_dtype", ["f16", "f32"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_architectures_match_reference(arch_model_factory, arch, kv_dtype):
+    """Each architecture's additions (rope_freqs, biases, NEOX rope, q/k norms, post-norms,
+    GELU, embedding scale, sliding window 16 crossed by 40 tokens) against the reference:
+    all-F32 weights at float tolerance, and the quantized type mix at block tolerance."""
+    tokens = random_tokens(PREFILL_LEN + DECODE_LEN, 299, seed=13)
+    for weight_type, tensor_types in (("F32", {}), (None, None)):
+        overrides = {} if weight_type is None else {"weight_type": weight_type, "tensor_types": tensor_types}
+        path = arch_model_factory(arch, **overrides)
+        want = ReferenceModel(path).logits(tokens)[PREFILL_LEN - 1 :]
+        got = _prefill_then_decode(path, tokens, kv_dtype)
+        max_atol, mean_atol = tolerance(weight_type or "Q8_0", kv_dtype)
+        diff = np.abs(got - want)
+        label = f"{arch} {weight_type or 'mix'} kv {kv_dtype}"
+        assert diff.max() <= max_atol, f"{label}: largest difference {diff.max():.4g} > {max_atol}"
+        assert diff.mean() <= mean_atol, f"{label}: mean difference {diff.mean():.4g} > {mean_atol}"
+        top2 = np.sort(want, axis=1)[:, -2:]
+        clear = top2[:, 1] - top2[:, 0] > 2 * max_atol
+        assert clear.any()
+        assert np.array_equal(got[clear].argmax(axis=1), want[clear].argmax(axis=1))
+
+
+def test_sliding_window_long_context_matches_reference(arch_model_factory):
+    """gemma3 past several attention chunks with window 16 and then 300: whole chunks before
+    the window are skipped, in prefill and in decode split across threads."""
+    tokens = random_tokens(600, 299, seed=14)
+    for window in (16, 300):
+        path = arch_model_factory("gemma3", weight_type="F32", tensor_types={}, sliding_window=window)
+        want = ReferenceModel(path).logits(tokens)[[579, 599]]
+        pool = make_pool(path, 1, 640, kv_dtype="f32", threads=2)
+        got = [pool.forward([(0, tokens[:580], 0, True)])[0]]
+        for p in range(580, 600):
+            last = pool.forward([(0, tokens[p : p + 1], p, True)])[0]
+        got.append(last)
+        diff = np.abs(np.array(got) - want).max()
+        assert diff <= FLOAT_F32KV_ATOL[0], f"window {window}: largest difference {diff:.4g}"

@@ -6,9 +6,21 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
-from gguf_fixtures import WEIGHT_TYPES, write_tiny_llama, write_unsupported_type, write_wrong_arch
+from gguf_fixtures import (
+    WEIGHT_TYPES,
+    write_tiny_llama,
+    write_tiny_model,
+    write_unsupported_type,
+    write_wrong_arch,
+)
 from slotserve.engine_ext.errors import UnsupportedModelError
-from slotserve.engine_ext.gguf_file import SUPPORTED_TYPES, load_model_file, required_tensor_names
+from slotserve.engine_ext.gguf_file import (
+    SUPPORTED_TYPES,
+    Activation,
+    RopeMode,
+    load_model_file,
+    required_tensor_names,
+)
 
 
 def test_supported_types_are_the_engine_types():
@@ -33,7 +45,7 @@ def test_tiny_model_config_and_tensors(tiny_model_factory, weight_type):
     assert c.n_vocab == 299 and c.tied_output and c.rope_base == 10000.0 and c.ctx_train == 2048
     assert c.rms_eps == pytest.approx(1e-5)
     assert mf.name == f"tiny-llama-{weight_type}"
-    assert set(required_tensor_names(c.n_layers)) <= set(mf.tensors)
+    assert set(required_tensor_names(c)) <= set(mf.tensors)
     q = mf.tensor("blk.1.attn_q.weight")
     assert q.shape == (64, 64) and q.ggml_type == GGMLQuantizationType[weight_type]
     assert mf.tensor("blk.0.attn_k.weight").shape == (64, 32)
@@ -76,8 +88,68 @@ def test_missing_tensor_lookup_names_it(tiny_model_path):
 
 
 def test_wrong_architecture_is_rejected(tmp_path):
-    with pytest.raises(ValueError, match=r"architecture 'qwen2'.*supported: llama"):
-        load_model_file(write_wrong_arch(tmp_path / "qwen.gguf"))
+    with pytest.raises(
+        UnsupportedModelError, match=r"architecture 'gpt2'; supported: llama, qwen2, qwen3, gemma3"
+    ):
+        load_model_file(write_wrong_arch(tmp_path / "gpt2.gguf"))
+
+
+def test_architecture_configs(tmp_path):
+    """Each architecture's switches and per-layer arrays come from its own metadata prefix."""
+    q2 = load_model_file(write_tiny_model(tmp_path / "q2.gguf", "qwen2")).config
+    assert (q2.arch, q2.rope_mode, q2.activation, q2.qkv_bias, q2.qk_norm, q2.post_norms) == (
+        "qwen2",
+        RopeMode.NEOX,
+        Activation.SILU,
+        True,
+        False,
+        False,
+    )
+    assert q2.rope_base == 1e6 and q2.rms_eps == pytest.approx(1e-6) and q2.layer_windows == (0, 0)
+    q3 = load_model_file(write_tiny_model(tmp_path / "q3.gguf", "qwen3")).config
+    assert q3.qk_norm and not q3.qkv_bias and q3.head_dim == 32 and q3.q_dim == 128 != q3.dim
+    assert q3.attn_scale == pytest.approx(32**-0.5)
+    g = load_model_file(write_tiny_model(tmp_path / "g3.gguf", "gemma3")).config
+    assert (g.activation, g.qk_norm, g.post_norms, g.n_kv_heads, g.head_dim) == (
+        Activation.GELU_TANH,
+        True,
+        True,
+        1,
+        64,
+    )
+    assert g.embed_scale == pytest.approx(8.0)
+    assert g.layer_windows == (16, 16, 16, 16, 16, 0)  # every sixth layer is global
+    assert g.layer_rope_bases == (1e4,) * 5 + (1e6,)
+    l3 = load_model_file(write_tiny_model(tmp_path / "l3.gguf", "llama3")).config
+    assert (
+        l3.rope_freqs and l3.rope_mode == RopeMode.NORMAL and "rope_freqs.weight" in required_tensor_names(l3)
+    )
+    assert "blk.0.attn_q.bias" in required_tensor_names(
+        q2
+    ) and "blk.5.post_ffw_norm.weight" in required_tensor_names(g)
+
+
+def test_missing_architecture_tensor_is_rejected(tmp_path):
+    """A qwen2 file without its biases is not silently run as llama."""
+    import gguf_fixtures
+
+    path = tmp_path / "nobias.gguf"
+    original = gguf_fixtures._add
+    try:
+        gguf_fixtures._add = lambda w, name, *a: (
+            None if name.endswith("attn_k.bias") else original(w, name, *a)
+        )
+        write_tiny_model(path, "qwen2")
+    finally:
+        gguf_fixtures._add = original
+    with pytest.raises(ValueError, match=r"required tensors missing: blk.0.attn_k.bias"):
+        load_model_file(path)
+
+
+def test_unsupported_architecture_features_are_rejected(tmp_path):
+    rope_freqs_on_qwen = write_tiny_model(tmp_path / "rf.gguf", "qwen2", rope_freqs=True)
+    with pytest.raises(UnsupportedModelError, match="rope_freqs"):
+        load_model_file(rope_freqs_on_qwen)
 
 
 def test_unsupported_tensor_type_names_tensor_and_type(tmp_path):

@@ -234,22 +234,31 @@ def test_gemm_rows_independent_of_grouping(variant, type_name):
 
 
 def attention_numpy(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, pos0: int, group: int, head_dim: int, scale: float
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    pos0: int,
+    group: int,
+    head_dim: int,
+    scale: float,
+    window: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(output, bound scale): float64 causal attention of query rows at pos0.. over k, v."""
+    """(output, bound scale): float64 causal attention of query rows at pos0.. over k, v; with a
+    window, row at pos sees keys pos-window+1..pos only."""
     n_q = q.shape[0]
     kf, vf = k.astype(np.float64), v.astype(np.float64)
     out = np.zeros((n_q, group * head_dim))
     mag = np.zeros_like(out)
     for i in range(n_q):
         n = pos0 + i + 1
+        lo = max(0, n - window) if window else 0
         for g in range(group):
             qh = q[i, g * head_dim : (g + 1) * head_dim].astype(np.float64)
-            s = kf[:n] @ qh * scale
+            s = kf[lo:n] @ qh * scale
             p = np.exp(s - s.max())
             p /= p.sum()
-            out[i, g * head_dim : (g + 1) * head_dim] = p @ vf[:n]
-            mag[i, g * head_dim : (g + 1) * head_dim] = p @ np.abs(vf[:n]) * (1 + np.abs(s).max())
+            out[i, g * head_dim : (g + 1) * head_dim] = p @ vf[lo:n]
+            mag[i, g * head_dim : (g + 1) * head_dim] = p @ np.abs(vf[lo:n]) * (1 + np.abs(s).max())
     return out, mag
 
 
@@ -272,6 +281,44 @@ def test_attention_variants_match_numpy(kv_dtype, head_dim, group, pos0, n_q):
         assert_close(outs[name], want, mag, 8 * SUM_RTOL, f"{name} attention vs numpy")
     if len(outs) == 2:
         assert_close(outs["avx2"], outs["scalar"], mag, 8 * SUM_RTOL, "avx2 vs generic attention")
+
+
+@pytest.mark.parametrize("kv_dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("window", [1, 5, 16, 33, 300])
+@pytest.mark.parametrize("pos0, n_q", [(0, 7), (14, 3), (40, 9), (290, 4), (600, 2)])
+def test_sliding_window_attention_matches_numpy(kv_dtype, window, pos0, n_q):
+    """Keys outside each row's window (inside a key block, whole blocks, whole chunks before it)
+    are left out; the keys there are NaN, so reading one into a result would show."""
+    head_dim, group = 32, 2
+    r = rng(pos0 * 7 + window)
+    n_keys = pos0 + n_q
+    q = r.standard_normal((n_q, group * head_dim)).astype(np.float32)
+    k = (r.standard_normal((n_keys, head_dim)) * 0.7).astype(kv_dtype)
+    v = r.standard_normal((n_keys, head_dim)).astype(kv_dtype)
+    lo = max(0, pos0 - window + 1)
+    k[:lo] = np.nan  # before every row's window: never read
+    scale = head_dim**-0.5
+    want, mag = attention_numpy(q, k, v, pos0, group, head_dim, scale, window)
+    for name in ["scalar"] + (["avx2"] if _engine.avx2_supported() else []):
+        got = _engine.KernelTable(name).attention(q, k, v, pos0, group, head_dim, scale, window=window)
+        assert_close(got, want, mag, 8 * SUM_RTOL, f"{name} window {window}")
+
+
+@pytest.mark.parametrize("variant", ["scalar", "avx2"])
+def test_windowed_rows_independent(variant):
+    """With a window, a row's output still does not depend on its batch mates (which change
+    the blocks and chunks the call skips)."""
+    if variant == "avx2" and not _engine.avx2_supported():
+        pytest.skip("no AVX2")
+    kt = _engine.KernelTable(variant)
+    r = rng(10)
+    q = r.standard_normal((9, 2 * 64)).astype(np.float32)
+    k = r.standard_normal((600, 64)).astype(np.float16)
+    v = r.standard_normal((600, 64)).astype(np.float16)
+    together = kt.attention(q, k, v, 560, 2, 64, 0.125, window=40)
+    for i in range(9):
+        alone = kt.attention(q[i : i + 1].copy(), k, v, 560 + i, 2, 64, 0.125, window=40)
+        assert np.array_equal(alone[0], together[i]), f"row {i}"
 
 
 @pytest.mark.parametrize("variant", ["scalar", "avx2"])
@@ -318,6 +365,47 @@ def test_rope(generic, n_heads, head_dim):
     scale = np.repeat(np.abs(xh[:, 0::2]) + np.abs(xh[:, 1::2]), 2, axis=1).reshape(-1)
     for kt in [generic] + ([_engine.KernelTable("avx2")] if _engine.avx2_supported() else []):
         assert_close(kt.rope(x, n_heads, head_dim, cs), want.reshape(-1), scale, 4 * SUM_RTOL, kt.name)
+
+
+@pytest.mark.parametrize("n_heads, head_dim", [(1, 2), (3, 6), (3, 16), (2, 64), (1, 256), (2, 40)])
+def test_rope_neox(generic, n_heads, head_dim):
+    """NEOX pairs (x[i], x[i + head_dim/2]); head_dim/2 = 20 and 3 hit the SIMD tail."""
+    r = rng(head_dim + 1)
+    x = r.standard_normal(n_heads * head_dim).astype(np.float32)
+    theta = 37 * 10000.0 ** (-np.arange(0, head_dim, 2) / head_dim)
+    cs = np.stack([np.cos(theta), np.sin(theta)], axis=1).astype(np.float32).reshape(-1)
+    xh = x.astype(np.float64).reshape(n_heads, head_dim)
+    c, s = cs[0::2].astype(np.float64), cs[1::2].astype(np.float64)
+    a, b = xh[:, : head_dim // 2], xh[:, head_dim // 2 :]
+    want = np.concatenate([a * c - b * s, a * s + b * c], axis=1)
+    scale = np.tile(np.abs(a) + np.abs(b), 2).reshape(-1)
+    for kt in [generic] + ([_engine.KernelTable("avx2")] if _engine.avx2_supported() else []):
+        got = kt.rope(x, n_heads, head_dim, cs, neox=True)
+        assert_close(got, want.reshape(-1), scale, 4 * SUM_RTOL, kt.name)
+        if head_dim > 2:  # (with one pair the two layouts coincide)
+            assert not np.allclose(got, kt.rope(x, n_heads, head_dim, cs)), (
+                "neox must differ from adjacent pairs"
+            )
+
+
+GELU_ATOL = 2e-6  # near gelu's zero the tanh form and the exp form differ by float rounding
+
+
+@pytest.mark.parametrize("n", [1, 13, 100])
+def test_gelu_tanh_mul(generic, n):
+    r = rng(n + 3)
+    g = np.concatenate([(r.standard_normal(n) * 4), [-200.0, -10.0, -9.99, 9.99, 10.0, 30.0, 0.0]]).astype(
+        np.float32
+    )
+    u = r.standard_normal(len(g)).astype(np.float32)
+    g64 = g.astype(np.float64)
+    gelu = 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64**3)))
+    gelu = np.where(g64 <= -10, 0.0, np.where(g64 >= 10, g64, gelu))
+    want = gelu * u
+    for kt in [generic] + ([_engine.KernelTable("avx2")] if _engine.avx2_supported() else []):
+        got = kt.gelu_tanh_mul(g, u)
+        err = np.abs(got - want)
+        assert (err <= 8 * SILU_RTOL * np.abs(want) + GELU_ATOL * np.abs(u)).all(), f"{kt.name}: {err.max()}"
 
 
 @pytest.mark.parametrize("n", [1, 13, 100])
@@ -413,5 +501,33 @@ def test_kernel_table_refuses_mismatched_operands(generic):
     }
     for what, call in calls.items():
         with pytest.raises(ValueError):
+            call()
+            pytest.fail(f"{what}: accepted")
+
+
+@pytest.mark.parametrize("variant", ["scalar", "avx2"])
+def test_kernel_table_refuses_rows_longer_than_the_limit(variant):
+    """kernels.h MAX_ROW_LEN: the SIMD kernels keep per-row scratch of that size on the stack,
+    so a longer row is refused before any C code runs."""
+    if variant == "avx2" and not _engine.avx2_supported():
+        pytest.skip("no AVX2")
+    kt = _engine.KernelTable(variant)
+    limit = _engine.max_row_len()
+    assert limit == 32 * 1024
+    long = np.ones(limit + 32, np.float32)
+    q8 = int(GGMLQuantizationType.Q8_0)
+    ok_x = np.ones((1, limit), np.float32)
+    assert kt.quantize_q8a(ok_x)[0].shape == (1, limit)  # the limit itself is fine
+    raw = np.zeros(_engine.row_bytes(q8, limit + 32) * 8, np.uint8)
+    calls = {
+        "rmsnorm": lambda: kt.rmsnorm(long, long, 1e-5),
+        "silu_mul": lambda: kt.silu_mul(long, long),
+        "gelu_tanh_mul": lambda: kt.gelu_tanh_mul(long, long),
+        "quantize_q8a": lambda: kt.quantize_q8a(long[None, :]),
+        "dequantize_row": lambda: kt.dequantize_row(q8, raw[: _engine.row_bytes(q8, limit + 32)], limit + 32),
+        "gemm": lambda: kt.gemm(q8, raw, 8, long[None, :], quantized=None),
+    }
+    for what, call in calls.items():
+        with pytest.raises(ValueError, match="limit"):
             call()
             pytest.fail(f"{what}: accepted")

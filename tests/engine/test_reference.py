@@ -6,14 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf_fixtures import WEIGHT_TYPES
-from reference import ReferenceLlama
+from reference import ReferenceModel
 
 PROMPT = [1, 100, 200, 50, 7, 299 - 1, 3]
 
 
 @pytest.fixture(scope="module")
-def ref(tiny_model_path) -> ReferenceLlama:
-    return ReferenceLlama(tiny_model_path)
+def ref(tiny_model_path) -> ReferenceModel:
+    return ReferenceModel(tiny_model_path)
 
 
 def test_logits_shape_and_finite(ref):
@@ -26,7 +26,7 @@ def test_causal_prefix_logits_unchanged_by_appended_tokens(ref):
     np.testing.assert_allclose(full[: len(PROMPT)], ref.logits(PROMPT), rtol=0, atol=1e-10)
 
 
-def _incremental_logits(ref: ReferenceLlama, tokens: list[int]) -> np.ndarray:
+def _incremental_logits(ref: ReferenceModel, tokens: list[int]) -> np.ndarray:
     """Independent formulation: one token at a time with an explicit KV cache, scalar loops
     for RoPE (rotating each pair by its own angle) and per-head attention."""
     hd, group = ref.head_dim, ref.n_heads // ref.n_kv_heads
@@ -89,7 +89,7 @@ def test_matches_independent_incremental_formulation(ref):
 
 
 def test_untied_output_uses_output_weight(tiny_model_factory):
-    ref = ReferenceLlama(tiny_model_factory("F32", tied=False))
+    ref = ReferenceModel(tiny_model_factory("F32", tied=False))
     assert ref.out is not ref.embd
     np.testing.assert_allclose(ref.logits(PROMPT[:4]), _incremental_logits(ref, PROMPT[:4]), atol=1e-8)
 
@@ -98,18 +98,18 @@ def test_quantized_fixtures_track_the_f32_model(tiny_model_factory):
     """Same seed -> same float weights, so each quantized model's logits must correlate with the
     F32 model's; the floor drops with the format's precision (measured: F16 0.9999996,
     Q8_0 0.9997, Q4_x 0.92-0.96 over seeds 0-2)."""
-    base = ReferenceLlama(tiny_model_factory("F32")).logits(PROMPT).ravel()
+    base = ReferenceModel(tiny_model_factory("F32")).logits(PROMPT).ravel()
     min_corr = {"F16": 0.99999, "Q8_0": 0.999, "Q4_1": 0.9, "Q4_0": 0.9}
     for wt in WEIGHT_TYPES[1:]:
-        lg = ReferenceLlama(tiny_model_factory(wt)).logits(PROMPT).ravel()
+        lg = ReferenceModel(tiny_model_factory(wt)).logits(PROMPT).ravel()
         corr = np.corrcoef(lg, base)[0, 1]
         assert corr > min_corr[wt], f"{wt}: correlation with F32 logits {corr:.6f}"
-    assert not np.allclose(ReferenceLlama(tiny_model_factory("Q4_0")).logits(PROMPT).ravel(), base)
+    assert not np.allclose(ReferenceModel(tiny_model_factory("Q4_0")).logits(PROMPT).ravel(), base)
 
 
 @pytest.mark.parametrize("weight_type", WEIGHT_TYPES)
 def test_greedy_tokens_vary(tiny_model_factory, weight_type):
-    ref = ReferenceLlama(tiny_model_factory(weight_type))
+    ref = ReferenceModel(tiny_model_factory(weight_type))
     out = ref.greedy([1, 100, 200, 50], 16)
     assert len(out) == 16 and all(0 <= t < 299 for t in out)
     assert len(set(out)) >= 4, out
@@ -127,6 +127,6 @@ def test_real_model_reference_agrees_with_llamacpp(real_model_path, real_model_f
     case = json.loads((shared_fixtures_dir / "smollm2_greedy_llamacpp.json").read_text())[0]
     vocab = real_model_file.metadata["tokenizer.ggml.tokens"]
     char_to_byte = {c: b for b, c in byte_to_unicode().items()}
-    out = ReferenceLlama(real_model_path, dtype=np.float32).greedy(case["prompt_ids"], 6)
+    out = ReferenceModel(real_model_path, dtype=np.float32).greedy(case["prompt_ids"], 6)
     text = b"".join(bytes(char_to_byte[c] for c in vocab[t]) for t in out).decode("utf-8")
     assert len(text) > 10 and case["continuation"].startswith(text), (text, case["continuation"])

@@ -19,7 +19,7 @@
 #include "../kernels.h"
 
 #define GEMM_TILE 4        /* activation rows per micro-kernel call */
-#define MAX_BLOCKS 1024    /* longest block-weight row: 32768 elements */
+#define MAX_BLOCKS (MAX_ROW_LEN / QK) /* blocks of the longest row (kernels.h) */
 #define ATTN_KEY_BLOCK 32  /* keys per attention block (aligned to absolute positions) */
 
 /* ---- helpers --------------------------------------------------------------------------- */
@@ -67,11 +67,12 @@ static inline float exp1(float x) {
     return buf[0];
 }
 
-/* lanes i < n of v, zero elsewhere (0 <= n <= 8) */
-static inline __m256 keep_first(__m256 v, int n) {
+/* all-ones lanes i with a <= i < b, zero elsewhere */
+static inline __m256 lane_range(int a, int b) {
     const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx);
-    return _mm256_and_ps(v, _mm256_castsi256_ps(mask));
+    __m256i hi = _mm256_cmpgt_epi32(_mm256_set1_epi32(b), idx);
+    __m256i lo = _mm256_cmpgt_epi32(_mm256_set1_epi32(a), idx); /* i < a */
+    return _mm256_castsi256_ps(_mm256_andnot_si256(lo, hi));
 }
 
 /* ---- conversions, quantization, decoding ------------------------------------------------ */
@@ -479,19 +480,19 @@ static inline __attribute__((always_inline)) void block_values(
         for (int c = 0; c < NC; c++) _mm256_storeu_ps(ah[h] + 8 * (c0 + c), a[h][c]);
 }
 
-/* One (query row, batch of NH heads) against keys [t0, t0 + nv) of a block of ATTN_KEY_BLOCK:
+/* One (query row, batch of NH heads) against keys [t0 + lo, t0 + nv) of a block of ATTN_KEY_BLOCK
+ * (keys before t0 + lo lie outside a sliding window: probability exactly 0):
  * scores, online-softmax update of (m, l), value accumulation. sc: [HEAD_BATCH][ATTN_KEY_BLOCK]. */
 static inline __attribute__((always_inline)) void attend_block(
     const int NH, const int F16, const float *const *qh, float *const *ah, float *const *st, const void *k,
-    const void *v, int t0, int nv, int hd, float scale, float *sc) {
+    const void *v, int t0, int lo, int nv, int hd, float scale, float *sc) {
     const __m256 vscale = _mm256_set1_ps(scale);
     __m256 vmax[HEAD_BATCH];
     for (int h = 0; h < NH; h++) vmax[h] = _mm256_set1_ps(-INFINITY);
     for (int j = 0; j < nv; j += KEY_LANES) {
         __m256 s[HEAD_BATCH];
         block_scores(NH, F16, s, qh, (const char *)k + key_index(t0 + j, 0, hd) * (F16 ? 2 : 4), hd);
-        const __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nv - j),
-                                                                    _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+        const __m256 valid = lane_range(lo - j, nv - j);
         for (int h = 0; h < NH; h++) {
             s[h] = _mm256_mul_ps(s[h], vscale);
             _mm256_storeu_ps(sc + h * ATTN_KEY_BLOCK + j, s[h]);
@@ -510,7 +511,7 @@ static inline __attribute__((always_inline)) void attend_block(
         __m256 lsum = _mm256_setzero_ps();
         float *p = sc + h * ATTN_KEY_BLOCK;
         for (int j = 0; j < nv; j += 8) {
-            __m256 e = keep_first(exp256(_mm256_sub_ps(_mm256_loadu_ps(p + j), vm)), nv - j);
+            __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_loadu_ps(p + j), vm)), lane_range(lo - j, nv - j));
             _mm256_storeu_ps(p + j, e);
             lsum = _mm256_add_ps(lsum, e);
         }
@@ -534,9 +535,10 @@ static inline __attribute__((always_inline)) void attend_block(
  * key vector serves up to HEAD_BATCH query heads. */
 void attention_chunk_avx2(float *acc, int lda, float *ml, const float *q, int ldq, const void *k,
                           const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim,
-                          float scale, int chunk, float *scratch) {
+                          float scale, int window, int chunk, float *scratch) {
     if (head_dim % 8 != 0) {
-        attention_chunk_generic(acc, lda, ml, q, ldq, k, v, kv_f16, pos0, n_q, group, head_dim, scale, chunk, scratch);
+        attention_chunk_generic(acc, lda, ml, q, ldq, k, v, kv_f16, pos0, n_q, group, head_dim, scale, window,
+                                chunk, scratch);
         return;
     }
     const int KB = ATTN_KEY_BLOCK, hd = head_dim;
@@ -549,11 +551,15 @@ void attention_chunk_avx2(float *acc, int lda, float *ml, const float *q, int ld
             ml[2 * (i * group + g)] = -INFINITY;
             ml[2 * (i * group + g) + 1] = 0.0f;
         }
-    for (int t0 = c0; t0 < c1; t0 += KB) {
+    /* with a window, blocks wholly before every row's window are skipped */
+    const int first = window > 0 && pos0 - window + 1 > c0 ? c0 + (pos0 - window + 1 - c0) / KB * KB : c0;
+    for (int t0 = first; t0 < c1; t0 += KB) {
         const int nk = c1 - t0 < KB ? c1 - t0 : KB;
         for (int i = 0; i < n_q; i++) {
             const int pos = pos0 + i;
             if (pos < t0) continue;
+            const int lo = window > 0 && pos - window + 1 > t0 ? pos - window + 1 - t0 : 0; /* first key in window */
+            if (lo >= KB) continue;
             const int nv = pos + 1 - t0 < nk ? pos + 1 - t0 : nk; /* valid keys in block */
             for (int h0 = 0; h0 < group; h0 += HEAD_BATCH) {
                 const int nh = group - h0 < HEAD_BATCH ? group - h0 : HEAD_BATCH;
@@ -565,13 +571,13 @@ void attention_chunk_avx2(float *acc, int lda, float *ml, const float *q, int ld
                     st[h] = ml + 2 * (i * group + h0 + h);
                 }
                 if (kv_f16) {
-                    if (nh == 3) attend_block(3, 1, qh, ah, st, k, v, t0, nv, hd, scale, sc);
-                    else if (nh == 2) attend_block(2, 1, qh, ah, st, k, v, t0, nv, hd, scale, sc);
-                    else attend_block(1, 1, qh, ah, st, k, v, t0, nv, hd, scale, sc);
+                    if (nh == 3) attend_block(3, 1, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
+                    else if (nh == 2) attend_block(2, 1, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
+                    else attend_block(1, 1, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
                 } else {
-                    if (nh == 3) attend_block(3, 0, qh, ah, st, k, v, t0, nv, hd, scale, sc);
-                    else if (nh == 2) attend_block(2, 0, qh, ah, st, k, v, t0, nv, hd, scale, sc);
-                    else attend_block(1, 0, qh, ah, st, k, v, t0, nv, hd, scale, sc);
+                    if (nh == 3) attend_block(3, 0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
+                    else if (nh == 2) attend_block(2, 0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
+                    else attend_block(1, 0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
                 }
             }
         }
@@ -630,6 +636,31 @@ void rope_avx2(float *x, int n_heads, int head_dim, const float *cos_sin) {
     }
 }
 
+/* NEOX pairs (x[i], x[i + hd/2]); the (cos, sin) table is de-interleaved 8 pairs at a time. */
+void rope_neox_avx2(float *x, int n_heads, int head_dim, const float *cos_sin) {
+    const int half = head_dim / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *xh = x + (size_t)h * head_dim;
+        int i = 0;
+        for (; i + 8 <= half; i += 8) {
+            const __m256 a = _mm256_loadu_ps(cos_sin + 2 * i), b = _mm256_loadu_ps(cos_sin + 2 * i + 8);
+            /* per 128-bit lane: c0 c1 c4 c5 | c2 c3 c6 c7 -> c0..c7 (likewise s) */
+            const __m256 c = _mm256_castpd_ps(_mm256_permute4x64_pd(
+                _mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0))), _MM_SHUFFLE(3, 1, 2, 0)));
+            const __m256 s = _mm256_castpd_ps(_mm256_permute4x64_pd(
+                _mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1))), _MM_SHUFFLE(3, 1, 2, 0)));
+            const __m256 x0 = _mm256_loadu_ps(xh + i), x1 = _mm256_loadu_ps(xh + i + half);
+            _mm256_storeu_ps(xh + i, _mm256_fmsub_ps(x0, c, _mm256_mul_ps(x1, s)));
+            _mm256_storeu_ps(xh + i + half, _mm256_fmadd_ps(x0, s, _mm256_mul_ps(x1, c)));
+        }
+        for (; i < half; i++) {
+            float c = cos_sin[2 * i], s = cos_sin[2 * i + 1], x0 = xh[i], x1 = xh[i + half];
+            xh[i] = x0 * c - x1 * s;
+            xh[i + half] = x0 * s + x1 * c;
+        }
+    }
+}
+
 void silu_mul_avx2(float *out, const float *g, const float *u, int n) {
     const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
     int i = 0;
@@ -639,6 +670,29 @@ void silu_mul_avx2(float *out, const float *g, const float *u, int n) {
         _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
     }
     for (; i < n; i++) out[i] = g[i] / (1.0f + exp1(-g[i])) * u[i];
+}
+
+/* gelu(x) = 0.5 x (1 + tanh(z)) = x / (1 + exp(-2z)), z = sqrt(2/pi) (x + 0.044715 x^3); the
+ * clamps of the reference (0 below -10, x above 10) are applied by blend. */
+static inline __m256 gelu_tanh256(__m256 x) {
+    const __m256 x2 = _mm256_mul_ps(x, x);
+    const __m256 inner = _mm256_fmadd_ps(x2, _mm256_set1_ps(0.044715f), _mm256_set1_ps(1.0f));
+    const __m256 z2 = _mm256_mul_ps(_mm256_mul_ps(x, inner), _mm256_set1_ps(-2.0f * 0.79788456080286535587989211986876f));
+    __m256 y = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), exp256(z2)));
+    y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(-10.0f), _CMP_LE_OQ));
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, _mm256_set1_ps(10.0f), _CMP_GE_OQ));
+}
+
+void gelu_tanh_mul_avx2(float *out, const float *g, const float *u, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(gelu_tanh256(_mm256_loadu_ps(g + i)), _mm256_loadu_ps(u + i)));
+    if (i < n) { /* tail through one padded vector */
+        float gb[8] = {0}, ob[8];
+        memcpy(gb, g + i, sizeof(float) * (n - i));
+        _mm256_storeu_ps(ob, gelu_tanh256(_mm256_loadu_ps(gb)));
+        for (int j = 0; i + j < n; j++) out[i + j] = ob[j] * u[i + j];
+    }
 }
 
 void exp_avx2(float *y, const float *x, int n) {

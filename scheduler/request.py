@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
 
 
 class FinishReason(str, enum.Enum):
@@ -35,6 +38,30 @@ class ReuseSource(str, enum.Enum):
     CHECKPOINT_DISK = "checkpoint_disk"  # restored from the disk tier
 
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
+
+
+class TokenConstraint(Protocol):
+    """One sequence's grammar state (e.g. a JSON schema matcher), owned by its Sampler.
+
+    Contract: `allowed()` returns bool [n_vocab], True for every token the grammar accepts next,
+    with at least one True (an eos id once the grammar is complete); it may wait for a mask that
+    was being computed in the background. `accept(token)` advances the state by the sampled
+    token, which `allowed()` allowed, and may start computing the next mask off the caller's
+    thread. Both are called from the scheduler's event-loop thread, one sequence at a time."""
+
+    def allowed(self) -> np.ndarray: ...
+
+    def accept(self, token: int) -> None: ...
+
+
+class Grammar(Protocol):
+    """An immutable compiled grammar; `start()` gives a fresh TokenConstraint per sequence (so
+    n choices of one request each get their own state)."""
+
+    def start(self) -> TokenConstraint: ...
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     temperature: float = 1.0  # 0 = greedy
@@ -48,6 +75,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # stop strings: matched across token boundaries, never emitted
     stop_token_ids: tuple[int, ...] = ()  # in addition to the model's eos ids
     ignore_eos: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit); <= -100 bans it
+    logprobs: int | None = None  # None: off; k >= 0: the sampled token's logprob and the k best
+    grammar: Grammar | None = None  # constrained decoding: only tokens the grammar allows are sampled
 
 
 @dataclass(slots=True)
@@ -69,9 +99,21 @@ class ReuseInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """Log-probabilities at one sampled position, from the distribution the sampler drew from
+    before temperature and truncation: the logits after penalties, logit_bias and the grammar
+    mask, log-softmaxed (so the greedy token carries the top logprob)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # (token id, logprob) of the k best, best first
+
+
+@dataclass(frozen=True, slots=True)
 class TokenEvent:
     token_ids: tuple[int, ...]  # tokens sampled since the last event
     text: str  # complete UTF-8 text released by them (held back: partial chars, stop-string prefixes)
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token id when params.logprobs is set
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,12 @@ same seed and prompt give the same tokens whatever else shares the batch) and th
 tokens it generated (for presence/frequency penalties). Every filter is a numpy operation over
 the row or over a candidate subset; nothing loops over the vocabulary in Python.
 
-Order of operations: penalties -> greedy (temperature 0) or temperature -> top-k -> softmax ->
-min-p -> top-p -> draw.
+Order of operations: penalties -> logit_bias -> grammar mask -> (logprobs) -> greedy
+(temperature 0) or temperature -> top-k -> softmax -> min-p -> top-p -> draw.
+
+A request without logit_bias, grammar or logprobs pays nothing for them: each is one `if` per
+token. With a grammar (`params.grammar`), the Sampler owns the sequence's TokenConstraint: the
+disallowed ids are set to -inf before anything else picks, and the sampled token is fed back.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import math
 
 import numpy as np
 
-from .request import SamplingParams
+from .request import MAX_TOP_LOGPROBS, SamplingParams, TokenConstraint, TokenLogprob
 
 # Top-p first tries the best _TOP_P_PRESELECT candidates (argpartition, O(V)) and sorts the
 # whole row only if they do not hold top_p of the mass.
@@ -42,10 +46,21 @@ def validate_params(params: SamplingParams, n_vocab: int) -> None:
             raise ValueError(f"stop token id {tid} outside the vocabulary 0..{n_vocab - 1}")
     if any(s == "" for s in params.stop):
         raise ValueError("stop strings must be non-empty")
+    for tid, bias in params.logit_bias:
+        if not 0 <= tid < n_vocab:
+            raise ValueError(f"logit_bias token id {tid} outside the vocabulary 0..{n_vocab - 1}")
+        if not math.isfinite(bias):
+            raise ValueError(f"logit_bias for token {tid} must be a finite number")
+    if params.logprobs is not None and not 0 <= params.logprobs <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"logprobs={params.logprobs} must be in 0..{MAX_TOP_LOGPROBS}")
+    if params.grammar is not None and params.ignore_eos:
+        raise ValueError("ignore_eos cannot be combined with a grammar: the grammar ends with eos")
 
 
 class Sampler:
-    """Samples one token per call; remembers what it sampled for the penalties."""
+    """Samples one token per call; remembers what it sampled for the penalties and advances the
+    grammar. `last_logprob` holds the logprobs of the last sampled token when params.logprobs is
+    set (else None)."""
 
     def __init__(self, params: SamplingParams, n_vocab: int) -> None:
         self.params = params
@@ -53,6 +68,15 @@ class Sampler:
         has_penalty = params.presence_penalty != 0 or params.frequency_penalty != 0
         # int32 [n_vocab] occurrences of each id among the generated tokens; None without penalties
         self._counts = np.zeros(n_vocab, dtype=np.int32) if has_penalty else None
+        if params.logit_bias:
+            ids = np.array([t for t, _ in params.logit_bias], dtype=np.int64)  # [B]
+            bias = np.array([b for _, b in params.logit_bias], dtype=np.float64)  # [B]
+            # NOTE: OpenAI's -100 means "ban": a finite bias could still be outbid by a logit
+            self._bias: tuple[np.ndarray, np.ndarray] | None = (ids, np.where(bias <= -100, -np.inf, bias))
+        else:
+            self._bias = None
+        self.constraint: TokenConstraint | None = params.grammar.start() if params.grammar else None
+        self.last_logprob: TokenLogprob | None = None
 
     def sample(self, logits: np.ndarray) -> int:
         """Pick a token from float32 [n_vocab] `logits` and record it."""
@@ -60,6 +84,10 @@ class Sampler:
         x = np.array(logits, dtype=np.float64)  # [V] working copy
         if self._counts is not None:
             x -= p.frequency_penalty * self._counts + p.presence_penalty * (self._counts > 0)
+        if self._bias is not None:
+            np.add.at(x, self._bias[0], self._bias[1])
+        if self.constraint is not None:
+            x[~self.constraint.allowed()] = -np.inf
         if p.temperature == 0:
             tok = int(np.argmax(x))
         else:
@@ -70,6 +98,10 @@ class Sampler:
             tok = self._draw(scaled)
         if self._counts is not None:
             self._counts[tok] += 1
+        if p.logprobs is not None:
+            self.last_logprob = token_logprob(x, tok, p.logprobs)
+        if self.constraint is not None:
+            self.constraint.accept(tok)
         return tok
 
     def _draw(self, x: np.ndarray) -> int:
@@ -94,6 +126,19 @@ class Sampler:
         while probs[i] == 0:  # float edge: never return a filtered-out id
             i -= 1
         return int(cand[i]) if cand is not None else i
+
+
+def token_logprob(x: np.ndarray, tok: int, k: int) -> TokenLogprob:
+    """The logprob of `tok` and the `k` best ids under log_softmax(x) (float64 [V], -inf allowed)."""
+    m = x.max()
+    lse = m + math.log(float(np.exp(x - m).sum()))
+    top: tuple[tuple[int, float], ...] = ()
+    if k > 0:
+        k = min(k, x.shape[0])
+        best = np.argpartition(x, x.shape[0] - k)[x.shape[0] - k :]
+        best = best[np.argsort(-x[best], kind="stable")]
+        top = tuple((int(i), float(x[i] - lse)) for i in best)
+    return TokenLogprob(tok, float(x[tok] - lse), top)
 
 
 def _top_p_ids(probs: np.ndarray, top_p: float) -> np.ndarray:

@@ -58,7 +58,15 @@ from .errors import (
     unauthorized,
 )
 from .runtime import PromptError, Runtime
-from .streaming import EventStream, SSEResponse, StreamFormat, collect
+from .streaming import (
+    ChoiceGroup,
+    Collected,
+    EventStream,
+    SSEResponse,
+    StreamFormat,
+    cancel_quietly,
+    collect_choices,
+)
 
 log = logging.getLogger("slotserve.gateway")
 
@@ -166,6 +174,19 @@ class Gateway:
         except ValueError as exc:  # the scheduler's own validation of the request
             raise bad_request(str(exc)) from None
 
+    async def submit_choices(self, gens: list[GenerationRequest], prompt_param: str) -> ChoiceGroup:
+        """Submit the n requests of one API request as a ChoiceGroup. If one is refused, those
+        already submitted are cancelled (acknowledged) before the error is raised."""
+        handles: list[Any] = []
+        try:
+            for gen in gens:
+                handles.append(self.submit(gen, prompt_param))
+        except APIError:
+            for h in handles:
+                await cancel_quietly(h)
+            raise
+        return ChoiceGroup(handles)
+
     def is_draining(self) -> bool:
         return bool(self.runtime.scheduler.stats().draining)
 
@@ -214,16 +235,17 @@ class GenerationKind:
     body: type  # the request Struct (protocol.py)
     id_prefix: str  # response ids: f"{id_prefix}-<hex>"
     prompt_param: str  # the body field that holds the prompt (named by admission errors)
-    to_request: Callable[[Any, ServeConfig, Any, str], GenerationRequest]  # (req, config, runtime, id)
-    stream_format: Callable[[str, str, bool], StreamFormat]  # (id, model, include_usage)
-    to_response: Callable[[str, str, int, str, Any], Any]  # (id, model, created, text, finish)
+    to_request: Callable[[Any, ServeConfig, Any, str], translate.Planned]  # (req, config, runtime, id)
+    stream_format: Callable[[str, str, bool, translate.OutputSpec], StreamFormat]  # (id, model, usage, spec)
+    # (id, model, created, collected choices, spec) -> the response Struct
+    to_response: Callable[[str, str, int, list[Collected], translate.OutputSpec], Any]
 
 
 CHAT = GenerationKind(
     p.ChatCompletionRequest,
     "chatcmpl",
     "messages",
-    translate.chat_request,
+    translate.chat_plan,
     translate.ChatStream,
     translate.chat_completion,
 )
@@ -231,7 +253,7 @@ COMPLETION = GenerationKind(
     p.CompletionRequest,
     "cmpl",
     "prompt",
-    translate.completion_request,
+    translate.completion_plan,
     translate.CompletionStream,
     translate.completion,
 )
@@ -245,22 +267,24 @@ def generation_handler(kind: GenerationKind) -> Handler:
         req = await gw.read_body(request, kind.body)
         model = gw.check_model(req.model)
         rid = _new_id(kind.id_prefix)
-        gen = kind.to_request(req, gw.config, gw.runtime, rid)
+        planned = kind.to_request(req, gw.config, gw.runtime, rid)
         created = int(time.time())
-        handle = gw.submit(gen, kind.prompt_param)
-        headers = {"X-Request-Id": gen.request_id}
+        handle = await gw.submit_choices(translate.choice_requests(planned), kind.prompt_param)
+        headers = {"X-Request-Id": planned.gen.request_id}
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return SSEResponse(
-                EventStream(handle, kind.stream_format(rid, model, include_usage)), headers=headers
+                EventStream(handle, kind.stream_format(rid, model, include_usage, planned.spec)),
+                headers=headers,
             )
-        got = await collect(handle, request.receive)
+        got = await collect_choices(handle, request.receive)
         if got is None:  # the client left; the request was cancelled and acknowledged
             return error_response(APIError(499, "client closed the request", code="client_closed_request"))
-        err = translate.failure(got.finish)
-        if err is not None:
-            raise err
-        return json_response(kind.to_response(rid, model, created, got.text, got.finish), headers=headers)
+        for choice in got:
+            err = translate.failure(choice.finish)
+            if err is not None:
+                raise err
+        return json_response(kind.to_response(rid, model, created, got, planned.spec), headers=headers)
 
     generate.__name__ = f"{kind.id_prefix}_generate"
     return generate

@@ -2,8 +2,8 @@
 
 Design: decoding a request validates it (types and ranges via `Meta`), and unknown fields are
 ignored, because OpenAI clients send many we do not use. Checks that span fields or need the
-server's limits (max_tokens against --max-tokens-limit, n == 1, supported content parts) live in
-`app.py`. Responses are Structs too, so what goes on the wire is written down here.
+server's limits (max_tokens against --max-tokens-limit, n against the slots, supported content
+parts, OpenAI fields accepted but not honoured) live in `translate.py`. Responses are Structs too, so what goes on the wire is written down here.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ class FunctionDef(Struct):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # True: calls are held to `parameters` by constrained decoding
 
 
 class ToolDef(Struct):
@@ -64,8 +65,19 @@ class ToolDef(Struct):
     type: str = "function"
 
 
+class JsonSchemaFormat(Struct):
+    name: str = "response"
+    schema: dict[str, Any] | None = None  # None: any JSON object
+    description: str | None = None
+    strict: bool | None = None  # accepted either way: the schema is always enforced
+
+
 class ResponseFormat(Struct):
-    type: str  # only "text" is served
+    type: str  # "text" | "json_object" | "json_schema"
+    json_schema: JsonSchemaFormat | None = None
+
+
+TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
 
 
 class _SamplingFields(Struct, kw_only=True):
@@ -85,22 +97,37 @@ class _SamplingFields(Struct, kw_only=True):
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1  # only 1 is served
-    logprobs: Any = None  # not served; anything but null/false is rejected
+    n: Annotated[int, Meta(ge=1, le=128)] = 1  # choices; at most the number of slots
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
+    response_format: ResponseFormat | None = None
     user: str | None = None
+    # OpenAI fields this server does not honour: any value but the inert one is a 400 naming it
+    # (translate.UNHONOURED); typed Any so that the 400 says so instead of a type error.
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    reasoning_effort: Any = None
+    service_tier: Any = None
+    store: Any = None
 
 
 class ChatCompletionRequest(_SamplingFields):
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
     max_completion_tokens: PositiveInt | None = None
     tools: list[ToolDef] | None = None
-    tool_choice: Any = None
-    response_format: ResponseFormat | None = None
+    tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name": N}}
+    parallel_tool_calls: bool | None = None
+    logprobs: bool | None = None
+    top_logprobs: TopLogprobs | None = None
 
 
 class CompletionRequest(_SamplingFields):
     # a string, a list of token ids, or a one-element list of either (OpenAI's batch form)
     prompt: str | list[str | int | list[int]]
+    logprobs: TopLogprobs | None = None  # k: the sampled token's logprob and the k best
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -150,16 +177,46 @@ class SlotserveInfo(Struct):
     timings: dict[str, float]
 
 
-class AssistantMessage(Struct):
-    content: str
-    role: str = "assistant"
+class TopLogprob(Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprobOut(Struct):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(Struct):
+    content: list[TokenLogprobOut] | None
+
+
+class FunctionCallOut(Struct):
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+class ToolCallOut(Struct):
+    id: str
+    function: FunctionCallOut
+    type: str = "function"
+
+
+class AssistantMessage(Struct, omit_defaults=True):
+    # NOTE: no defaults on the fields that must always be sent (omit_defaults drops defaults)
+    role: str  # "assistant"
+    content: str | None  # None when the reply is only tool calls
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(Struct):
     index: int
     message: AssistantMessage
     finish_reason: str
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(Struct):
@@ -173,16 +230,29 @@ class ChatCompletion(Struct):
     system_fingerprint: str | None = None
 
 
+class FunctionDelta(Struct, omit_defaults=True):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDeltaOut(Struct, omit_defaults=True):
+    index: int
+    id: str | None = None
+    type: str | None = None  # "function" on a call's first delta
+    function: FunctionDelta | None = None
+
+
 class Delta(Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDeltaOut] | None = None
 
 
 class ChatChunkChoice(Struct):
     index: int
     delta: Delta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(Struct, omit_defaults=True, kw_only=True):
@@ -196,11 +266,20 @@ class ChatCompletionChunk(Struct, omit_defaults=True, kw_only=True):
     slotserve: SlotserveInfo | None = None  # on the chunk that carries finish_reason
 
 
+class CompletionLogprobs(Struct):
+    """The legacy completions shape: parallel lists, one entry per generated token."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class CompletionChoice(Struct):
     index: int
     text: str
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class Completion(Struct, omit_defaults=True, kw_only=True):

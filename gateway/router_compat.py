@@ -122,11 +122,10 @@ async def chat_render(gw: Gateway, request: Request) -> Response:
     req = await gw.read_body(request, p.ChatCompletionRequest)
     model = gw.check_model(req.model)
     gen = translate.chat_request(req, gw.config, gw.runtime, "render")
-    chat = gw.runtime.chat
     text = ""
-    if chat is not None:  # chat_request already rendered once; render again for the text (cheap)
+    if gw.runtime.chat is not None:  # chat_request already rendered once; render again for the text (cheap)
         tools = msgspec.to_builtins(req.tools) if req.tools else None
-        text = chat.render(translate.chat_messages(req), add_generation_prompt=True, tools=tools)
+        text = gw.runtime.render_chat(translate.chat_messages(req), tools)
     return _render(gw, model, list(gen.prompt_ids), text)
 
 

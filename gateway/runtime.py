@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .config import ServeConfig
+from .tool_calls import ToolCallFamily, family_for_template, hermes_shim
 
 log = logging.getLogger("slotserve.gateway")
 
@@ -66,6 +67,19 @@ class Runtime:
     created: int = 0  # unix time the model was loaded (GET /v1/models)
     extra: dict[str, Any] = field(default_factory=dict)  # owned objects kept alive (model file, pool)
     closers: list[Callable[[], None]] = field(default_factory=list)  # run after the scheduler stops
+    grammars: Any = None  # structured.GrammarCompiler (None: response_format / forced tools -> 400)
+    token_bytes: Sequence[bytes] | None = None  # id -> bytes, for logprobs (None: decode each id)
+    # How tools are spelled: the family of the chat template's tool-call syntax, and whether the
+    # template renders `tools` itself (else the gateway rewrites messages with `hermes_shim`).
+    tool_family: ToolCallFamily | None = None  # None: from `chat.source` (hermes without one)
+    renders_tools: bool | None = None
+
+    def __post_init__(self) -> None:
+        family, renders = family_for_template(getattr(self.chat, "source", None))
+        if self.tool_family is None:
+            self.tool_family = family
+        if self.renders_tools is None:
+            self.renders_tools = renders
 
     @property
     def model_name(self) -> str:
@@ -86,6 +100,23 @@ class Runtime:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids))
 
+    def tool_messages(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        """(messages, tools) as the template gets them: unchanged when it renders tools itself,
+        else rewritten by `hermes_shim` when the conversation has tools, calls or tool results."""
+        if self.renders_tools:
+            return messages, tools
+        uses_tools = bool(tools) or any(m.get("role") == "tool" or m.get("tool_calls") for m in messages)
+        return (hermes_shim(messages, tools), None) if uses_tools else (messages, tools)
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt text `encode_chat` tokenizes (with the generation prompt)."""
+        if self.chat is None:
+            raise PromptError("this model has no chat template; use /v1/completions")
+        messages, tools = self.tool_messages(messages, tools)
+        return self.chat.render(messages, add_generation_prompt=True, tools=tools)
+
     def encode_chat(
         self,
         messages: list[dict[str, Any]],
@@ -101,6 +132,7 @@ class Runtime:
         """
         if self.chat is None:
             raise PromptError("this model has no chat template; use /v1/completions")
+        messages, tools = self.tool_messages(messages, tools)
         try:
             text = self.chat.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
             prefix = self.chat.system_prefix(messages, tools=tools)
@@ -149,8 +181,10 @@ def build_runtime(config: ServeConfig, model: OpenedModel, *, stats_sink: Any = 
     import time
 
     from ..scheduler.scheduler import Scheduler
+    from .structured import GrammarCompiler
 
     tok = model.bundle.tokenizer
+    grammars = GrammarCompiler.for_tokenizer(tok)
     sched = Scheduler(
         model.pool,
         scheduler_config(config),
@@ -170,7 +204,9 @@ def build_runtime(config: ServeConfig, model: OpenedModel, *, stats_sink: Any = 
         model_path=str(model.path),
         created=int(time.time()),
         extra={"bundle": model.bundle},
-        closers=model.closers,
+        closers=[*model.closers, grammars.close],
+        grammars=grammars,
+        token_bytes=tok.token_bytes,
     )
 
 

@@ -13,12 +13,16 @@ NOTE: the cancel in `finally:` runs inside a cancelled anyio scope, where every 
 cancelled at once; `cancel_quietly` shields it so that it waits for the acknowledgement.
 
 Non-streaming requests use `collect`, the same race between the events and the disconnect.
+
+A request with n choices is n scheduler requests held by one `ChoiceGroup`: its events arrive
+tagged with the choice index, and a cancel cancels every choice.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -62,35 +66,84 @@ async def wait_for_disconnect(receive: Receive) -> None:
             return
 
 
+class ChoiceGroup:
+    """The n scheduler requests of one API request, as one handle.
+
+    `async for index, event in group` yields every choice's events as they come (each choice's
+    in order; TokenEvents then one FinishEvent each) until all have finished. `cancel()` cancels
+    every choice and returns True if any was stopped by it."""
+
+    def __init__(self, handles: Sequence[Any]) -> None:
+        self.handles = list(handles)
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, TokenEvent | FinishEvent]]:
+        if len(self.handles) == 1:  # the common case: no pump tasks
+            async for event in self.handles[0]:
+                yield 0, event
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, handle: Any) -> None:
+            async for event in handle:
+                queue.put_nowait((i, event))
+
+        tasks = [asyncio.ensure_future(pump(i, h)) for i, h in enumerate(self.handles)]
+        try:
+            left = len(self.handles)
+            while left:
+                i, event = await queue.get()
+                if isinstance(event, FinishEvent):
+                    left -= 1
+                yield i, event
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def cancel(self) -> bool:
+        stopped = [bool(await h.cancel()) for h in self.handles]
+        return any(stopped)
+
+
+def as_group(handle: Any) -> ChoiceGroup:
+    return handle if isinstance(handle, ChoiceGroup) else ChoiceGroup([handle])
+
+
 @dataclass(frozen=True, slots=True)
 class Collected:
-    """What a non-streaming request produced: all text and the finish event."""
+    """What one choice of a non-streaming request produced: all text, the finish event, and the
+    logprobs of its tokens (empty unless requested)."""
 
     text: str
     finish: FinishEvent
+    logprobs: tuple[Any, ...] = ()  # scheduler.request.TokenLogprob, one per emitted token
 
 
-async def collect(handle: Any, receive: Receive) -> Collected | None:
-    """Gather a request's events; None if the client left first (then the request was cancelled
-    and the scheduler acknowledged before this returns)."""
-    parts: list[str] = []
-    result: Collected | None = None
+async def collect_choices(handle: Any, receive: Receive) -> list[Collected] | None:
+    """Gather every choice's events (a handle or a ChoiceGroup); None if the client left first
+    (then every choice was cancelled and acknowledged before this returns)."""
+    group = as_group(handle)
+    parts: list[list[str]] = [[] for _ in range(len(group))]
+    lps: list[list[Any]] = [[] for _ in range(len(group))]
+    results: list[Collected | None] = [None] * len(group)
 
     async def gather() -> None:
-        nonlocal result
         finished = False
         try:
-            async for event in handle:
+            async for i, event in group:
                 if isinstance(event, TokenEvent):
-                    parts.append(event.text)
+                    parts[i].append(event.text)
+                    lps[i].extend(event.logprobs)
                 else:
                     assert isinstance(event, FinishEvent)
-                    finished = True
-                    parts.append(event.text)
-                    result = Collected("".join(parts), event)
+                    parts[i].append(event.text)
+                    results[i] = Collected("".join(parts[i]), event, tuple(lps[i]))
+            finished = True
         finally:
             if not finished:
-                await cancel_quietly(handle)
+                await cancel_quietly(group)
 
     async with anyio.create_task_group() as tg:
 
@@ -101,11 +154,24 @@ async def collect(handle: Any, receive: Receive) -> Collected | None:
         tg.start_soon(watch)
         await gather()
         tg.cancel_scope.cancel()
-    return result
+    if any(r is None for r in results):
+        return None
+    return results  # type: ignore[return-value]
+
+
+async def collect(handle: Any, receive: Receive) -> Collected | None:
+    """Gather a one-choice request's events; None if the client left first (then the request was
+    cancelled and the scheduler acknowledged before this returns)."""
+    got = await collect_choices(handle, receive)
+    return got[0] if got is not None else None
 
 
 class StreamFormat:
-    """How one endpoint spells its SSE chunks; `EventStream` drives it."""
+    """How one endpoint spells its SSE chunks; `EventStream` drives it.
+
+    A one-choice format implements `opening`, `delta` and `closing`. A format for n choices (or
+    one that needs the whole event: logprobs, tool calls) overrides `on_token`, `on_finish` and
+    `ending`, whose defaults call the one-choice methods."""
 
     # the last chunk of a stream: OpenAI's chat and completion streams end with `data: [DONE]`;
     # the Anthropic and Responses streams end with their own closing event (b"": nothing more)
@@ -122,6 +188,18 @@ class StreamFormat:
         """Chunks for the finish event (its own released `text` first), up to but not [DONE]."""
         raise NotImplementedError
 
+    def on_token(self, index: int, event: TokenEvent) -> list[bytes]:
+        """Chunks for one TokenEvent of choice `index`."""
+        return [self.delta(event.text)] if event.text else []
+
+    def on_finish(self, index: int, finish: FinishEvent) -> list[bytes]:
+        """Chunks for the FinishEvent of choice `index`."""
+        return self.closing(finish, finish.text)
+
+    def ending(self) -> list[bytes]:
+        """Chunks after every choice finished (e.g. the usage chunk of n choices), before [DONE]."""
+        return []
+
 
 class EventStream:
     """The SSE body of one request: opening chunks, one chunk per non-empty text delta, the
@@ -133,7 +211,7 @@ class EventStream:
     """
 
     def __init__(self, handle: Any, fmt: StreamFormat):
-        self.handle = handle
+        self.handle = as_group(handle)
         self.fmt = fmt
         self.is_started = False
         self.is_finished = False  # the FinishEvent was seen: nothing to cancel
@@ -147,14 +225,18 @@ class EventStream:
         try:
             for chunk in self.fmt.opening():
                 yield chunk
-            async for event in self.handle:
+            num_finished = 0
+            async for i, event in self.handle:
                 if isinstance(event, TokenEvent):
-                    if event.text:
-                        yield self.fmt.delta(event.text)
-                else:
-                    self.is_finished = True
-                    for chunk in self.fmt.closing(event, event.text):
+                    for chunk in self.fmt.on_token(i, event):
                         yield chunk
+                else:
+                    num_finished += 1
+                    self.is_finished = num_finished == len(self.handle)
+                    for chunk in self.fmt.on_finish(i, event):
+                        yield chunk
+            for chunk in self.fmt.ending():
+                yield chunk
             if self.fmt.terminator:
                 yield self.fmt.terminator
         finally:

@@ -7,16 +7,27 @@ Every check that needs the server's limits or spans fields lives here and raises
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
 
-from ..scheduler.request import FinishEvent, FinishReason, GenerationRequest, SamplingParams
+from ..scheduler.request import (
+    FinishEvent,
+    FinishReason,
+    GenerationRequest,
+    SamplingParams,
+    TokenEvent,
+    TokenLogprob,
+)
 from . import protocol as p
 from .config import ServeConfig
 from .errors import APIError, bad_request
 from .runtime import PromptError, Runtime
-from .streaming import StreamFormat, sse_data
+from .streaming import Collected, StreamFormat, sse_data
+from .structured import GrammarError
+from .tool_calls import ParsedOutput, StreamingToolParser, ToolCallFamily, parse_tool_calls
 
 SEED_MOD = 2**63
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -27,6 +38,101 @@ _encode = msgspec.json.Encoder().encode
 
 # ------------------------------------------------------------------ requests
 
+# OpenAI fields this server accepts but does not honour -> the values that ask for nothing.
+# Anything else is a 400 naming the field (nothing is silently dropped).
+UNHONOURED: dict[str, tuple[Any, ...]] = {
+    "functions": (None, []),
+    "function_call": (None, "none"),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
+    "web_search_options": (None,),
+    "reasoning_effort": (None,),
+    "service_tier": (None, "auto", "default"),
+    "store": (None, False),
+}
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """How a request's events become its answer, beyond text: choices, tool calls, logprobs."""
+
+    n: int = 1
+    tool_family: ToolCallFamily | None = None  # parse tool calls in this syntax (None: off)
+    tool_names: frozenset[str] | None = None  # the functions offered
+    max_calls: int | None = None  # parallel_tool_calls=false: 1
+    logprobs: int | None = None  # None: off; k: top k per token
+    token_bytes: Callable[[int], bytes] | None = None  # id -> bytes, for logprobs
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A translated request: what to submit (n times, with per-choice seeds) and how to answer."""
+
+    gen: GenerationRequest
+    spec: OutputSpec = field(default_factory=OutputSpec)
+
+
+def check_unhonoured(req: Any) -> None:
+    for name, inert in UNHONOURED.items():
+        value = getattr(req, name, None)
+        if not any(value == v for v in inert):
+            raise bad_request(
+                f"{name} is not supported by this server; remove it from the request", param=name
+            )
+
+
+def _logit_bias(req: Any, runtime: Runtime) -> tuple[tuple[int, float], ...]:
+    if not req.logit_bias:
+        return ()
+    out = []
+    for key, bias in req.logit_bias.items():
+        try:
+            tid = int(key)
+        except ValueError:
+            raise bad_request(f"logit_bias keys must be token ids; got {key!r}", param="logit_bias") from None
+        if not 0 <= tid < runtime.n_vocab:
+            raise bad_request(
+                f"logit_bias token id {tid} is outside the vocabulary 0..{runtime.n_vocab - 1}",
+                param="logit_bias",
+            )
+        if not -100 <= bias <= 100:
+            raise bad_request(f"logit_bias values must be in [-100, 100]; got {bias}", param="logit_bias")
+        out.append((tid, float(bias)))
+    return tuple(out)
+
+
+def _grammars(runtime: Runtime, param: str) -> Any:
+    if runtime.grammars is None:
+        raise bad_request("constrained decoding is not available on this server", param=param)
+    return runtime.grammars
+
+
+def _response_format_grammar(req: Any, runtime: Runtime) -> Any:
+    """The Grammar for response_format (None for text)."""
+    rf = req.response_format
+    if rf is None or rf.type == "text":
+        return None
+    if rf.type == "json_object":
+        schema = None
+    elif rf.type == "json_schema":
+        if rf.json_schema is None:
+            raise bad_request(
+                "response_format json_schema needs a `json_schema` object", param="response_format"
+            )
+        schema = rf.json_schema.schema if rf.json_schema.schema is not None else {"type": "object"}
+    else:
+        raise bad_request(
+            f"response_format type {rf.type!r} is not supported; use text, json_object or json_schema",
+            param="response_format",
+        )
+    try:
+        return _grammars(runtime, "response_format").json_schema(schema)
+    except GrammarError as exc:
+        raise bad_request(
+            f"response_format schema cannot be enforced: {exc}", param="response_format"
+        ) from None
+
 
 def sampling_params(
     req: p.ChatCompletionRequest | p.CompletionRequest,
@@ -36,13 +142,18 @@ def sampling_params(
     max_tokens: int | None,
     default_max_tokens: int,
     max_tokens_param: str = "max_tokens",
+    logprobs: int | None = None,
+    grammar: Any = None,
 ) -> SamplingParams:
-    """Map the sampling fields, enforcing --max-tokens-limit and the unsupported options
-    (`max_tokens_param`: the body field `max_tokens` came from, named by its error)."""
-    if req.n != 1:
-        raise bad_request("Only n=1 is supported; send one request per completion", param="n")
-    if req.logprobs not in (None, False, 0):
-        raise bad_request("logprobs are not supported by this server", param="logprobs")
+    """Map the sampling fields, enforcing --max-tokens-limit, the slot count for n and the
+    unsupported options (`max_tokens_param`: the body field `max_tokens` came from, named by its
+    error)."""
+    check_unhonoured(req)
+    if req.n > runtime.num_slots:
+        raise bad_request(
+            f"n={req.n} exceeds this server's {runtime.num_slots} slots (each choice decodes in a slot)",
+            param="n",
+        )
     wanted = default_max_tokens if max_tokens is None else max_tokens
     if wanted > config.max_tokens_limit:
         raise bad_request(
@@ -62,6 +173,8 @@ def sampling_params(
         raise bad_request(
             f"stop_token_ids must be below the vocabulary size {runtime.n_vocab}", param="stop_token_ids"
         )
+    if grammar is not None and req.ignore_eos:
+        raise bad_request("ignore_eos cannot be combined with constrained output", param="ignore_eos")
     top_k = req.top_k if req.top_k is not None and req.top_k > 0 else 0
     return SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,
@@ -75,7 +188,32 @@ def sampling_params(
         stop=stop,
         stop_token_ids=stop_ids,
         ignore_eos=req.ignore_eos,
+        logit_bias=_logit_bias(req, runtime),
+        logprobs=logprobs,
+        grammar=grammar,
     )
+
+
+def choice_requests(planned: Planned) -> list[GenerationRequest]:
+    """The n scheduler requests of a planned request: the same prompt, seeds seed, seed+1, ...
+    (None stays None: each choice draws from fresh entropy). The scheduler prefills the shared
+    prompt once and copies its rows into the other choices' slots (policy WAIT_SHARED -> COPY)."""
+    gen = planned.gen
+    if planned.spec.n == 1:
+        return [gen]
+    out = []
+    for i in range(planned.spec.n):
+        seed = gen.params.seed
+        params = replace(gen.params, seed=None if seed is None else (seed + i) % SEED_MOD)
+        out.append(replace(gen, params=params, request_id=f"{gen.request_id}-{i}" if gen.request_id else ""))
+    return out
+
+
+def _token_bytes_fn(runtime: Runtime) -> Callable[[int], bytes]:
+    table = runtime.token_bytes
+    if table is not None:
+        return lambda t: table[t]
+    return lambda t: runtime.decode([t]).encode()
 
 
 def _message_dict(i: int, m: p.ChatMessage) -> dict[str, Any]:
@@ -116,16 +254,69 @@ def chat_messages(req: p.ChatCompletionRequest | p.TokenizeRequest) -> list[dict
     return [_message_dict(i, m) for i, m in enumerate(req.messages or [])]
 
 
-def chat_request(
-    req: p.ChatCompletionRequest, config: ServeConfig, runtime: Runtime, request_id: str
-) -> GenerationRequest:
-    if req.response_format is not None and req.response_format.type != "text":
+def _tool_plan(req: p.ChatCompletionRequest, runtime: Runtime) -> tuple[Any, OutputSpec]:
+    """(grammar or None, tool parsing) for `tools` / `tool_choice` / `parallel_tool_calls`."""
+    choice = req.tool_choice
+    if not req.tools:
+        if choice not in (None, "none", "auto"):
+            raise bad_request("tool_choice needs `tools`", param="tool_choice")
+        return None, OutputSpec()
+    tools = [msgspec.to_builtins(t) for t in req.tools]
+    for i, t in enumerate(req.tools):
+        if t.type != "function":
+            raise bad_request(
+                f"tool type {t.type!r} is not supported; only 'function'", param=f"tools[{i}].type"
+            )
+    names = frozenset(t.function.name for t in req.tools)
+    parallel = req.parallel_tool_calls is not False
+    family = runtime.tool_family or ToolCallFamily.HERMES
+    spec = OutputSpec(tool_family=family, tool_names=names, max_calls=None if parallel else 1)
+    if choice == "none":
+        return None, OutputSpec()
+    if choice is None or choice == "auto":
+        strict = [t for t in tools if t["function"].get("strict")]
+        if not strict:
+            return None, spec
+        forced, allow_text = tools, True
+    elif choice == "required":
+        forced, allow_text = tools, False
+    elif (
+        isinstance(choice, dict)
+        and choice.get("type") == "function"
+        and isinstance(choice.get("function"), dict)
+    ):
+        name = choice["function"].get("name")
+        forced = [t for t in tools if t["function"]["name"] == name]
+        if not forced:
+            raise bad_request(f"tool_choice names {name!r}, which is not among `tools`", param="tool_choice")
+        allow_text = False
+    else:
         raise bad_request(
-            f"response_format {req.response_format.type!r} is not supported; only 'text'",
-            param="response_format",
+            'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+            param="tool_choice",
         )
+    try:
+        grammar = _grammars(runtime, "tool_choice").tool_calls(
+            family, forced, parallel=parallel, allow_text=allow_text
+        )
+    except GrammarError as exc:
+        raise bad_request(f"the tool parameters cannot be enforced: {exc}", param="tools") from None
+    return grammar, spec
+
+
+def chat_plan(
+    req: p.ChatCompletionRequest, config: ServeConfig, runtime: Runtime, request_id: str
+) -> Planned:
     messages = chat_messages(req)
     tools = msgspec.to_builtins(req.tools) if req.tools else None
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
+    tool_grammar, spec = _tool_plan(req, runtime)
+    json_grammar = _response_format_grammar(req, runtime)
+    if tool_grammar is not None and json_grammar is not None:
+        raise bad_request(
+            "response_format cannot be combined with a forced or strict tool call", param="response_format"
+        )
     try:
         ids, hint = runtime.encode_chat(messages, tools)
     except PromptError as exc:
@@ -134,6 +325,7 @@ def chat_request(
         max_tokens, max_tokens_param = req.max_completion_tokens, "max_completion_tokens"
     else:
         max_tokens, max_tokens_param = req.max_tokens, "max_tokens"
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(
         req,
         config,
@@ -141,8 +333,18 @@ def chat_request(
         max_tokens=max_tokens,
         default_max_tokens=config.default_max_tokens,
         max_tokens_param=max_tokens_param,
+        logprobs=logprobs,
+        grammar=tool_grammar or json_grammar,
     )
-    return GenerationRequest(prompt_ids=ids, params=params, request_id=request_id, prefix_hint=hint)
+    spec = replace(spec, n=req.n, logprobs=logprobs, token_bytes=_token_bytes_fn(runtime))
+    gen = GenerationRequest(prompt_ids=ids, params=params, request_id=request_id, prefix_hint=hint)
+    return Planned(gen, spec)
+
+
+def chat_request(
+    req: p.ChatCompletionRequest, config: ServeConfig, runtime: Runtime, request_id: str
+) -> GenerationRequest:
+    return chat_plan(req, config, runtime, request_id).gen
 
 
 def completion_prompt_ids(req: p.CompletionRequest, runtime: Runtime) -> list[int]:
@@ -166,15 +368,15 @@ def completion_prompt_ids(req: p.CompletionRequest, runtime: Runtime) -> list[in
     return ids
 
 
-def completion_request(
+def completion_plan(
     req: p.CompletionRequest, config: ServeConfig, runtime: Runtime, request_id: str
-) -> GenerationRequest:
+) -> Planned:
     if req.echo:
         raise bad_request("echo is not supported", param="echo")
     if req.suffix:
         raise bad_request("suffix is not supported", param="suffix")
-    if req.best_of not in (None, 1):
-        raise bad_request("best_of is not supported", param="best_of")
+    if req.best_of not in (None, req.n):
+        raise bad_request("best_of is not supported (only best_of == n)", param="best_of")
     ids = completion_prompt_ids(req, runtime)
     params = sampling_params(
         req,
@@ -182,8 +384,17 @@ def completion_request(
         runtime,
         max_tokens=req.max_tokens,
         default_max_tokens=min(COMPLETIONS_DEFAULT_MAX_TOKENS, config.max_tokens_limit),
+        logprobs=req.logprobs,
+        grammar=_response_format_grammar(req, runtime),
     )
-    return GenerationRequest(prompt_ids=ids, params=params, request_id=request_id)
+    spec = OutputSpec(n=req.n, logprobs=req.logprobs, token_bytes=_token_bytes_fn(runtime))
+    return Planned(GenerationRequest(prompt_ids=ids, params=params, request_id=request_id), spec)
+
+
+def completion_request(
+    req: p.CompletionRequest, config: ServeConfig, runtime: Runtime, request_id: str
+) -> GenerationRequest:
+    return completion_plan(req, config, runtime, request_id).gen
 
 
 # ------------------------------------------------------------------ responses
@@ -199,11 +410,19 @@ def finish_reason(finish: FinishEvent) -> str:
 
 
 def usage(finish: FinishEvent) -> p.Usage:
-    cached = finish.reuse.reused_tokens if finish.reuse is not None else 0
+    return usage_of([finish])
+
+
+def usage_of(finishes: list[FinishEvent]) -> p.Usage:
+    """Usage of a request's choices: the prompt counted once (it was prefilled once and copied),
+    completion tokens summed; cached tokens are the first choice's."""
+    first = finishes[0]
+    cached = first.reuse.reused_tokens if first.reuse is not None else 0
+    completion = sum(f.completion_tokens for f in finishes)
     return p.Usage(
-        prompt_tokens=finish.prompt_tokens,
-        completion_tokens=finish.completion_tokens,
-        total_tokens=finish.prompt_tokens + finish.completion_tokens,
+        prompt_tokens=first.prompt_tokens,
+        completion_tokens=completion,
+        total_tokens=first.prompt_tokens + completion,
         prompt_tokens_details=p.PromptTokensDetails(cached_tokens=cached),
     )
 
@@ -246,32 +465,102 @@ def failure(finish: FinishEvent) -> APIError | None:
     return None
 
 
+def _token_str(spec: OutputSpec, tid: int) -> tuple[str, list[int]]:
+    assert spec.token_bytes is not None
+    raw = spec.token_bytes(tid)
+    return raw.decode("utf-8", errors="replace"), list(raw)
+
+
+def chat_logprobs(spec: OutputSpec, lps: tuple[TokenLogprob, ...] | list[TokenLogprob]) -> p.ChoiceLogprobs:
+    content = []
+    for lp in lps:
+        token, raw = _token_str(spec, lp.token_id)
+        top = []
+        for tid, value in lp.top:
+            t, r = _token_str(spec, tid)
+            top.append(p.TopLogprob(token=t, logprob=value, bytes=r))
+        content.append(p.TokenLogprobOut(token=token, logprob=lp.logprob, bytes=raw, top_logprobs=top))
+    return p.ChoiceLogprobs(content=content)
+
+
+def completion_logprobs(
+    spec: OutputSpec, lps: tuple[TokenLogprob, ...] | list[TokenLogprob], offset: int = 0
+) -> p.CompletionLogprobs:
+    """The legacy shape; `offset`: characters of this choice's text before these tokens."""
+    tokens, values, tops, offsets = [], [], [], []
+    for lp in lps:
+        token, _ = _token_str(spec, lp.token_id)
+        tokens.append(token)
+        values.append(lp.logprob)
+        tops.append({_token_str(spec, t)[0]: v for t, v in lp.top})
+        offsets.append(offset)
+        offset += len(token)
+    return p.CompletionLogprobs(tokens=tokens, token_logprobs=values, top_logprobs=tops, text_offset=offsets)
+
+
+def parse_reply(spec: OutputSpec, text: str) -> ParsedOutput:
+    """The reply as content and tool calls (no tool parsing: all content)."""
+    if spec.tool_family is None:
+        return ParsedOutput(text, ())
+    parsed = parse_tool_calls(text, spec.tool_family, tool_names=spec.tool_names)
+    if spec.max_calls is not None and len(parsed.tool_calls) > spec.max_calls:
+        parsed = ParsedOutput(parsed.content, parsed.tool_calls[: spec.max_calls])
+    return parsed
+
+
+def _chat_choice(index: int, got: Collected, spec: OutputSpec) -> p.ChatChoice:
+    parsed = parse_reply(spec, got.text)
+    reason = finish_reason(got.finish)
+    calls = None
+    if parsed.tool_calls:
+        reason = "tool_calls"
+        calls = [
+            p.ToolCallOut(id=c.id, function=p.FunctionCallOut(name=c.name, arguments=c.arguments))
+            for c in parsed.tool_calls
+        ]
+        content = parsed.content
+    else:
+        content = got.text
+    return p.ChatChoice(
+        index=index,
+        message=p.AssistantMessage(role="assistant", content=content, tool_calls=calls),
+        finish_reason=reason,
+        logprobs=chat_logprobs(spec, got.logprobs) if spec.logprobs is not None else None,
+    )
+
+
 def chat_completion(
-    request_id: str, model: str, created: int, text: str, finish: FinishEvent
+    request_id: str, model: str, created: int, choices: list[Collected], spec: OutputSpec
 ) -> p.ChatCompletion:
     return p.ChatCompletion(
         id=request_id,
         created=created,
         model=model,
-        choices=[
-            p.ChatChoice(
-                index=0, message=p.AssistantMessage(content=text), finish_reason=finish_reason(finish)
-            )
-        ],
-        usage=usage(finish),
-        slotserve=slotserve_info(finish),
+        choices=[_chat_choice(i, got, spec) for i, got in enumerate(choices)],
+        usage=usage_of([c.finish for c in choices]),
+        slotserve=slotserve_info(choices[0].finish),
     )
 
 
-def completion(request_id: str, model: str, created: int, text: str, finish: FinishEvent) -> p.Completion:
+def completion(
+    request_id: str, model: str, created: int, choices: list[Collected], spec: OutputSpec
+) -> p.Completion:
     return p.Completion(
         id=request_id,
         object="text_completion",
         created=created,
         model=model,
-        choices=[p.CompletionChoice(index=0, text=text, finish_reason=finish_reason(finish))],
-        usage=usage(finish),
-        slotserve=slotserve_info(finish),
+        choices=[
+            p.CompletionChoice(
+                index=i,
+                text=got.text,
+                finish_reason=finish_reason(got.finish),
+                logprobs=completion_logprobs(spec, got.logprobs) if spec.logprobs is not None else None,
+            )
+            for i, got in enumerate(choices)
+        ],
+        usage=usage_of([c.finish for c in choices]),
+        slotserve=slotserve_info(choices[0].finish),
     )
 
 
@@ -280,38 +569,76 @@ def _error_chunk(err: APIError) -> bytes:
 
 
 class _OpenAIStream(StreamFormat):
-    """What chat and text-completion streams share: their ids, and the closing chunks (the
-    released text, the finish chunk with `slotserve` info, the optional usage chunk; or one
-    error chunk for a failed request)."""
+    """What chat and text-completion streams share: their ids, the per-choice finish chunks
+    (with `slotserve` info; one error chunk for a failed choice), and the usage chunk after
+    every choice finished (stream_options.include_usage)."""
 
-    def __init__(self, request_id: str, model: str, include_usage: bool):
+    def __init__(self, request_id: str, model: str, include_usage: bool, spec: OutputSpec | None = None):
         self.request_id = request_id
         self.model = model
         self.created = int(time.time())
         self.include_usage = include_usage
+        self.spec = spec or OutputSpec()
+        self._finishes: list[FinishEvent | None] = [None] * self.spec.n
 
     def _envelope(self, choices: list[Any], **extra: Any) -> msgspec.Struct:
         raise NotImplementedError
 
-    def _finish_chunk(self, reason: str, info: p.SlotserveInfo) -> bytes:
+    def _finish_chunk(self, index: int, reason: str, info: p.SlotserveInfo) -> bytes:
         raise NotImplementedError
 
-    def closing(self, finish: FinishEvent, text: str) -> list[bytes]:
+    def _text_chunks(
+        self, index: int, text: str, logprobs: tuple[TokenLogprob, ...], final: bool
+    ) -> list[bytes]:
+        """Chunks for released text (and its tokens' logprobs) of choice `index`."""
+        raise NotImplementedError
+
+    def _reason(self, index: int, finish: FinishEvent) -> str:
+        return finish_reason(finish)
+
+    def delta(self, text: str) -> bytes:
+        return b"".join(self._text_chunks(0, text, (), False))
+
+    def on_token(self, index: int, event: TokenEvent) -> list[bytes]:
+        lps = event.logprobs if self.spec.logprobs is not None else ()
+        return self._text_chunks(index, event.text, lps, False)
+
+    def on_finish(self, index: int, finish: FinishEvent) -> list[bytes]:
+        self._finishes[index] = finish
         err = failure(finish)
         if err is not None:
             return [_error_chunk(err)]
-        out = [self.delta(text)] if text else []
-        out.append(self._finish_chunk(finish_reason(finish), slotserve_info(finish)))
-        if self.include_usage:
-            out.append(sse_data(_encode(self._envelope([], usage=usage(finish)))))
+        out = self._text_chunks(index, finish.text, (), True)
+        out.append(self._finish_chunk(index, self._reason(index, finish), slotserve_info(finish)))
         return out
+
+    def closing(self, finish: FinishEvent, text: str) -> list[bytes]:
+        return self.on_finish(0, finish) + self.ending()
+
+    def ending(self) -> list[bytes]:
+        done = [f for f in self._finishes if f is not None]
+        if not self.include_usage or len(done) != len(self._finishes) or any(failure(f) for f in done):
+            return []
+        return [sse_data(_encode(self._envelope([], usage=usage_of(done))))]
 
 
 class ChatStream(_OpenAIStream):
-    """chat.completion.chunk events: role delta, content deltas, finish chunk, optional usage."""
+    """chat.completion.chunk events: role delta per choice, content / tool-call deltas (with
+    logprobs when asked), finish chunk per choice, optional usage."""
 
-    def _chunk(self, delta: p.Delta, finish: str | None = None, **extra: Any) -> bytes:
-        choice = p.ChatChunkChoice(index=0, delta=delta, finish_reason=finish)
+    def __init__(self, request_id: str, model: str, include_usage: bool, spec: OutputSpec | None = None):
+        super().__init__(request_id, model, include_usage, spec)
+        s = self.spec
+        self._parsers = (
+            [StreamingToolParser(s.tool_family, tool_names=s.tool_names) for _ in range(s.n)]
+            if s.tool_family is not None
+            else None
+        )
+
+    def _chunk(
+        self, index: int, delta: p.Delta, finish: str | None = None, logprobs: Any = None, **extra: Any
+    ) -> bytes:
+        choice = p.ChatChunkChoice(index=index, delta=delta, finish_reason=finish, logprobs=logprobs)
         return sse_data(_encode(self._envelope([choice], **extra)))
 
     def _envelope(self, choices: list[Any], **extra: Any) -> p.ChatCompletionChunk:
@@ -324,21 +651,57 @@ class ChatStream(_OpenAIStream):
             **extra,
         )
 
-    def _finish_chunk(self, reason: str, info: p.SlotserveInfo) -> bytes:
-        return self._chunk(p.Delta(), reason, slotserve=info)
+    def _finish_chunk(self, index: int, reason: str, info: p.SlotserveInfo) -> bytes:
+        return self._chunk(index, p.Delta(), reason, slotserve=info)
+
+    def _reason(self, index: int, finish: FinishEvent) -> str:
+        if self._parsers is not None and self._parsers[index].tool_calls:
+            return "tool_calls"
+        return finish_reason(finish)
 
     def opening(self) -> list[bytes]:
-        return [self._chunk(p.Delta(role="assistant", content=""))]
+        return [self._chunk(i, p.Delta(role="assistant", content="")) for i in range(self.spec.n)]
 
-    def delta(self, text: str) -> bytes:
-        return self._chunk(p.Delta(content=text))
+    def _text_chunks(
+        self, index: int, text: str, logprobs: tuple[TokenLogprob, ...], final: bool
+    ) -> list[bytes]:
+        deltas: list[Any] = []
+        if self._parsers is not None:
+            parser = self._parsers[index]
+            text, deltas = parser.feed(text)
+            if final:
+                more, tail = parser.finish()
+                text, deltas = text + more, deltas + tail
+            if self.spec.max_calls is not None:
+                deltas = [d for d in deltas if d.index < self.spec.max_calls]
+        lp = chat_logprobs(self.spec, logprobs) if logprobs else None
+        if not text and not deltas and lp is None:
+            return []
+        calls = [
+            p.ToolCallDeltaOut(
+                index=d.index,
+                id=d.id,
+                type="function" if d.id is not None else None,
+                function=p.FunctionDelta(name=d.name, arguments=d.arguments),
+            )
+            for d in deltas
+        ]
+        delta = p.Delta(content=text if text or not calls else None, tool_calls=calls or None)
+        return [self._chunk(index, delta, logprobs=lp)]
 
 
 class CompletionStream(_OpenAIStream):
-    """text_completion events: text deltas, finish chunk, optional usage."""
+    """text_completion events: text deltas (with logprobs when asked), finish chunk per choice,
+    optional usage."""
 
-    def _chunk(self, text: str, finish: str | None = None, **extra: Any) -> bytes:
-        choice = p.CompletionChoice(index=0, text=text, finish_reason=finish)
+    def __init__(self, request_id: str, model: str, include_usage: bool, spec: OutputSpec | None = None):
+        super().__init__(request_id, model, include_usage, spec)
+        self._offsets = [0] * self.spec.n  # characters streamed per choice (logprobs text_offset)
+
+    def _chunk(
+        self, index: int, text: str, finish: str | None = None, logprobs: Any = None, **extra: Any
+    ) -> bytes:
+        choice = p.CompletionChoice(index=index, text=text, finish_reason=finish, logprobs=logprobs)
         return sse_data(_encode(self._envelope([choice], **extra)))
 
     def _envelope(self, choices: list[Any], **extra: Any) -> p.Completion:
@@ -351,8 +714,14 @@ class CompletionStream(_OpenAIStream):
             **extra,
         )
 
-    def _finish_chunk(self, reason: str, info: p.SlotserveInfo) -> bytes:
-        return self._chunk("", reason, slotserve=info)
+    def _finish_chunk(self, index: int, reason: str, info: p.SlotserveInfo) -> bytes:
+        return self._chunk(index, "", reason, slotserve=info)
 
-    def delta(self, text: str) -> bytes:
-        return self._chunk(text)
+    def _text_chunks(
+        self, index: int, text: str, logprobs: tuple[TokenLogprob, ...], final: bool
+    ) -> list[bytes]:
+        if not text and not logprobs:
+            return []
+        lp = completion_logprobs(self.spec, logprobs, self._offsets[index]) if logprobs else None
+        self._offsets[index] += len(text)
+        return [self._chunk(index, text, logprobs=lp)]

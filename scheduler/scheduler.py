@@ -462,7 +462,8 @@ class Scheduler:
             self._finish(seq, FinishReason.STOP, now)
             return
         text = seq.detok.push(tok)
-        seq.events.put_nowait(TokenEvent((tok,), text))
+        lp = seq.sampler.last_logprob
+        seq.events.put_nowait(TokenEvent((tok,), text, (lp,) if lp is not None else ()))
         if seq.detok.stopped:
             self._finish(seq, FinishReason.STOP, now)
         elif seq.num_generated >= p.max_tokens or self._slots.lens[seq.slot] >= self._pool.ctx_len:

@@ -55,8 +55,38 @@ def make_app(**config: Any) -> tuple[Any, Any, Any]:
             "max_completion_tokens",
         ),
         (b'{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}', "stream"),
-        (b'{"messages": [{"role": "user", "content": "x"}], "n": 2}', "n"),
-        (b'{"messages": [{"role": "user", "content": "x"}], "logprobs": true}', "logprobs"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "n": 99}', "n"),  # more than the slots
+        (b'{"messages": [{"role": "user", "content": "x"}], "n": 0}', "n"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}', "top_logprobs"),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}',
+            "top_logprobs",
+        ),
+        (b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"abc": 1}}', "logit_bias"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"99999": 1}}', "logit_bias"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"5": 101}}', "logit_bias"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}]}', "functions"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "function_call": "auto"}', "function_call"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "store": true}', "store"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "audio": {"voice": "x"}}', "audio"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "modalities": ["text", "audio"]}', "modalities"),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}], "prediction": {"type": "content"}}',
+            "prediction",
+        ),
+        (b'{"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "high"}', "reasoning_effort"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "service_tier": "flex"}', "service_tier"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "web_search_options": {}}', "web_search_options"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}', "tool_choice"),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": '
+            b'{"name": "f"}}], "tool_choice": {"type": "function", "function": {"name": "g"}}}',
+            "tool_choice",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}}',
+            "response_format",
+        ),
         (b'{"messages": [{"role": "user", "content": "x"}], "stop": [""]}', "stop"),
         (b'{"messages": [{"role": "wizard", "content": "x"}]}', "messages[0].role"),
         (b'{"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}', "messages[0].content[0]"),
@@ -177,7 +207,7 @@ async def test_deeply_nested_body_is_400_not_500() -> None:
     depth = 10_000
     nested = b"[" * depth + b"]" * depth
     chat = b'{"messages": [{"role": "user", "content": "x"}], "tool_choice": ' + nested + b"}"
-    comp = b'{"prompt": "x", "logprobs": ' + nested + b"}"
+    comp = b'{"prompt": "x", "prediction": ' + nested + b"}"
     app, _, _ = make_app()
     async with running_app(app) as client:
         r_chat = await client.post("/v1/chat/completions", content=chat)

@@ -105,3 +105,77 @@ def test_frequency_and_presence_penalties_discourage_repeats():
 def test_bad_parameters_are_rejected_with_the_fix(params, msg):
     with pytest.raises(ValueError, match=msg):
         validate_params(params, V)
+
+
+# ---- logit_bias, logprobs, grammar masks
+
+
+def test_logit_bias_shifts_and_minus_100_bans():
+    row = logits(4)
+    best = int(np.argmax(row))
+    other = int(np.argsort(-row)[5])
+    assert draws(SamplingParams(temperature=0, logit_bias=((other, 50.0),)), row, 1)[0] == other
+    got = draws(SamplingParams(temperature=0, logit_bias=((best, -100.0),)), row, 1)[0]
+    assert got == int(np.argsort(-row)[1])
+    # a ban holds even against a logit far above the rest (a finite -100 would be outbid)
+    huge = row.copy()
+    huge[best] = 1e6
+    banned = draws(SamplingParams(temperature=1.0, seed=1, logit_bias=((best, -100.0),)), huge, 200)
+    assert best not in set(banned.tolist())
+
+
+def test_logprobs_greedy_token_is_top_and_mass_at_most_one():
+    row = logits(5)
+    s = Sampler(SamplingParams(temperature=0, logprobs=5), V)
+    tok = s.sample(row)
+    lp = s.last_logprob
+    assert lp is not None and lp.token_id == tok and lp.top[0][0] == tok
+    assert lp.logprob == pytest.approx(lp.top[0][1])
+    vals = [v for _, v in lp.top]
+    assert vals == sorted(vals, reverse=True) and len(vals) == 5
+    assert np.exp(vals).sum() <= 1.0 + 1e-9
+    ref = row.astype(np.float64) - np.log(np.exp(row.astype(np.float64)).sum())
+    assert lp.logprob == pytest.approx(ref[tok])
+
+
+def test_logprobs_off_leaves_nothing():
+    s = Sampler(SamplingParams(temperature=0), V)
+    s.sample(logits(6))
+    assert s.last_logprob is None
+
+
+class _EvenThenOdd:
+    """A toy grammar: even ids, then odd ids, alternating; records what it accepted."""
+
+    def __init__(self):
+        self.accepted: list[int] = []
+
+    def start(self):
+        return self
+
+    def allowed(self):
+        parity = len(self.accepted) % 2
+        return np.arange(V) % 2 == parity
+
+    def accept(self, token):
+        assert self.allowed()[token]
+        self.accepted.append(token)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_grammar_mask_restricts_every_draw_and_advances(temperature):
+    g = _EvenThenOdd()
+    s = Sampler(SamplingParams(temperature=temperature, seed=3, grammar=g, logprobs=3), V)
+    got = [s.sample(logits(i)) for i in range(20)]
+    assert [t % 2 for t in got] == [i % 2 for i in range(20)] and g.accepted == got
+    # masked ids carry no probability: every top logprob is an allowed id
+    assert all(t % 2 == 1 for t, _ in s.last_logprob.top)
+
+
+def test_validate_params_rejects_bad_bias_logprobs_and_ignore_eos_with_grammar():
+    with pytest.raises(ValueError, match="logit_bias"):
+        validate_params(SamplingParams(logit_bias=((V, 1.0),)), V)
+    with pytest.raises(ValueError, match="logprobs"):
+        validate_params(SamplingParams(logprobs=21), V)
+    with pytest.raises(ValueError, match="ignore_eos"):
+        validate_params(SamplingParams(grammar=_EvenThenOdd(), ignore_eos=True), V)

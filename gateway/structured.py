@@ -1,0 +1,175 @@
+"""Constrained decoding with llguidance: JSON schemas and tool-call syntax as token masks.
+
+Design: one `GrammarCompiler` per served model owns the llguidance tokenizer (built once from
+the model's `tokenizers` object, ~0.3 s) and a small thread pool. It compiles a request's
+`response_format` or forced tool call into a `CompiledGrammar`, an immutable value that goes into
+`SamplingParams.grammar` (the scheduler's `Grammar` protocol). Each sequence then gets its own
+`MaskedSequence` (`start()`), owned by that sequence's Sampler:
+
+    allowed()    waits for the mask of the next position (normally computed already) and returns
+                 it as bool [n_vocab]
+    accept(tok)  advances the matcher by the sampled token and submits the next mask to the pool,
+                 so it is computed while the engine runs its next step (the event loop goes on)
+
+Why llguidance (see docs/structured_output.md): CPU-only wheel of ~3 MB with no dependency (numpy
+interface; xgrammar needs torch), JSON schema and Lark grammars in one engine, and masks for the
+49k SmolLM2 vocabulary in 0.02-0.1 ms after the first (measured in that doc).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from .tool_calls import HERMES_CLOSE, HERMES_OPEN, MISTRAL_TAG, ToolCallFamily
+
+# JSON layout the model is held to: one space after ':' and ',' (what chat models write), no
+# other whitespace, so a constrained reply cannot run on in blank space.
+_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class GrammarError(ValueError):
+    """The schema or grammar cannot be compiled (the message says why)."""
+
+
+class GrammarCompiler:
+    """Compiles schemas for one tokenizer. Thread-safe; `close()` stops the mask pool."""
+
+    def __init__(self, tokenizer_json: str, n_vocab: int, eos_token_id: int, *, threads: int = 1) -> None:
+        import llguidance
+
+        self._llg = llguidance
+        self.n_vocab = n_vocab
+        self.eos_token_id = eos_token_id
+        self.tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=n_vocab, eos_token=eos_token_id)
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="slotserve-mask")
+
+    @classmethod
+    def for_tokenizer(cls, tok: Any) -> GrammarCompiler:
+        """From `engine_ext.tokenizer.Tokenizer` (its `backend` is a `tokenizers.Tokenizer`)."""
+        return cls(tok.backend.to_str(), tok.n_vocab, tok.eos_id)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _compile(self, grammar: str) -> CompiledGrammar:
+        err = self._llg.LLMatcher.validate_grammar(grammar, self.tokenizer)
+        if err:
+            raise GrammarError(err)
+        return CompiledGrammar(self, grammar)
+
+    def json_schema(self, schema: Mapping[str, Any] | None) -> CompiledGrammar:
+        """Any JSON object (`schema` None: OpenAI's json_object), or JSON valid under `schema`."""
+        try:
+            grammar = self._llg.LLMatcher.grammar_from_json_schema(
+                dict(schema) if schema is not None else {"type": "object"}, defaults=_JSON_OPTIONS
+            )
+        except ValueError as exc:
+            raise GrammarError(str(exc)) from None
+        return self._compile(grammar)
+
+    def tool_calls(
+        self, family: ToolCallFamily, tools: Sequence[Mapping[str, Any]], *, parallel: bool, allow_text: bool
+    ) -> CompiledGrammar:
+        """Tool-call syntax of `family` whose JSON is one of `tools` (OpenAI tool dicts) with its
+        parameters schema. `parallel`: one or more calls, else exactly one; `allow_text`: a plain
+        text reply is allowed instead (tool_choice "auto" with strict schemas)."""
+        call = json.dumps(
+            _call_schema(tools, "parameters" if family is ToolCallFamily.LLAMA3 else "arguments")
+        )
+        if family is ToolCallFamily.HERMES:
+            one = f'"{HERMES_OPEN}\\n" %json {call} "\\n{HERMES_CLOSE}"'
+            calls = 'call ("\\n" call)*' if parallel else "call"
+            text = "/[^<][\\s\\S]*/"  # a reply that does not start a call
+        elif family is ToolCallFamily.LLAMA3:
+            one = f"%json {call}"
+            calls = 'call ("; " call)*' if parallel else "call"
+            text = "/[^{<][\\s\\S]*/"
+        else:
+            arr = {"type": "array", "items": json.loads(call), "minItems": 1}
+            if not parallel:
+                arr["maxItems"] = 1
+            one = f'"{MISTRAL_TAG}" %json {json.dumps(arr)}'
+            calls = "call"
+            text = "/[^\\[][\\s\\S]*/"
+        lark = f"start: calls{' | TEXT' if allow_text else ''}\ncalls: {calls}\ncall: {one}\n"
+        if allow_text:
+            lark += f"TEXT: {text}\n"
+        try:
+            grammar = self._llg.LLMatcher.grammar_from_lark(lark)
+        except ValueError as exc:
+            raise GrammarError(str(exc)) from None
+        return self._compile(grammar)
+
+
+def _call_schema(tools: Sequence[Mapping[str, Any]], args_key: str) -> dict[str, Any]:
+    """JSON schema of one call object {"name": N, args_key: {...}} over `tools`."""
+    options = []
+    for t in tools:
+        fn = t.get("function", t)
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        options.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": fn["name"]}, args_key: params},
+                "required": ["name", args_key],
+                "additionalProperties": False,
+            }
+        )
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+class CompiledGrammar:
+    """An immutable compiled grammar (the scheduler's `Grammar`): `start()` per sequence."""
+
+    __slots__ = ("_compiler", "grammar")
+
+    def __init__(self, compiler: GrammarCompiler, grammar: str) -> None:
+        self._compiler = compiler
+        self.grammar = grammar  # llguidance's serialised grammar
+
+    def start(self) -> MaskedSequence:
+        return MaskedSequence(self._compiler, self.grammar)
+
+
+class MaskedSequence:
+    """One sequence's matcher and its next-token mask (the scheduler's `TokenConstraint`).
+
+    The mask of the next position is computed in the compiler's pool, started at construction
+    and after each `accept`; `allowed()` waits for it."""
+
+    def __init__(self, compiler: GrammarCompiler, grammar: str) -> None:
+        llg = compiler._llg
+        self._c = compiler
+        self._matcher = llg.LLMatcher(compiler.tokenizer, grammar)
+        self._bits = np.zeros((compiler.n_vocab + 31) // 32, dtype=np.int32)  # [ceil(V/32)] bitmask
+        self._next: Future | None = compiler._pool.submit(self._fill)
+
+    def _fill(self) -> None:
+        m = self._matcher
+        m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+
+    @property
+    def is_error(self) -> bool:
+        return bool(self._matcher.is_error())
+
+    def allowed(self) -> np.ndarray:
+        """bool [n_vocab]: the tokens the grammar accepts next (eos alone once it is complete or
+        if the matcher failed, so generation always ends)."""
+        if self._next is not None:
+            self._next.result()
+            self._next = None
+        out = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self._c.n_vocab].view(bool)
+        if self._matcher.is_error() or not out.any():
+            out = np.zeros(self._c.n_vocab, dtype=bool)
+            out[self._c.eos_token_id] = True
+        return out
+
+    def accept(self, token: int) -> None:
+        self._matcher.consume_token(int(token))
+        if token != self._c.eos_token_id:
+            self._next = self._c._pool.submit(self._fill)

@@ -53,7 +53,7 @@ class ChatMessage(Struct):
     tool_call_id: str | None = None
 
 
-class FunctionDef(Struct):
+class FunctionDef(Struct, omit_defaults=True):  # None fields stay out of the rendered tools
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None

@@ -76,7 +76,7 @@ typedef struct {
     int n_in;           /* row length (elements) */
     int n_out;          /* rows */
     const void *rows;   /* [n_out][ggml_row_bytes(type, n_in)] file layout */
-    const void *x8;     /* block types: [n_out / ROW_GROUP][n_in / QK] x8 blocks (else NULL) */
+    const void *x8;     /* block types: [n_out / ROW_GROUP][n_in / block elements] x8 blocks (else NULL) */
 } gemm_weight;
 
 /* Bytes of the x8 form of a block-type weight (0 for float types); pack_x8 writes it. */

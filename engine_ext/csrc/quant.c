@@ -100,11 +100,15 @@ size_t x8_bytes(int type, int n_in, int n_out) {
     case GGML_TYPE_Q8_0: return groups * sizeof(block_q8_0x8);
     case GGML_TYPE_Q4_0: return groups * sizeof(block_q4_0x8);
     case GGML_TYPE_Q4_1: return groups * sizeof(block_q4_1x8);
-    default: return 0;
+    default: return x8_bytes_k(type, n_in, n_out);
     }
 }
 
 void pack_x8(void *dst, const void *rows, int type, int n_in, int n_out) {
+    if (x8_bytes_k(type, n_in, ROW_GROUP) > 0) {
+        pack_x8_k(dst, rows, type, n_in, n_out);
+        return;
+    }
     const int nb = n_in / QK;
     const size_t row_bytes = ggml_row_bytes(type, n_in);
     for (int g = 0; g < n_out / ROW_GROUP; g++)

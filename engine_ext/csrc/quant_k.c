@@ -155,31 +155,182 @@ void dequantize_row_q6_K_generic(float *y, const void *x, int k) {
     }
 }
 
+/* ---- row groups (quant_k.h x8 layouts) -------------------------------------------------------- */
+
+/* Row i's n-byte array `src` into the interleaved array `dst` of its group, and back. */
+static void put_runs(uint8_t *dst, const uint8_t *src, int n, int i) {
+    for (int j = 0; j < n / 4; j++) memcpy(dst + 4 * (ROW_GROUP * j + i), src + 4 * j, 4);
+}
+
+static void get_runs(uint8_t *dst, const uint8_t *src, int n, int i) {
+    for (int j = 0; j < n / 4; j++) memcpy(dst + 4 * j, src + 4 * (ROW_GROUP * j + i), 4);
+}
+
+/* Q5 high bits: file order (bit e = element e) <-> x8 order (bit k of byte c = element 4k + c). */
+static void q5_qh_to_x8(uint8_t *dst, const uint8_t *qh4) {
+    uint32_t qh;
+    memcpy(&qh, qh4, 4);
+    for (int c = 0; c < 4; c++) {
+        dst[c] = 0;
+        for (int k = 0; k < 8; k++) dst[c] |= (uint8_t)(((qh >> (4 * k + c)) & 1) << k);
+    }
+}
+
+static void q5_qh_from_x8(uint8_t *qh4, const uint8_t *src) {
+    uint32_t qh = 0;
+    for (int c = 0; c < 4; c++)
+        for (int k = 0; k < 8; k++) qh |= (uint32_t)((src[c] >> k) & 1) << (4 * k + c);
+    memcpy(qh4, &qh, 4);
+}
+
+size_t x8_bytes_k(int type, int n_in, int n_out) {
+    size_t groups = (size_t)(n_out / ROW_GROUP);
+    switch (type) {
+    case GGML_TYPE_Q5_0: return groups * (size_t)(n_in / QK) * sizeof(block_q5_0x8);
+    case GGML_TYPE_Q5_1: return groups * (size_t)(n_in / QK) * sizeof(block_q5_1x8);
+    case GGML_TYPE_Q4_K: return groups * (size_t)(n_in / QK_K) * sizeof(block_q4_Kx8);
+    case GGML_TYPE_Q5_K: return groups * (size_t)(n_in / QK_K) * sizeof(block_q5_Kx8);
+    case GGML_TYPE_Q6_K: return groups * (size_t)(n_in / QK_K) * sizeof(block_q6_Kx8);
+    default: return 0;
+    }
+}
+
+/* Block of row i (of 8) in one x8 block, both directions (to_x8 != 0: file -> x8). */
+static void convert_q5_0(block_q5_0x8 *g, block_q5_0 *b, int i, int to_x8) {
+    if (to_x8) {
+        g->d[i] = b->d;
+        q5_qh_to_x8(g->qh + 4 * i, b->qh);
+        put_runs(g->qs, b->qs, 16, i);
+    } else {
+        b->d = g->d[i];
+        q5_qh_from_x8(b->qh, g->qh + 4 * i);
+        get_runs(b->qs, g->qs, 16, i);
+    }
+}
+
+static void convert_q5_1(block_q5_1x8 *g, block_q5_1 *b, int i, int to_x8) {
+    if (to_x8) {
+        g->d[i] = b->d, g->m[i] = b->m;
+        q5_qh_to_x8(g->qh + 4 * i, b->qh);
+        put_runs(g->qs, b->qs, 16, i);
+    } else {
+        b->d = g->d[i], b->m = g->m[i];
+        q5_qh_from_x8(b->qh, g->qh + 4 * i);
+        get_runs(b->qs, g->qs, 16, i);
+    }
+}
+
+/* Q4_K and Q5_K share everything but qh (NULL for Q4_K). */
+static void convert_k4(uint16_t *gd, uint16_t *gdmin, uint8_t (*gsc)[ROW_GROUP], uint8_t (*gm)[ROW_GROUP],
+                       uint8_t *gqh, uint8_t *gqs, uint16_t *d, uint16_t *dmin, uint8_t *scales, uint8_t *qh,
+                       uint8_t *qs, int i, int to_x8) {
+    if (to_x8) {
+        gd[i] = *d, gdmin[i] = *dmin;
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            k4_scale_min(scales, j, &sc, &m);
+            gsc[j][i] = (uint8_t)sc, gm[j][i] = (uint8_t)m;
+        }
+        if (qh) put_runs(gqh, qh, QK_K / 8, i);
+        put_runs(gqs, qs, QK_K / 2, i);
+    } else {
+        *d = gd[i], *dmin = gdmin[i];
+        uint8_t sc[8], m[8];
+        for (int j = 0; j < 8; j++) sc[j] = gsc[j][i], m[j] = gm[j][i];
+        k4_pack_scales(scales, sc, m);
+        if (qh) get_runs(qh, gqh, QK_K / 8, i);
+        get_runs(qs, gqs, QK_K / 2, i);
+    }
+}
+
+static void convert_q4_K(block_q4_Kx8 *g, block_q4_K *b, int i, int to_x8) {
+    convert_k4(g->d, g->dmin, g->sc, g->m, NULL, g->qs, &b->d, &b->dmin, b->scales, NULL, b->qs, i, to_x8);
+}
+
+static void convert_q5_K(block_q5_Kx8 *g, block_q5_K *b, int i, int to_x8) {
+    convert_k4(g->d, g->dmin, g->sc, g->m, g->qh, g->qs, &b->d, &b->dmin, b->scales, b->qh, b->qs, i, to_x8);
+}
+
+static void convert_q6_K(block_q6_Kx8 *g, block_q6_K *b, int i, int to_x8) {
+    if (to_x8) {
+        g->d[i] = b->d;
+        for (int j = 0; j < QK_K / 16; j++) g->sc[j][i] = b->scales[j];
+        put_runs(g->ql, b->ql, QK_K / 2, i);
+        put_runs(g->qh, b->qh, QK_K / 4, i);
+    } else {
+        b->d = g->d[i];
+        for (int j = 0; j < QK_K / 16; j++) b->scales[j] = g->sc[j][i];
+        get_runs(b->ql, g->ql, QK_K / 2, i);
+        get_runs(b->qh, g->qh, QK_K / 4, i);
+    }
+}
+
+void pack_x8_k(void *dst, const void *rows, int type, int n_in, int n_out) {
+    const int nb = n_in / ggml_block_elems(type);
+    const size_t row_bytes = ggml_row_bytes(type, n_in), group_bytes = x8_bytes_k(type, n_in, ROW_GROUP);
+    for (int g = 0; g < n_out / ROW_GROUP; g++)
+        pack_x8_k_part((char *)dst + (size_t)g * group_bytes, (const char *)rows + (size_t)g * ROW_GROUP * row_bytes,
+                       type, n_in, ROW_GROUP, 0, nb);
+}
+
+void pack_x8_k_part(void *dst, const void *rows, int type, int n_in, int n_rows, int b0, int b1) {
+    const size_t row_bytes = ggml_row_bytes(type, n_in);
+    memset(dst, 0, x8_bytes_k(type, n_in, ROW_GROUP) / (size_t)(n_in / ggml_block_elems(type)) * (size_t)(b1 - b0));
+    for (int b = b0; b < b1; b++)
+        for (int i = 0; i < n_rows; i++) {
+            const char *src = (const char *)rows + (size_t)i * row_bytes;
+            const int at = b - b0;
+            switch (type) {
+            case GGML_TYPE_Q5_0: {
+                block_q5_0 t = ((const block_q5_0 *)src)[b];
+                convert_q5_0((block_q5_0x8 *)dst + at, &t, i, 1);
+                break;
+            }
+            case GGML_TYPE_Q5_1: {
+                block_q5_1 t = ((const block_q5_1 *)src)[b];
+                convert_q5_1((block_q5_1x8 *)dst + at, &t, i, 1);
+                break;
+            }
+            case GGML_TYPE_Q4_K: {
+                block_q4_K t = ((const block_q4_K *)src)[b];
+                convert_q4_K((block_q4_Kx8 *)dst + at, &t, i, 1);
+                break;
+            }
+            case GGML_TYPE_Q5_K: {
+                block_q5_K t = ((const block_q5_K *)src)[b];
+                convert_q5_K((block_q5_Kx8 *)dst + at, &t, i, 1);
+                break;
+            }
+            case GGML_TYPE_Q6_K: {
+                block_q6_K t = ((const block_q6_K *)src)[b];
+                convert_q6_K((block_q6_Kx8 *)dst + at, &t, i, 1);
+                break;
+            }
+            default: return;
+            }
+        }
+}
+
 /* ---- block fetch: file rows or row groups --------------------------------------------------- */
 
-/* Block b of weight row o in the file layout. Rows inside whole groups come from w->x8 when it
- * is set (gathered into *tmp), the rest straight from w->rows. */
-/* Row groups are added type by type; until a type has them, x8 is NULL and FETCH reads rows. */
-static const block_q5_0 *fetch_q5_0(const gemm_weight *w, int o, int b, block_q5_0 *tmp) {
-    (void)tmp;
-    return (const block_q5_0 *)((const char *)w->rows + (size_t)o * ggml_row_bytes(w->type, w->n_in)) + b;
-}
-static const block_q5_1 *fetch_q5_1(const gemm_weight *w, int o, int b, block_q5_1 *tmp) {
-    (void)tmp;
-    return (const block_q5_1 *)((const char *)w->rows + (size_t)o * ggml_row_bytes(w->type, w->n_in)) + b;
-}
-static const block_q4_K *fetch_q4_K(const gemm_weight *w, int o, int b, block_q4_K *tmp) {
-    (void)tmp;
-    return (const block_q4_K *)((const char *)w->rows + (size_t)o * ggml_row_bytes(w->type, w->n_in)) + b;
-}
-static const block_q5_K *fetch_q5_K(const gemm_weight *w, int o, int b, block_q5_K *tmp) {
-    (void)tmp;
-    return (const block_q5_K *)((const char *)w->rows + (size_t)o * ggml_row_bytes(w->type, w->n_in)) + b;
-}
-static const block_q6_K *fetch_q6_K(const gemm_weight *w, int o, int b, block_q6_K *tmp) {
-    (void)tmp;
-    return (const block_q6_K *)((const char *)w->rows + (size_t)o * ggml_row_bytes(w->type, w->n_in)) + b;
-}
+/* Block b of weight row o in the file layout: from w->x8 (gathered into *tmp) when the row is in
+ * a whole group and the groups exist, else straight from w->rows. */
+#define DEFINE_FETCH(T, ELEMS)                                                                      \
+    static const block_##T *fetch_##T(const gemm_weight *w, int o, int b, block_##T *tmp) {          \
+        if (w->x8 == NULL || o >= w->n_out / ROW_GROUP * ROW_GROUP) {                               \
+            const char *row = (const char *)w->rows + (size_t)o * ggml_row_bytes(w->type, w->n_in);  \
+            return (const block_##T *)row + b;                                                      \
+        }                                                                                           \
+        const size_t at = (size_t)(o / ROW_GROUP) * (size_t)(w->n_in / (ELEMS)) + (size_t)b;        \
+        convert_##T((block_##T##x8 *)w->x8 + at, tmp, o % ROW_GROUP, 0);                            \
+        return tmp;                                                                                 \
+    }
+
+DEFINE_FETCH(q5_0, QK)
+DEFINE_FETCH(q5_1, QK)
+DEFINE_FETCH(q4_K, QK_K)
+DEFINE_FETCH(q5_K, QK_K)
+DEFINE_FETCH(q6_K, QK_K)
 
 /* ---- matmul ---------------------------------------------------------------------------------- */
 

@@ -17,6 +17,7 @@
 #ifndef SLOTSERVE_QUANT_K_H
 #define SLOTSERVE_QUANT_K_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define QK_K 256      /* elements per K-quant super-block */
@@ -48,6 +49,43 @@ _Static_assert(sizeof(block_q4_K) == 144, "block_q4_K must match ggml");
 _Static_assert(sizeof(block_q5_K) == 176, "block_q5_K must match ggml");
 _Static_assert(sizeof(block_q6_K) == 210, "block_q6_K must match ggml");
 
+/* Row groups (kernels.h): 8 rows per group, every byte array interleaved in 4-byte runs,
+ *   x[4 * (8 * j + i) + c] = byte 4j + c of row i's array x,
+ * so one 32-byte load holds run j of all 8 rows (lane i = row i). Scales are unpacked to one byte
+ * per (sub-block, row): sc[j][i]. Q5_0/Q5_1 rearrange each row's 32 high bits so that bit k of
+ * byte c is the high bit of element 4k + c: a shift and a mask put the high bits of run j's low
+ * nibbles (k = j) or high nibbles (k = 4 + j) at bit 4 of each byte. */
+typedef struct { uint16_t d[ROW_GROUP]; uint8_t qh[4 * ROW_GROUP]; uint8_t qs[16 * ROW_GROUP]; } block_q5_0x8; /* 176 */
+typedef struct {
+    uint16_t d[ROW_GROUP]; uint16_t m[ROW_GROUP]; uint8_t qh[4 * ROW_GROUP]; uint8_t qs[16 * ROW_GROUP];
+} block_q5_1x8; /* 192 bytes */
+typedef struct {
+    uint16_t d[ROW_GROUP]; uint16_t dmin[ROW_GROUP];
+    uint8_t sc[8][ROW_GROUP]; uint8_t m[8][ROW_GROUP]; /* 6-bit scale and min of sub-block j, row i */
+    uint8_t qs[QK_K / 2 * ROW_GROUP];
+} block_q4_Kx8; /* 1184 bytes (8 rows: 1152) */
+typedef struct {
+    uint16_t d[ROW_GROUP]; uint16_t dmin[ROW_GROUP];
+    uint8_t sc[8][ROW_GROUP]; uint8_t m[8][ROW_GROUP];
+    uint8_t qh[QK_K / 8 * ROW_GROUP]; uint8_t qs[QK_K / 2 * ROW_GROUP];
+} block_q5_Kx8; /* 1440 bytes (8 rows: 1408) */
+typedef struct {
+    uint16_t d[ROW_GROUP]; int8_t sc[QK_K / 16][ROW_GROUP];
+    uint8_t ql[QK_K / 2 * ROW_GROUP]; uint8_t qh[QK_K / 4 * ROW_GROUP];
+} block_q6_Kx8; /* 1680 bytes */
+
+_Static_assert(sizeof(block_q5_0x8) == 176 && sizeof(block_q5_1x8) == 192, "x8 sizes");
+_Static_assert(sizeof(block_q4_Kx8) == 1184 && sizeof(block_q5_Kx8) == 1440 && sizeof(block_q6_Kx8) == 1680, "x8 sizes");
+
+/* x8_bytes / pack_x8 (kernels.h) for the types of this header; 0 / nothing for others. */
+size_t x8_bytes_k(int type, int n_in, int n_out);
+void pack_x8_k(void *dst, const void *rows, int type, int n_in, int n_out);
+
+/* Blocks [b0, b1) of rows row0 .. row0+n_rows-1 (n_rows <= ROW_GROUP; `rows` points at row0 in
+ * the file layout) as (b1 - b0) x8 blocks; lanes of missing rows are zero. For kernels that run
+ * the row-group code on rows outside whole groups. */
+void pack_x8_k_part(void *dst, const void *rows, int type, int n_in, int n_rows, int b0, int b1);
+
 /* Elements per block of a block type (QK or QK_K); 0 for float types. */
 int ggml_block_elems(int type);
 
@@ -57,6 +95,13 @@ void dequantize_row_q5_1_generic(float *y, const void *x, int k);
 void dequantize_row_q4_K_generic(float *y, const void *x, int k);
 void dequantize_row_q5_K_generic(float *y, const void *x, int k);
 void dequantize_row_q6_K_generic(float *y, const void *x, int k);
+void dequantize_row_bf16_avx2(float *y, const void *x, int k);
+void gemm_bf16_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q5_0_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q5_1_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q4_K_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q5_K_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q6_K_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
 void gemm_bf16_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
 void gemm_q5_0_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
 void gemm_q5_1_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);

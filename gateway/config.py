@@ -34,6 +34,7 @@ class ServeConfig:
     ctx_size: int = 4096  # tokens of KV per slot
     threads: int | None = None  # engine threads; None = the engine's choice
     served_model_name: tuple[str, ...] = ()  # names clients may send; () = the GGUF's own name
+    chat_template: str | None = None  # jinja chat template file replacing the GGUF's; None = the GGUF's
     segment_tokens: int | None = None  # prefill segment length; None = the scheduler's default
     checkpoint_memory_mb: int | None = None  # in-memory checkpoint budget; None = scheduler default
     kv_disk_dir: str | None = None  # disk tier for checkpoints; None = no disk writes
@@ -77,6 +78,10 @@ class ServeConfig:
             "--kv-disk-space-mb has no effect without --kv-disk-dir; give the directory too",
         )
         need(self.kv_disk_dir is None or self.kv_disk_dir.strip() != "", "--kv-disk-dir must not be empty")
+        need(
+            self.chat_template is None or self.chat_template.strip() != "",
+            "--chat-template must not be empty",
+        )
         need(
             self.kv_disk_space_mb is None or self.kv_disk_space_mb >= 1,
             f"--kv-disk-space-mb must be >= 1, got {self.kv_disk_space_mb}",
@@ -194,6 +199,13 @@ OPTIONS: tuple[Option, ...] = (
         int,
         "memory for KV checkpoints, MB (default: the scheduler's)",
         metavar="M",
+    ),
+    Option(
+        "chat_template",
+        ("--chat-template",),
+        str,
+        "jinja chat template file used instead of the GGUF's (e.g. one that renders tools)",
+        metavar="FILE",
     ),
     Option(
         "kv_disk_dir",

@@ -192,10 +192,13 @@ def build_runtime(config: ServeConfig, model: OpenedModel, *, stats_sink: Any = 
         eos_token_ids=tok.eos_token_ids,
         stats_sink=stats_sink,
     )
+    chat = model.bundle.chat
+    if config.chat_template is not None:
+        chat = load_chat_template(config.chat_template, tok)
     return Runtime(
         scheduler=sched,
         tokenizer=tok,
-        chat=model.bundle.chat,
+        chat=chat,
         model_names=model.model_names,
         ctx_len=config.ctx_size,
         num_slots=config.batched_session,
@@ -208,6 +211,25 @@ def build_runtime(config: ServeConfig, model: OpenedModel, *, stats_sink: Any = 
         grammars=grammars,
         token_bytes=tok.token_bytes,
     )
+
+
+def load_chat_template(path: str, tok: Any) -> Any:
+    """The jinja template in file `path` (--chat-template), with the tokenizer's bos/eos texts.
+    ValueError naming the flag if the file cannot be read or does not compile."""
+    from slotserve.engine_ext.chat import ChatTemplate
+
+    try:
+        source = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--chat-template {path}: cannot read the file: {exc}") from None
+
+    def piece(i: int | None) -> str:
+        return tok.token_bytes[i].decode("utf-8", errors="replace") if i is not None else ""
+
+    try:
+        return ChatTemplate(source, bos_token=piece(tok.bos_id), eos_token=piece(tok.eos_id))
+    except ValueError as exc:
+        raise ValueError(f"--chat-template {path}: {exc}") from None
 
 
 def load_runtime(config: ServeConfig, *, stats_sink: Any = None) -> Runtime:

@@ -3,7 +3,8 @@
 Design: a request is decoded into the Structs below, translated into the OpenAI chat request the
 chat-completions route takes (`to_chat`: system -> a system message, `tool_use` blocks -> an
 assistant's `tool_calls`, `tool_result` blocks -> `role: tool` messages, tools -> function
-tools, tool_choice auto/any/tool/none -> auto/required/{function}/none), and built by
+tools, tool_choice auto/any/tool/none -> auto/required/{function}/none, `output_config.format`
+-> a json_schema `response_format`), and built by
 `translate.chat_request`, the very function the chat route uses: same template, limits and
 sampling checks. The answer is assembled from the generated text by `agent_output` (text and
 `tool_use` blocks) and spelled as a `message` object or Anthropic's event stream:
@@ -11,8 +12,8 @@ sampling checks. The answer is assembled from the generated text by `agent_outpu
     message_start  ping  (content_block_start  content_block_delta...  content_block_stop)...
     message_delta (stop_reason, usage)  message_stop
 
-`cache_control` on a block is a checkpoint hint: the scheduler snapshots the prompt's KV at the
-end of the last marked block (`agent_output.breakpoint_offset`; one hint per request, so the
+`cache_control` on a block (or at the top level: on the last message) is a checkpoint hint: the
+scheduler snapshots the prompt's KV at the end of the last marked block (`agent_output.breakpoint_offset`; one hint per request, so the
 last breakpoint, whose checkpoint also serves every shorter prefix). Usage follows Anthropic's
 accounting: input_tokens + cache_read_input_tokens + cache_creation_input_tokens is the prompt;
 cache_read counts the tokens reused from a slot or checkpoint, cache_creation the tokens computed
@@ -104,6 +105,16 @@ class ThinkingParam(Struct, kw_only=True):
     budget_tokens: int | None = None
 
 
+class OutputFormat(Struct, kw_only=True):
+    type: str  # json_schema
+    schema: dict[str, Any] | None = None
+
+
+class OutputConfig(Struct, kw_only=True):
+    format: OutputFormat | None = None  # structured output (the chat route's json_schema)
+    effort: str | None = None  # accepted, not used
+
+
 class CountTokensRequest(Struct, kw_only=True):
     """The body of /v1/messages/count_tokens, and the base of a Messages request."""
 
@@ -113,6 +124,8 @@ class CountTokensRequest(Struct, kw_only=True):
     tools: list[ToolParam] | None = None
     tool_choice: ToolChoiceParam | None = None
     thinking: ThinkingParam | None = None
+    cache_control: CacheControl | None = None  # top level: a breakpoint on the last block
+    output_config: OutputConfig | None = None
     mcp_servers: Any = None  # refused when given
 
 
@@ -120,7 +133,9 @@ class MessagesRequest(CountTokensRequest, kw_only=True):
     max_tokens: p.PositiveInt  # required, as Anthropic requires it
     stop_sequences: p.StopList | None = None
     stream: bool = False
-    temperature: p.Probability | None = None  # Anthropic's range is 0..1
+    # NOTE: temperature, top_p and top_k are gone from Anthropic's current SDK but older clients
+    # send them; they are served (temperature in Anthropic's range 0..1)
+    temperature: p.Probability | None = None
     top_p: p.TopP | None = None
     top_k: Annotated[int, Meta(ge=0)] | None = None
     metadata: dict[str, Any] | None = None  # accepted (user_id), not used
@@ -396,8 +411,19 @@ def to_chat(req: CountTokensRequest) -> ChatPlan:
         if t.description is not None:
             fn["description"] = t.description
         tools.append({"type": "function", "function": fn})
+    if req.cache_control is not None:  # Anthropic: "the last cacheable block": the last message
+        b.mark_last()
     tool_choice = _tool_choice(req)
     body: dict[str, Any] = {"messages": b.messages}
+    fmt = req.output_config.format if req.output_config is not None else None
+    if fmt is not None:
+        if fmt.type != "json_schema":
+            raise bad_request(
+                f"output_config.format type must be 'json_schema'; got {fmt.type!r}",
+                param="output_config.format",
+            )
+        schema = {"name": "output", "schema": fmt.schema or {"type": "object"}, "strict": True}
+        body["response_format"] = {"type": "json_schema", "json_schema": schema}
     if tools:
         body["tools"] = tools
         if tool_choice is not None:
@@ -533,10 +559,23 @@ class MessagesStream(StreamFormat):
 # ------------------------------------------------------------------ routes
 
 
+# chat-request field -> this API's name for it (named in error messages)
+_PARAMS = {"stop": "stop_sequences", "response_format": "output_config.format"}
+
+
+def _rename(err: APIError) -> APIError:
+    if err.param in _PARAMS:
+        err.param = _PARAMS[err.param]
+    return err
+
+
 def _plan_request(gw: Gateway, req: MessagesRequest, request_id: str) -> tuple[Any, ChatPlan, int | None]:
     """(GenerationRequest, plan, cache_control hint) for a Messages request."""
     plan = to_chat(req)
-    gen = translate.chat_request(plan.chat, gw.config, gw.runtime, request_id)
+    try:
+        gen = translate.chat_request(plan.chat, gw.config, gw.runtime, request_id)
+    except APIError as err:
+        raise _rename(err) from None
     hint = None
     if plan.breakpoint is not None:
         tools = msgspec.to_builtins(plan.chat.tools) if plan.chat.tools else None

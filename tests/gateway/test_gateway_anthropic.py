@@ -216,6 +216,29 @@ async def test_the_last_of_several_breakpoints_is_the_hint() -> None:
     )
 
 
+async def test_top_level_cache_control_marks_the_last_message() -> None:
+    msgs = [user("one"), {"role": "assistant", "content": "two"}, user("three")]
+    gen, got = await submitted_hint(body(msgs, cache_control={"type": "ephemeral"}))
+    turns = (
+        "<|im_start|>user\none<|im_end|>\n<|im_start|>assistant\ntwo<|im_end|>\n"
+        "<|im_start|>user\nthree<|im_end|>\n"
+    )
+    assert gen.prefix_hint == len(ids(turns))
+    assert got["usage"]["cache_creation_input_tokens"] == len(ids(turns))
+
+
+def test_output_config_format_is_the_chat_json_schema() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    req = msgspec.convert(
+        body(
+            [user("x")], output_config={"format": {"type": "json_schema", "schema": schema}, "effort": "low"}
+        ),
+        MessagesRequest,
+    )
+    fmt = msgspec.to_builtins(to_chat(req).chat.response_format)
+    assert fmt["type"] == "json_schema"
+
+
 async def test_without_cache_control_the_system_prefix_hint_stays_and_nothing_is_created() -> None:
     gen, got = await submitted_hint(body([user("hi")], system=SYSTEM_TEXT))
     assert gen.prefix_hint == len(

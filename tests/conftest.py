@@ -79,6 +79,16 @@ def gemma3_model_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3_metadata(gemma3_model_path) -> dict[str, object]:
+    """Gemma 3 270M's GGUF metadata (decoded as gguf_file does), without loading the model:
+    tokenizer tests need only this."""
+    from slotserve.engine_ext.gguf_file import _decode_field, _FastReader
+
+    reader = _FastReader(gemma3_model_path, "r")
+    return {name: _decode_field(gemma3_model_path, f) for name, f in reader.fields.items()}
+
+
+@pytest.fixture(scope="session")
 def real_model_file(real_model_path):
     """The default model loaded once per session (engine_ext.gguf_file.ModelFile; read-only)."""
     from slotserve.engine_ext.gguf_file import load_model_file

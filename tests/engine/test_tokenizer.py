@@ -10,6 +10,7 @@ import pytest
 from gguf_fixtures import TINY_MERGES, byte_to_unicode
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from slotserve.engine_ext.errors import UnsupportedModelError
 from slotserve.engine_ext.gguf_file import load_model_file
 from slotserve.engine_ext.tokenizer import Tokenizer
 
@@ -125,9 +126,9 @@ def test_split_character_decodes_to_replacement(tiny_tok):
 
 def test_unsupported_tokenizer_kinds_are_rejected(tiny_model_path):
     mf = load_model_file(tiny_model_path)
-    spm = dataclasses.replace(mf, metadata={**mf.metadata, "tokenizer.ggml.model": "llama"})
-    with pytest.raises(ValueError, match="tokenizer.ggml.model 'llama' is not supported"):
-        Tokenizer.from_model_file(spm)
+    ugm = dataclasses.replace(mf, metadata={**mf.metadata, "tokenizer.ggml.model": "t5"})
+    with pytest.raises(UnsupportedModelError, match="tokenizer.ggml.model 't5' is not supported"):
+        Tokenizer.from_model_file(ugm)
     odd = dataclasses.replace(mf, metadata={**mf.metadata, "tokenizer.ggml.pre": "deepseek-coder"})
-    with pytest.raises(ValueError, match="pre-tokenizer 'deepseek-coder'"):
+    with pytest.raises(UnsupportedModelError, match="pre-tokenizer 'deepseek-coder'"):
         Tokenizer.from_model_file(odd)

@@ -8,6 +8,7 @@ import importlib
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "engine": ("slotserve.bench.engine", "prefill/decode tokens/s of the C engine"),
     "routing": ("slotserve.bench.routing", "prefix routing cost against N slots"),
+    "structured": ("slotserve.bench.structured", "decode tokens/s under a json_schema constraint vs none"),
     "replica-sim": (
         "slotserve.bench.replica_sim",
         "N replicas x M slots: cache-aware vs round-robin vs random routing",

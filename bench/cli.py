@@ -7,6 +7,7 @@ import importlib
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "engine": ("slotserve.bench.engine", "prefill/decode tokens/s of the C engine"),
+    "kernels": ("slotserve.bench.kernels", "single-thread matmul GB/s of weights per tensor type"),
     "routing": ("slotserve.bench.routing", "prefix routing cost against N slots"),
     "structured": ("slotserve.bench.structured", "decode tokens/s under a json_schema constraint vs none"),
     "replica-sim": (

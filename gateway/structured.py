@@ -1,7 +1,7 @@
 """Constrained decoding with llguidance: JSON schemas and tool-call syntax as token masks.
 
 Design: one `GrammarCompiler` per served model owns the llguidance tokenizer (built once from
-the model's `tokenizers` object, ~0.3 s) and a small thread pool. It compiles a request's
+the model's token bytes and its encoder, ~0.3 s) and a small thread pool. It compiles a request's
 `response_format` or forced tool call into a `CompiledGrammar`, an immutable value that goes into
 `SamplingParams.grammar` (the scheduler's `Grammar` protocol). Each sequence then gets its own
 `MaskedSequence` (`start()`), owned by that sequence's Sampler:
@@ -32,6 +32,24 @@ from .tool_calls import HERMES_CLOSE, HERMES_OPEN, MISTRAL_TAG, ToolCallFamily
 _JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
+class _Vocab:
+    """What llguidance's TokenizerWrapper reads: id -> bytes (special tokens by their text, marked
+    in `special_token_ids` so that grammar text never matches them), eos/bos, and an encoder of
+    plain text (special-token spellings stay text)."""
+
+    def __init__(self, tok: Any) -> None:
+        self.tokens: list[bytes] = list(tok.token_bytes)
+        self.eos_token_id: int = tok.eos_id
+        self.bos_token_id: int | None = tok.bos_id
+        self.special_token_ids: list[int] = sorted(getattr(tok, "special_ids", ()))
+        self._tok = tok
+
+    def __call__(self, text: str) -> list[int]:
+        if not isinstance(text, str):  # llguidance probes for a bytes encoder: we take str only
+            raise TypeError("encode str")
+        return list(self._tok.encode(text, parse_special=False))
+
+
 class GrammarError(ValueError):
     """The schema or grammar cannot be compiled (the message says why)."""
 
@@ -39,19 +57,21 @@ class GrammarError(ValueError):
 class GrammarCompiler:
     """Compiles schemas for one tokenizer. Thread-safe; `close()` stops the mask pool."""
 
-    def __init__(self, tokenizer_json: str, n_vocab: int, eos_token_id: int, *, threads: int = 1) -> None:
+    def __init__(self, vocab: _Vocab, *, threads: int = 1) -> None:
         import llguidance
 
         self._llg = llguidance
-        self.n_vocab = n_vocab
-        self.eos_token_id = eos_token_id
-        self.tokenizer = llguidance.LLTokenizer(tokenizer_json, n_vocab=n_vocab, eos_token=eos_token_id)
+        self.n_vocab = len(vocab.tokens)
+        self.eos_token_id = vocab.eos_token_id
+        # NOTE: built from the token bytes, not from a tokenizer.json: the byte meaning of every
+        # id is then the engine tokenizer's own, whatever its kind (byte-level BPE, SentencePiece)
+        self.tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocab))
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="slotserve-mask")
 
     @classmethod
     def for_tokenizer(cls, tok: Any) -> GrammarCompiler:
-        """From `engine_ext.tokenizer.Tokenizer` (its `backend` is a `tokenizers.Tokenizer`)."""
-        return cls(tok.backend.to_str(), tok.n_vocab, tok.eos_id)
+        """From `engine_ext.tokenizer.Tokenizer`: its token bytes, special ids, eos and encoder."""
+        return cls(_Vocab(tok))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

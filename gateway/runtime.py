@@ -184,7 +184,12 @@ def build_runtime(config: ServeConfig, model: OpenedModel, *, stats_sink: Any = 
     from .structured import GrammarCompiler
 
     tok = model.bundle.tokenizer
-    grammars = GrammarCompiler.for_tokenizer(tok)
+    try:
+        grammars = GrammarCompiler.for_tokenizer(tok)
+        closers = [*model.closers, grammars.close]
+    except Exception:  # noqa: BLE001 - serve without constraints rather than not at all
+        log.exception("constrained decoding is unavailable for this tokenizer")
+        grammars, closers = None, model.closers
     sched = Scheduler(
         model.pool,
         scheduler_config(config),
@@ -207,7 +212,7 @@ def build_runtime(config: ServeConfig, model: OpenedModel, *, stats_sink: Any = 
         model_path=str(model.path),
         created=int(time.time()),
         extra={"bundle": model.bundle},
-        closers=[*model.closers, grammars.close],
+        closers=closers,
         grammars=grammars,
         token_bytes=tok.token_bytes,
     )

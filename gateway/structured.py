@@ -42,6 +42,7 @@ class _Vocab:
         self.eos_token_id: int = tok.eos_id
         self.bos_token_id: int | None = tok.bos_id
         self.special_token_ids: list[int] = sorted(getattr(tok, "special_ids", ()))
+        self.end_ids: frozenset[int] = frozenset(getattr(tok, "eos_token_ids", ())) | {tok.eos_id}
         self._tok = tok
 
     def __call__(self, text: str) -> list[int]:
@@ -63,6 +64,9 @@ class GrammarCompiler:
         self._llg = llguidance
         self.n_vocab = len(vocab.tokens)
         self.eos_token_id = vocab.eos_token_id
+        # int64 [E] every id that ends generation: allowed wherever the grammar allows eos
+        self.end_ids = np.array(sorted(vocab.end_ids), dtype=np.int64)
+        self.end_set = vocab.end_ids
         # NOTE: built from the token bytes, not from a tokenizer.json: the byte meaning of every
         # id is then the engine tokenizer's own, whatever its kind (byte-level BPE, SentencePiece)
         self.tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocab))
@@ -187,9 +191,13 @@ class MaskedSequence:
         if self._matcher.is_error() or not out.any():
             out = np.zeros(self._c.n_vocab, dtype=bool)
             out[self._c.eos_token_id] = True
+        if out[self._c.eos_token_id]:  # the model's own end-of-turn token ends it as well as eos
+            out[self._c.end_ids] = True
         return out
 
     def accept(self, token: int) -> None:
+        """Advance by `token`; an end-of-generation id ends the sequence (nothing to compute)."""
+        if token in self._c.end_set:
+            return
         self._matcher.consume_token(int(token))
-        if token != self._c.eos_token_id:
-            self._next = self._c._pool.submit(self._fill)
+        self._next = self._c._pool.submit(self._fill)

@@ -3,8 +3,8 @@ whole or streamed, and the prompt offset of a client's cache breakpoint.
 
 Design: /v1/messages and /v1/responses both answer with a list of typed blocks (Anthropic's
 `text` / `tool_use` content blocks, the Responses API's `message` / `function_call` output items).
-`ToolSpec.for_request` decides whether a request's output is parsed for tool calls at all (tools
-offered and tool_choice not "none"); `split_output` turns a whole text into blocks, and
+`ToolSpec.from_plan` takes from the chat path whether a request's output is parsed for tool
+calls at all (tools offered and tool_choice not "none"), in which syntax, and how many; `split_output` turns a whole text into blocks, and
 `BlockAssembler` turns the stream of released texts into block events that each front door
 spells in its own SSE vocabulary:
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .runtime import PromptError, Runtime
-from .tool_calls import StreamingToolParser, ToolCall, ToolCallFamily, family_for_template, parse_tool_calls
+from .tool_calls import StreamingToolParser, ToolCall, ToolCallFamily, parse_tool_calls
 
 # A breakpoint's rendering may end with the template's end-of-turn tokens (and one token merged
 # across the cut) that the whole prompt does not have there; more than this many is a mismatch.
@@ -54,18 +54,15 @@ class ToolSpec:
     family: ToolCallFamily
     names: frozenset[str]  # the functions the request offered (other names stay text)
     new_id: Callable[[], str]  # call ids in the front door's spelling ("toolu_...", "call_...")
+    max_calls: int | None = None  # parallel tool calls off: 1 (later calls are dropped)
 
     @classmethod
-    def for_request(
-        cls, runtime: Runtime, tool_names: Sequence[str], tool_choice: Any, new_id: Callable[[], str]
-    ) -> ToolSpec | None:
-        """None when the output is not parsed: no tools offered, or tool_choice "none"."""
-        if not tool_names or tool_choice == "none":
+    def from_plan(cls, spec: Any, new_id: Callable[[], str]) -> ToolSpec | None:
+        """From the chat path's `translate.OutputSpec`; None when the output is not parsed (no
+        tools offered, or tool_choice "none")."""
+        if spec.tool_family is None:
             return None
-        family = getattr(runtime, "tool_family", None)
-        if not isinstance(family, ToolCallFamily):
-            family, _ = family_for_template(getattr(runtime.chat, "source", None))
-        return cls(family, frozenset(tool_names), new_id)
+        return cls(spec.tool_family, frozenset(spec.tool_names or ()), new_id, spec.max_calls)
 
 
 def split_output(text: str, tools: ToolSpec | None) -> list[Block]:
@@ -74,7 +71,7 @@ def split_output(text: str, tools: ToolSpec | None) -> list[Block]:
         return [Block(BlockKind.TEXT, text)] if text else []
     parsed = parse_tool_calls(text, tools.family, tool_names=tools.names, new_id=tools.new_id)
     out = [Block(BlockKind.TEXT, parsed.content)] if parsed.content else []
-    out += [_call_block(c) for c in parsed.tool_calls]
+    out += [_call_block(c) for c in parsed.tool_calls[: tools.max_calls]]
     return out
 
 
@@ -125,6 +122,7 @@ class BlockAssembler:
     tools: ToolSpec | None
     blocks: list[Block] = field(default_factory=list)
     _open: bool = False  # the last block in `blocks` is still open
+    _held: str = ""  # whitespace not yet streamed (see `_text`)
     _parser: StreamingToolParser | None = None
 
     def __post_init__(self) -> None:
@@ -155,8 +153,13 @@ class BlockAssembler:
         return [BlockStop(len(self.blocks) - 1)]
 
     def _text(self, text: str) -> list[BlockEvent]:
-        if not text:
+        # NOTE: with tools, whitespace is held until text follows it: whitespace between or after calls
+        # (the newline between two <tool_call> blocks) opens no block of its own, as the whole
+        # text's parse strips it; a call or the end drops what is held
+        if self.tools is not None and not text.strip():
+            self._held += text
             return []
+        text, self._held = self._held + text, ""
         out: list[BlockEvent] = []
         if not (self._open and self.blocks[-1].kind is BlockKind.TEXT):
             out += self._close()
@@ -170,7 +173,14 @@ class BlockAssembler:
     def _calls(self, deltas: Sequence[Any]) -> list[BlockEvent]:
         out: list[BlockEvent] = []
         for d in deltas:
+            if (
+                self.tools is not None
+                and self.tools.max_calls is not None
+                and d.index >= self.tools.max_calls
+            ):
+                continue
             if d.id is not None:  # a new call: its header
+                self._held = ""
                 out += self._close()
                 self.blocks.append(Block(BlockKind.TOOL_CALL, "", d.id, d.name or ""))
                 self._open = True

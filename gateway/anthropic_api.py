@@ -97,7 +97,7 @@ class ToolParam(Struct, kw_only=True):
 class ToolChoiceParam(Struct, kw_only=True):
     type: str  # auto | any | tool | none
     name: str | None = None  # with type "tool"
-    disable_parallel_tool_use: bool | None = None  # accepted
+    disable_parallel_tool_use: bool | None = None  # true: at most one tool_use block
 
 
 class ThinkingParam(Struct, kw_only=True):
@@ -262,8 +262,6 @@ class ChatPlan:
 
     chat: p.ChatCompletionRequest
     breakpoint: Breakpoint | None  # the last cache_control, in chat-message terms
-    tool_names: list[str]
-    tool_choice: Any  # the chat spelling
 
 
 class _Builder:
@@ -415,6 +413,8 @@ def to_chat(req: CountTokensRequest) -> ChatPlan:
         b.mark_last()
     tool_choice = _tool_choice(req)
     body: dict[str, Any] = {"messages": b.messages}
+    if req.tool_choice is not None and req.tool_choice.disable_parallel_tool_use:
+        body["parallel_tool_calls"] = False
     fmt = req.output_config.format if req.output_config is not None else None
     if fmt is not None:
         if fmt.type != "json_schema":
@@ -440,7 +440,7 @@ def to_chat(req: CountTokensRequest) -> ChatPlan:
         chat = msgspec.convert(body, p.ChatCompletionRequest)
     except msgspec.ValidationError as exc:
         raise bad_request(f"Invalid request: {exc}") from None
-    return ChatPlan(chat, b.breakpoint, [t.name for t in req.tools or ()], tool_choice)
+    return ChatPlan(chat, b.breakpoint)
 
 
 # ------------------------------------------------------------------ answers
@@ -569,13 +569,16 @@ def _rename(err: APIError) -> APIError:
     return err
 
 
-def _plan_request(gw: Gateway, req: MessagesRequest, request_id: str) -> tuple[Any, ChatPlan, int | None]:
-    """(GenerationRequest, plan, cache_control hint) for a Messages request."""
+def _plan_request(
+    gw: Gateway, req: MessagesRequest, request_id: str
+) -> tuple[Any, ToolSpec | None, int | None]:
+    """(GenerationRequest, tool-call parsing, cache_control hint) for a Messages request."""
     plan = to_chat(req)
     try:
-        gen = translate.chat_request(plan.chat, gw.config, gw.runtime, request_id)
+        planned = translate.chat_plan(plan.chat, gw.config, gw.runtime, request_id)
     except APIError as err:
         raise _rename(err) from None
+    gen = planned.gen
     hint = None
     if plan.breakpoint is not None:
         tools = msgspec.to_builtins(plan.chat.tools) if plan.chat.tools else None
@@ -583,15 +586,14 @@ def _plan_request(gw: Gateway, req: MessagesRequest, request_id: str) -> tuple[A
         hint = breakpoint_offset(gw.runtime, messages, tools, plan.breakpoint, gen.prompt_ids)
         if hint is not None:
             gen.prefix_hint = hint
-    return gen, plan, hint
+    return gen, ToolSpec.from_plan(planned.spec, new_tool_use_id), hint
 
 
 async def create_message(gw: Gateway, request: Request) -> Response:
     req = await gw.read_body(request, MessagesRequest)
     model = gw.check_model(req.model)
     rid = f"msg_{uuid.uuid4().hex}"
-    gen, plan, hint = _plan_request(gw, req, rid)
-    tools = ToolSpec.for_request(gw.runtime, plan.tool_names, plan.tool_choice, new_tool_use_id)
+    gen, tools, hint = _plan_request(gw, req, rid)
     handle = gw.submit(gen, "messages")
     headers = {"X-Request-Id": rid, "request-id": rid}
     if req.stream:
@@ -619,7 +621,10 @@ async def create_message(gw: Gateway, request: Request) -> Response:
 async def count_tokens(gw: Gateway, request: Request) -> Response:
     req = await gw.read_body(request, CountTokensRequest)
     gw.check_model(req.model)
-    gen = translate.chat_request(to_chat(req).chat, gw.config, gw.runtime, "count_tokens")
+    try:
+        gen = translate.chat_request(to_chat(req).chat, gw.config, gw.runtime, "count_tokens")
+    except APIError as err:
+        raise _rename(err) from None
     return Response(_encode({"input_tokens": len(gen.prompt_ids)}), media_type="application/json")
 
 

@@ -112,7 +112,7 @@ class ResponsesRequest(Struct, kw_only=True):
     instructions: str | None = None
     tools: list[FunctionTool] | None = None
     tool_choice: Any = None  # auto | none | required | {"type": "function", "name": N}
-    parallel_tool_calls: bool | None = None  # accepted
+    parallel_tool_calls: bool | None = None  # false: at most one function_call item
     max_output_tokens: p.PositiveInt | None = None
     temperature: p.Temperature | None = None
     top_p: p.TopP | None = None
@@ -351,8 +351,6 @@ def input_messages(items: str | list[InputItem]) -> list[dict[str, Any]]:
 class ChatPlan:
     chat: p.ChatCompletionRequest
     conversation: list[dict[str, Any]]  # what a stored response keeps (without instructions)
-    tool_names: list[str]
-    tool_choice: Any  # the chat spelling
 
 
 def _tool_choice(value: Any, names: list[str]) -> Any:
@@ -418,6 +416,8 @@ def to_chat(req: ResponsesRequest, history: list[dict[str, Any]]) -> ChatPlan:
         body["tools"] = tools
         if tool_choice is not None:
             body["tool_choice"] = tool_choice
+    if req.parallel_tool_calls is False:
+        body["parallel_tool_calls"] = False
     fmt = _response_format(req.text)
     if fmt is not None:
         body["response_format"] = fmt
@@ -425,7 +425,7 @@ def to_chat(req: ResponsesRequest, history: list[dict[str, Any]]) -> ChatPlan:
         chat = msgspec.convert(body, p.ChatCompletionRequest)
     except msgspec.ValidationError as exc:
         raise bad_request(f"Invalid request: {exc}") from None
-    return ChatPlan(chat, conversation, names, tool_choice)
+    return ChatPlan(chat, conversation)
 
 
 # ------------------------------------------------------------------ answers
@@ -664,10 +664,11 @@ async def create_response(gw: Gateway, request: Request, store: ResponseStore) -
     rid = _item_id("resp")
     plan = to_chat(req, history)
     try:
-        gen = translate.chat_request(plan.chat, gw.config, gw.runtime, rid)
+        planned = translate.chat_plan(plan.chat, gw.config, gw.runtime, rid)
     except APIError as err:
         raise _rename(err) from None
-    tools = ToolSpec.for_request(gw.runtime, plan.tool_names, plan.tool_choice, new_call_id)
+    gen = planned.gen
+    tools = ToolSpec.from_plan(planned.spec, new_call_id)
     answer = _Answer(req, plan, rid, model, int(time.time()), store)
     handle = gw.submit(gen, "input")
     headers = {"X-Request-Id": rid}

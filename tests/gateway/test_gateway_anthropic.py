@@ -235,8 +235,9 @@ def test_output_config_format_is_the_chat_json_schema() -> None:
         ),
         MessagesRequest,
     )
-    fmt = msgspec.to_builtins(to_chat(req).chat.response_format)
-    assert fmt["type"] == "json_schema"
+    fmt = to_chat(req).chat.response_format
+    assert fmt is not None and fmt.type == "json_schema"
+    assert fmt.json_schema is not None and fmt.json_schema.schema == schema
 
 
 async def test_without_cache_control_the_system_prefix_hint_stays_and_nothing_is_created() -> None:
@@ -444,3 +445,33 @@ async def test_auth_model_size_and_admission_errors_use_anthropic_codes() -> Non
     assert_anthropic_error(busy, 429, "rate_limit_error")
     assert busy.headers["retry-after"] == "2"
     assert_anthropic_error(draining, 529, "overloaded_error")
+
+
+async def test_disable_parallel_tool_use_keeps_the_first_call() -> None:
+    two = CALL_TEXT + "\n" + CALL_TEXT.replace("Paris", "Rome")
+    runtime, _ = scripted_runtime(Reply((two,)), Reply((two,)), Reply((two,)))
+    choice = {"type": "auto", "disable_parallel_tool_use": True}
+    async with running_app(create_app(runtime, serve_config())) as client:
+        both = (await client.post("/v1/messages", json=body([user("w?")], tools=[WEATHER_TOOL]))).json()
+        one = (
+            await client.post(
+                "/v1/messages", json=body([user("w?")], tools=[WEATHER_TOOL], tool_choice=choice)
+            )
+        ).json()
+        streamed = await client.post(
+            "/v1/messages", json=body([user("w?")], tools=[WEATHER_TOOL], tool_choice=choice, stream=True)
+        )
+    assert [b["input"]["city"] for b in both["content"]] == ["Paris", "Rome"]
+    assert [b["input"]["city"] for b in one["content"]] == ["Paris"]
+    starts = [d for n, d in named_sse_events(streamed.text) if n == "content_block_start"]
+    assert [s["content_block"]["type"] for s in starts] == ["tool_use"]
+
+
+async def test_streamed_text_equals_the_message_text_also_with_trailing_whitespace() -> None:
+    pieces = ("Hello", " ", "world", "\n\n")
+    runtime, _ = scripted_runtime(Reply(pieces), Reply(pieces))
+    async with running_app(create_app(runtime, serve_config())) as client:
+        whole = (await client.post("/v1/messages", json=body([user("x")]))).json()
+        r = await client.post("/v1/messages", json=body([user("x")], stream=True))
+    deltas = [d["delta"]["text"] for n, d in named_sse_events(r.text) if n == "content_block_delta"]
+    assert "".join(deltas) == whole["content"][0]["text"] == "Hello world\n\n"

@@ -108,7 +108,10 @@ def test_text_format_and_tool_choice_spellings() -> None:
         "type": "json_schema",
         "json_schema": {"name": "out", "schema": schema, "strict": True},
     }
-    assert to_chat(req, []).tool_choice == {"type": "function", "function": {"name": "get_weather"}}
+    fmt = to_chat(req, []).chat.response_format
+    assert fmt is not None and fmt.json_schema is not None
+    assert (fmt.type, fmt.json_schema.name, fmt.json_schema.schema) == ("json_schema", "out", schema)
+    assert to_chat(req, []).chat.tool_choice == {"type": "function", "function": {"name": "get_weather"}}
 
 
 # ------------------------------------------------------------------ answers

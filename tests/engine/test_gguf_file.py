@@ -211,3 +211,14 @@ def test_real_model_config(real_model_file):
     assert mf.tensor("token_embd.weight").ggml_type == GGMLQuantizationType.Q8_0
     assert mf.tensor("blk.0.attn_q.weight").ggml_type == GGMLQuantizationType.Q4_1
     assert mf.metadata["tokenizer.ggml.eos_token_id"] == 2
+
+
+def test_models_doc_lists_exactly_the_supported_types():
+    """docs/models.md's tensor type table names every supported type and no other."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
+    section = doc.split("## Tensor types", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ")]
+    listed = {name for name in rows if name not in ("type",) and not name.startswith("-")}
+    assert listed == {GGMLQuantizationType(t).name for t in SUPPORTED_TYPES}

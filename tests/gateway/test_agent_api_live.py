@@ -103,8 +103,16 @@ def _stream_turn(client: openai.OpenAI, **kw: Any) -> tuple[str, list[dict[str, 
     return "".join(content), [calls[i] for i in sorted(calls)], finish, usage
 
 
+def _reuse_hits(server: tuple[LiveServer, CountingSink]) -> int:
+    """The scheduler's per-slot reuse-hit counters, summed (GET /slots)."""
+    return sum(s["num_reuse_hits"] for s in httpx.get(server[0].url + "/slots").json()["data"])
+
+
 @pytest.mark.parametrize("stream", [False, True])
-def test_three_turn_tool_loop_and_reuse(client: openai.OpenAI, model: str, stream: bool) -> None:
+def test_three_turn_tool_loop_and_reuse(
+    client: openai.OpenAI, model: str, stream: bool, server: tuple[LiveServer, CountingSink]
+) -> None:
+    hits_before = _reuse_hits(server)
     user = {"role": "user", "content": f"What is the weather in Paris? ({'streamed' if stream else 'plain'})"}
     messages: list[dict[str, Any]] = [SYSTEM, user]
     common = dict(model=model, tools=[WEATHER], temperature=0, max_tokens=64)
@@ -156,6 +164,7 @@ def test_three_turn_tool_loop_and_reuse(client: openai.OpenAI, model: str, strea
     assert r3.choices[0].finish_reason == "tool_calls"
     assert r3.usage.prompt_tokens_details.cached_tokens >= usage2.prompt_tokens - 1
     assert r3.usage.prompt_tokens_details.cached_tokens == r3.model_dump()["slotserve"]["reused_tokens"]
+    assert _reuse_hits(server) - hits_before >= 2  # turns 2 and 3 were reuse hits in the scheduler
 
 
 def test_json_schema_answers_validate_over_50_seeds(client: openai.OpenAI, model: str) -> None:

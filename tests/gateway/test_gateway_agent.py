@@ -4,7 +4,9 @@ per-choice seeds and usage counted once, and --chat-template loading."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -186,3 +188,31 @@ def test_load_chat_template_and_its_tool_family(tmp_path: Path) -> None:
     (tmp_path / "bad.jinja").write_text("{% for %}")
     with pytest.raises(ValueError, match="--chat-template"):
         load_chat_template(str(tmp_path / "bad.jinja"), Tok())
+
+
+async def test_n_choices_wait_for_busy_slots_and_all_finish() -> None:
+    """2 slots, one held by a long request: n=2 gets one slot at first, the second choice waits
+    (first for the shared prefill, then for a slot) and both finish: no deadlock."""
+    runtime, pool = make_runtime(num_slots=2)
+    pool.forward_hook = lambda batch: time.sleep(0.005)  # the long request runs ~0.3 s
+    app = create_app(runtime, serve_config())
+    async with running_app(app) as client:
+        long = asyncio.create_task(
+            client.post("/v1/chat/completions", json=body(max_tokens=60, ignore_eos=True, temperature=0))
+        )
+        await asyncio.sleep(0.05)
+        r = await client.post("/v1/chat/completions", json=body(n=2, max_tokens=5, temperature=0))
+        assert r.status_code == 200, r.text
+        assert len(r.json()["choices"]) == 2
+        assert not long.done()  # the choices shared the one free slot while it ran
+        assert (await long).status_code == 200
+
+
+async def test_n_choices_refused_by_a_full_queue_cancel_the_submitted_ones() -> None:
+    runtime, _ = make_runtime(num_slots=3, max_queue=1)
+    app = create_app(runtime, serve_config())
+    async with running_app(app) as client:
+        r = await client.post("/v1/chat/completions", json=body(n=3, max_tokens=5))
+        assert r.status_code == 429, r.text
+    stats = runtime.scheduler.stats()
+    assert stats.queue_depth == 0 and not runtime.scheduler.slots()[0].request_id  # nothing left behind

@@ -11,20 +11,43 @@ rules, see deploy/prometheus/rules.yml).
 
 from __future__ import annotations
 
+import enum
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from slotserve.scheduler.request import ReuseSource
+from slotserve.scheduler.stats import (
+    CaptureRule,
+    CheckpointEventKind,
+    CheckpointTier,
+    Outcome,
+    Phase,
+    ReuseSource,
+)
 
 # ---------------------------------------------------------------- label values (the contract)
+# The enums of scheduler/stats.py, in their order, are the label values: every series exists from
+# start-up, and a stats field can only hold one of them.
 
-OUTCOMES = ("ok", "cancelled", "error", "timeout", "rejected")
-REUSE_SOURCES = tuple(s.value for s in ReuseSource)  # "none" first: a cold prefill
-REUSED_SOURCES = tuple(s for s in REUSE_SOURCES if s != ReuseSource.NONE.value)
-PHASES = ("prefill", "decode")  # engine tokens
-CANCEL_PHASES = ("queued", "prefill", "decode")
-CHECKPOINT_EVENTS = ("capture", "restore", "evict", "drop")
-CHECKPOINT_TIERS = ("memory", "disk")
-CHECKPOINT_RULES = ("hint", "common_prefix", "prompt_end", "evict", "unknown")
-UNKNOWN_RULE = "unknown"  # the label of an event sent with rule "" (a restore or drop of unknown origin)
+CheckpointKey = tuple[CheckpointEventKind, CheckpointTier, CaptureRule | None]
+
+
+class StatsKind(str, enum.Enum):
+    """Which StatsSink method dropped an event (`slotserve_stats_dropped_total{kind}`)."""
+
+    STEP = "step"
+    REQUEST = "request"
+    CHECKPOINT = "checkpoint"
+    CANCEL = "cancel"
+
+
+ENGINE_PHASES = (Phase.PREFILL, Phase.DECODE)  # engine tokens
+CANCEL_PHASES = (Phase.QUEUED, Phase.PREFILL, Phase.DECODE)  # where a request was when cancelled
+REUSED_SOURCES = tuple(s for s in ReuseSource if s is not ReuseSource.NONE)
+UNKNOWN_RULE = "unknown"  # the rule label of an event with rule None (a disk restore or drop)
+
+
+def rule_label(rule: CaptureRule | None) -> str:
+    return rule.value if rule is not None else UNKNOWN_RULE
+
 
 # ---------------------------------------------------------------- buckets (seconds unless noted)
 # Sized for a CPU server: a long cold prefill on a big model takes minutes, a small model's
@@ -92,14 +115,14 @@ class PushedMetrics:
 
         # -- requests and tokens (one update per finished request)
         requests = counter("slotserve_requests_total", "Finished requests by outcome.", ("outcome",))
-        self.requests = {o: requests.labels(o) for o in OUTCOMES}
+        self.requests = {o: requests.labels(o.value) for o in Outcome}
         reuse_requests = counter(
             "slotserve_reuse_requests_total",
             "Requests that reached a slot, by where their reused prefix came from "
             '(source="none": cold prefill). Hit rate = source!="none" / all.',
             ("source",),
         )
-        self.reuse_requests = {s: reuse_requests.labels(s) for s in REUSE_SOURCES}
+        self.reuse_requests = {s: reuse_requests.labels(s.value) for s in ReuseSource}
         self.prompt_tokens = counter(
             "slotserve_prompt_tokens_total", "Prompt tokens of requests that reached a slot."
         )
@@ -108,7 +131,7 @@ class PushedMetrics:
             "Prompt tokens not computed because KV was reused, by source.",
             ("source",),
         )
-        self.reused_tokens = {s: reused.labels(s) for s in REUSED_SOURCES}
+        self.reused_tokens = {s: reused.labels(s.value) for s in REUSED_SOURCES}
         self.prefilled_tokens = counter(
             "slotserve_prefilled_tokens_total",
             "Prompt tokens computed by prefill (resumed prefills count once).",
@@ -142,18 +165,18 @@ class PushedMetrics:
         engine_tokens = counter(
             "slotserve_engine_tokens_total", "Tokens fed to the engine, by phase.", ("phase",)
         )
-        self.engine_tokens = {p: engine_tokens.labels(p) for p in PHASES}
+        self.engine_tokens = {p: engine_tokens.labels(p.value) for p in ENGINE_PHASES}
 
         # -- cancels and preemptions
         cancels = counter("slotserve_cancels_total", "Acknowledged cancels, by request phase.", ("phase",))
-        self.cancels = {p: cancels.labels(p) for p in CANCEL_PHASES}
+        self.cancels = {p: cancels.labels(p.value) for p in CANCEL_PHASES}
         cancel_ack = histogram(
             "slotserve_cancel_ack_seconds",
             "cancel() call to acknowledgement, by phase.",
             CANCEL_ACK_BUCKETS,
             ("phase",),
         )
-        self.cancel_ack = {p: cancel_ack.labels(p) for p in CANCEL_PHASES}
+        self.cancel_ack = {p: cancel_ack.labels(p.value) for p in CANCEL_PHASES}
         self.preemptions = counter(
             "slotserve_preemptions_total", "Prefills paused between segments for a higher-priority request."
         )
@@ -169,9 +192,12 @@ class PushedMetrics:
             "Bytes moved by checkpoint events, by event, tier and capture rule.",
             ("event", "tier", "rule"),
         )
-        keys = [(e, t, r) for e in CHECKPOINT_EVENTS for t in CHECKPOINT_TIERS for r in CHECKPOINT_RULES]
-        self.checkpoints = {k: events.labels(*k) for k in keys}
-        self.checkpoint_bytes = {k: sizes.labels(*k) for k in keys}
+        rules: tuple[CaptureRule | None, ...] = (*CaptureRule, None)
+        keys: list[CheckpointKey] = [
+            (e, t, r) for e in CheckpointEventKind for t in CheckpointTier for r in rules
+        ]
+        self.checkpoints = {k: events.labels(k[0].value, k[1].value, rule_label(k[2])) for k in keys}
+        self.checkpoint_bytes = {k: sizes.labels(k[0].value, k[1].value, rule_label(k[2])) for k in keys}
 
         # -- the sink's own health
         dropped = counter(
@@ -179,4 +205,4 @@ class PushedMetrics:
             "Scheduler stats events dropped because a field broke the stats contract (a bug).",
             ("kind",),
         )
-        self.dropped = {k: dropped.labels(k) for k in ("step", "request", "checkpoint", "cancel")}
+        self.dropped = {k: dropped.labels(k.value) for k in StatsKind}

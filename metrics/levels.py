@@ -14,11 +14,10 @@ from contextlib import contextmanager
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from slotserve.scheduler.stats import SchedulerStats
+from slotserve.scheduler.stats import SchedulerStats, SlotState
 
 log = logging.getLogger(__name__)
 
-SLOT_STATES = ("empty", "idle", "prefill", "decode")  # busy = prefill + decode
 
 StatsSource = Callable[[], SchedulerStats]
 FamilyMaker = Callable[[SchedulerStats], Iterable[Metric]]
@@ -36,16 +35,16 @@ def level_families(s: SchedulerStats) -> Iterator[Metric]:
     )
     yield GaugeMetricFamily("slotserve_running_requests", "Requests holding a slot.", value=s.num_running)
 
-    by_state = {state: 0 for state in SLOT_STATES}
+    by_state = dict.fromkeys(SlotState, 0)  # busy = prefill + decode
     for slot in s.slots:
-        by_state[slot.state] = by_state.get(slot.state, 0) + 1
+        by_state[slot.state] += 1
     slots = GaugeMetricFamily(
         "slotserve_slots",
         "KV slots by state (empty, idle, prefill, decode); busy = prefill + decode.",
         labels=["state"],
     )
     for state, n in by_state.items():
-        slots.add_metric([state], n)
+        slots.add_metric([state.value], n)
     yield slots
 
     held = GaugeMetricFamily("slotserve_slot_tokens", "Tokens of KV held by each slot.", labels=["slot"])

@@ -11,10 +11,16 @@ from __future__ import annotations
 
 import logging
 
-from slotserve.scheduler.request import ReuseSource
-from slotserve.scheduler.stats import CancelStats, CheckpointEvent, RequestStats, StepStats
+from slotserve.scheduler.stats import (
+    CancelStats,
+    CheckpointEvent,
+    Phase,
+    RequestStats,
+    ReuseSource,
+    StepStats,
+)
 
-from .definitions import UNKNOWN_RULE, PushedMetrics
+from .definitions import PushedMetrics, StatsKind
 
 log = logging.getLogger(__name__)
 
@@ -32,14 +38,14 @@ class StatsRecorder:
     def on_step(self, s: StepStats) -> None:
         """One engine forward call: duration, tokens by phase, batch size."""
         if s.num_tokens < 0 or s.num_prefill_tokens < 0 or s.num_decode_tokens < 0 or s.batch_size < 0:
-            self._drop("step", f"negative count in {s!r}")
+            self._drop(StatsKind.STEP, f"negative count in {s!r}")
             return
         m = self._m
         m.step_seconds.observe(s.duration_s)
         m.step_tokens.observe(s.num_tokens)
         m.step_batch.observe(s.batch_size)
-        m.engine_tokens["prefill"].inc(s.num_prefill_tokens)
-        m.engine_tokens["decode"].inc(s.num_decode_tokens)
+        m.engine_tokens[Phase.PREFILL].inc(s.num_prefill_tokens)
+        m.engine_tokens[Phase.DECODE].inc(s.num_decode_tokens)
 
     def on_request(self, s: RequestStats) -> None:
         """One finished request (any outcome).
@@ -51,22 +57,22 @@ class StatsRecorder:
         m = self._m
         counter = m.requests.get(s.outcome)
         if counter is None:
-            self._drop("request", f"outcome {s.outcome!r} is not one of {sorted(m.requests)}")
+            self._drop(StatsKind.REQUEST, f"outcome {s.outcome!r} is not an Outcome")
             return
         try:
-            source = ReuseSource(s.reuse_source).value
+            source = ReuseSource(s.reuse_source)
         except ValueError:
-            self._drop("request", f"reuse_source {s.reuse_source!r} is not a ReuseSource")
+            self._drop(StatsKind.REQUEST, f"reuse_source {s.reuse_source!r} is not a ReuseSource")
             return
         if min(s.prompt_tokens, s.reused_tokens, s.prefilled_tokens, s.completion_tokens) < 0:
-            self._drop("request", f"negative token count in {s!r}")
+            self._drop(StatsKind.REQUEST, f"negative token count in {s!r}")
             return
-        if s.reused_tokens > 0 and source == ReuseSource.NONE.value:
-            self._drop("request", f"{s.reused_tokens} reused tokens with reuse_source none")
+        if s.reused_tokens > 0 and source is ReuseSource.NONE:
+            self._drop(StatsKind.REQUEST, f"{s.reused_tokens} reused tokens with reuse_source none")
             return
         counter.inc()
         if s.reused_tokens > 0 or s.prefilled_tokens > 0:
-            m.reuse_requests[source if s.reused_tokens > 0 else ReuseSource.NONE.value].inc()
+            m.reuse_requests[source if s.reused_tokens > 0 else ReuseSource.NONE].inc()
             m.prompt_tokens.inc(s.prompt_tokens)
             if s.reused_tokens > 0:
                 m.reused_tokens[source].inc(s.reused_tokens)
@@ -84,13 +90,13 @@ class StatsRecorder:
     def on_checkpoint(self, e: CheckpointEvent) -> None:
         """A checkpoint captured, restored, evicted or dropped, with its size.
 
-        An empty rule (the scheduler does not know which rule captured a dropped file or a disk
+        A rule of None (the scheduler does not know which rule captured a dropped file or a disk
         restore) is labelled rule="unknown".
         """
-        key = (e.kind, e.tier, e.rule or UNKNOWN_RULE)
+        key = (e.kind, e.tier, e.rule)
         counter = self._m.checkpoints.get(key)
         if counter is None or e.num_bytes < 0:
-            self._drop("checkpoint", f"unknown kind/tier/rule or negative size in {e!r}")
+            self._drop(StatsKind.CHECKPOINT, f"unknown kind/tier/rule or negative size in {e!r}")
             return
         counter.inc()
         self._m.checkpoint_bytes[key].inc(e.num_bytes)
@@ -99,7 +105,7 @@ class StatsRecorder:
         """An acknowledged cancel and how long the acknowledgement took."""
         counter = self._m.cancels.get(c.phase)
         if counter is None or c.ack_s < 0:
-            self._drop("cancel", f"unknown phase or negative ack time in {c!r}")
+            self._drop(StatsKind.CANCEL, f"unknown phase or negative ack time in {c!r}")
             return
         counter.inc()
         self._m.cancel_ack[c.phase].observe(c.ack_s)
@@ -110,10 +116,10 @@ class StatsRecorder:
 
     # ------------------------------------------------------------ contract breaches
 
-    def _drop(self, kind: str, why: str) -> None:
+    def _drop(self, kind: StatsKind, why: str) -> None:
         if self._strict:
             raise ValueError(f"stats event breaks the contract in scheduler/stats.py: {why}")
         self._m.dropped[kind].inc()
         if kind not in self._warned:
             self._warned.add(kind)
-            log.warning("dropping %s stats event (further drops counted, not logged): %s", kind, why)
+            log.warning("dropping %s stats event (further drops counted, not logged): %s", kind.value, why)

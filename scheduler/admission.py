@@ -21,13 +21,22 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from .checkpoint_policy import CheckpointPolicy
+from .checkpoint_policy import CheckpointPolicy, EmitFn
 from .checkpoint_store import CaptureRule
 from .config import SchedulerConfig
-from .policy import Capabilities, CheckpointMatch, RouteAction, RouteDecision, SlotCandidate, route
+from .policy import (
+    Capabilities,
+    CheckpointMatch,
+    CheckpointTier,
+    RouteAction,
+    RouteDecision,
+    SlotCandidate,
+    route,
+)
 from .request import ReuseInfo
 from .sequence import Phase, Sequence
 from .slot_table import SlotTable
+from .stats import CheckpointEventKind
 from .step import Prepare, StepPlan
 
 log = logging.getLogger("slotserve.scheduler")
@@ -37,8 +46,6 @@ reuse_log = logging.getLogger("slotserve.reuse")
 PlanCaptureFn = Callable[[StepPlan, int, int, CaptureRule], None]
 # (seq, now) -> None: take the slot back from a request that holds it
 ReleaseFn = Callable[[Sequence, float], None]
-# (kind, tier, rule, num_bytes, num_tokens) -> None: forwarded to StatsSink.on_checkpoint
-EmitFn = Callable[[str, str, str, int, int], None]
 
 
 class Admission:
@@ -146,7 +153,7 @@ class Admission:
             if r.phase is Phase.PREFILL
             and r.priority < seq.priority
             and not r.cancel_requested
-            and id(r) not in plan.prepare_of  # its slot is prepared in this very step
+            and not plan.prepares_slot_for(r)  # its slot is prepared in this very step
         ]
         if not victims:
             return False
@@ -180,22 +187,24 @@ class Admission:
             assert entry is not None
             prep = Prepare(RouteAction.RESTORE_MEMORY, dest, n, snapshot=entry.data)
             self._slots.assign(dest, entry.tokens[:n])
-            self._emit_checkpoint("restore", "memory", entry.rule.value, entry.num_bytes, n)
+            self._emit_checkpoint(
+                CheckpointEventKind.RESTORE, CheckpointTier.MEMORY, entry.rule, entry.num_bytes, n
+            )
         elif d.action is RouteAction.RESTORE_DISK:
             assert seq.staged_snapshot is not None
             tokens, data = seq.staged_snapshot
             seq.staged_snapshot = None
             prep = Prepare(RouteAction.RESTORE_DISK, dest, n, snapshot=data)
             self._slots.assign(dest, tokens[:n])
-            self._emit_checkpoint("restore", "disk", "", memoryview(data).nbytes, n)
+            self._emit_checkpoint(
+                CheckpointEventKind.RESTORE, CheckpointTier.DISK, None, memoryview(data).nbytes, n
+            )
         else:  # COLD
             if self._slots.lens[dest]:
                 prep = Prepare(RouteAction.COLD, dest, 0)
             self._slots.truncate(dest, 0)
         if prep is not None:
-            plan.prepare_of[id(seq)] = len(plan.prepares)
-            plan.prepares.append(prep)
-            plan.prepare_owners.append((seq, d))
+            plan.add_prepare(prep, seq, d)
         seq.phase = Phase.PREFILL
         seq.slot = dest
         seq.num_computed = n

@@ -22,9 +22,10 @@ from .config import SchedulerConfig
 from .disk_store import DiskCheckpointStore
 from .policy import CheckpointMatch, CheckpointTier, RouteAction, RouteDecision
 from .prefix import common_prefix_len
+from .stats import CheckpointEventKind
 
 # (kind, tier, rule, num_bytes, num_tokens) -> None: forwarded to StatsSink.on_checkpoint
-EmitFn = Callable[[str, str, str, int, int], None]
+EmitFn = Callable[[CheckpointEventKind, CheckpointTier, CaptureRule | None, int, int], None]
 
 _HEADER_SLACK = 4096  # bytes a snapshot carries beyond its KV rows (estimate)
 
@@ -56,7 +57,10 @@ class CheckpointPolicy:
             return
 
         def on_disk_event(kind: str, rule: str, num_bytes: int, n: int) -> None:
-            loop.call_soon_threadsafe(self._emit, kind, "disk", rule, num_bytes, n)
+            event = CheckpointEventKind(kind)
+            loop.call_soon_threadsafe(
+                self._emit, event, CheckpointTier.DISK, _capture_rule(rule), num_bytes, n
+            )
 
         self.disk.on_event = on_disk_event
         self.disk.start()
@@ -136,9 +140,12 @@ class CheckpointPolicy:
         """File a snapshot taken for `tokens` under `rule`."""
         evicted = self.memory.insert(tokens, data, rule)
         if evicted is not None:
-            self._emit("capture", "memory", rule.value, memoryview(data).nbytes, len(tokens))
+            nbytes = memoryview(data).nbytes
+            self._emit(CheckpointEventKind.CAPTURE, CheckpointTier.MEMORY, rule, nbytes, len(tokens))
             for e in evicted:
-                self._emit("evict", "memory", e.rule.value, e.num_bytes, e.num_tokens)
+                self._emit(
+                    CheckpointEventKind.EVICT, CheckpointTier.MEMORY, e.rule, e.num_bytes, e.num_tokens
+                )
                 if self.disk is not None and e.rule is not CaptureRule.PROMPT_END:
                     self.disk.put(e.tokens, e.data, e.rule.value)
         if self.disk is not None and rule is not CaptureRule.PROMPT_END:
@@ -149,10 +156,18 @@ class CheckpointPolicy:
         """Remove a memory checkpoint the pool refused to restore (damaged)."""
         e = self.memory.remove(key)
         if e is not None:
-            self._emit("drop", "memory", e.rule.value, e.num_bytes, num_tokens)
+            self._emit(CheckpointEventKind.DROP, CheckpointTier.MEMORY, e.rule, e.num_bytes, num_tokens)
 
     def drop_disk(self, key: str, why: Exception) -> None:
         """Remove a disk checkpoint the pool refused to restore (it verified on disk, but e.g.
         holds more tokens than this pool's ctx_len): otherwise it would be reloaded forever."""
         if self.disk is not None:
             self.disk.drop(key, why)
+
+
+def _capture_rule(name: str) -> CaptureRule | None:
+    """The rule a disk file's header names; None for a file of unknown origin (no or bad rule)."""
+    try:
+        return CaptureRule(name)
+    except ValueError:
+        return None

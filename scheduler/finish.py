@@ -4,20 +4,20 @@ from __future__ import annotations
 
 from .request import FinishEvent, FinishReason, GenerationRequest, ReuseSource
 from .sequence import Sequence
-from .stats import RequestStats
+from .stats import Outcome, RequestStats
 
 _OUTCOME = {
-    FinishReason.STOP: "ok",
-    FinishReason.LENGTH: "ok",
-    FinishReason.CANCELLED: "cancelled",
-    FinishReason.TIMEOUT: "timeout",
-    FinishReason.ERROR: "error",
+    FinishReason.STOP: Outcome.OK,
+    FinishReason.LENGTH: Outcome.OK,
+    FinishReason.CANCELLED: Outcome.CANCELLED,
+    FinishReason.TIMEOUT: Outcome.TIMEOUT,
+    FinishReason.ERROR: Outcome.ERROR,
 }
 
 
 def rejected_stats(req: GenerationRequest) -> RequestStats:
     return RequestStats(
-        "rejected", None, len(req.prompt_ids), 0, ReuseSource.NONE, 0, 0, None, None, None, ()
+        Outcome.REJECTED, None, len(req.prompt_ids), 0, ReuseSource.NONE, 0, 0, None, None, None, ()
     )
 
 

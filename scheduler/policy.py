@@ -7,12 +7,15 @@ property-testable. Two choices are made separately:
    record (idle or busy) and the checkpoint matches handed in. A source supplies
    min(common prefix, prompt_len - 1) tokens: the last prompt token is always refed to get its
    logits, which is the exact-prefix rule (prompt equal to or a prefix of a record costs 1 token).
+   Equal supply prefers, in order (`SourceRank`): a free slot, a busy slot, a memory checkpoint,
+   a disk checkpoint; then the lower slot number or the earlier checkpoint match.
 2. Destination (what is lost): among free slots, the one whose overwrite destroys the least.
    Rewinding the source slot itself keeps `reuse_len` tokens; its cut tail counts as lost unless
    it is no longer than what is kept (then it is a discarded reply or an edited last turn of the
    same conversation). Every other destination loses its whole record. Losses are discounted by
    how long the slot has been idle (half-life), so a stale conversation yields to a fresh one.
-   Ties prefer a rewind (no copy), then fewer raw tokens lost, then the longest idle slot.
+   Equal discounted losses prefer, in order: more reused tokens, a rewind (no copy), fewer raw
+   tokens lost, the longest idle slot, the lowest slot number.
 
 A request whose prefix is still being prefilled by another request waits for it
 (`RouteAction.WAIT_SHARED`) instead of computing the same rows twice.
@@ -55,7 +58,7 @@ _SOURCE_OF = {
 }
 
 
-class CheckpointTier(enum.Enum):
+class CheckpointTier(str, enum.Enum):
     MEMORY = "memory"  # in-process store
     DISK = "disk"  # opt-in disk tier
 
@@ -97,6 +100,56 @@ class RouteDecision:
     evicts: bool = False  # the loss counts: worth a checkpoint capture before overwriting
 
 
+class SourceRank(enum.IntEnum):
+    """Order among sources that supply equally many tokens: cheapest first."""
+
+    FREE_SLOT = 0
+    BUSY_SLOT = 1
+    MEMORY_CHECKPOINT = 2
+    DISK_CHECKPOINT = 3
+
+
+@dataclass(frozen=True, slots=True)
+class _Source:
+    """A source other than rewinding the destination itself: a slot to copy, or a checkpoint."""
+
+    reuse_len: int  # prompt tokens it supplies
+    rank: SourceRank
+    slot: SlotCandidate | None = None  # the slot to copy from
+    checkpoint: CheckpointMatch | None = None  # or the checkpoint to restore
+    match_index: int = 0  # position among the checkpoint matches (tie order)
+
+    def sort_key(self) -> tuple[int, SourceRank, int]:
+        """Most tokens first, then the cheaper kind, then the lower slot or earlier match."""
+        tie = self.slot.slot if self.slot is not None else self.match_index
+        return (-self.reuse_len, self.rank, tie)
+
+
+@dataclass(frozen=True, slots=True)
+class _Option:
+    """Running the prompt in one free destination slot: what it reuses and what it loses."""
+
+    dest: SlotCandidate
+    reuse_len: int
+    source: _Source | None  # None: rewind dest itself (or cold, with nothing to reuse)
+    kept: int  # tokens of dest's record kept (> 0 only for a rewind)
+    lost: int  # raw tokens of dest's record destroyed
+    counts: bool  # the loss counts (not a discarded tail no longer than what is kept)
+    effective_loss: float  # lost, discounted by dest's idle time; 0 when it does not count
+
+    def sort_key(self) -> tuple[float, int, bool, int, float, int]:
+        """Least discounted loss; then more reuse, a rewind, fewer raw tokens lost, the longest
+        idle slot, the lowest slot number (the module docstring states the same order)."""
+        return (
+            self.effective_loss,
+            -self.reuse_len,
+            self.kept == 0,  # False (a rewind) sorts first
+            self.lost,
+            -self.dest.idle_s,
+            self.dest.slot,
+        )
+
+
 def _usable(common: int, held: int, prompt_len: int, can_truncate: bool) -> int:
     """Prompt tokens a source holding `held` tokens, sharing `common`, can supply."""
     u = min(common, prompt_len - 1)
@@ -122,21 +175,23 @@ def route(
         for s in slots
         if s.is_free
     }
-    # External sources, best first: (reuse_len, rank, tie, source); rank orders equal reuse:
-    # a free slot, a busy slot, a memory checkpoint, a disk checkpoint.
-    sources: list[tuple[int, int, int, object]] = []
+    # Sources other than a rewind, best first.
+    sources: list[_Source] = []
     if caps.can_copy:
         for s in slots:
             u = min(commons[s.slot], L - 1)
             if u > 0:
-                sources.append((u, 0 if s.is_free else 1, s.slot, s))
+                rank = SourceRank.FREE_SLOT if s.is_free else SourceRank.BUSY_SLOT
+                sources.append(_Source(u, rank, slot=s))
     if reuse_enabled and caps.can_snapshot:
         for i, m in enumerate(checkpoints):
             u = _usable(m.common, m.num_tokens, L, caps.can_truncate)
             if u > 0:
-                sources.append((u, 2 if m.tier is CheckpointTier.MEMORY else 3, i, m))
-    sources.sort(key=lambda t: (-t[0], t[1], t[2]))
-    best_u = max([sources[0][0] if sources else 0, *rewind_u.values()])
+                is_memory = m.tier is CheckpointTier.MEMORY
+                rank = SourceRank.MEMORY_CHECKPOINT if is_memory else SourceRank.DISK_CHECKPOINT
+                sources.append(_Source(u, rank, checkpoint=m, match_index=i))
+    sources.sort(key=_Source.sort_key)
+    best_u = max([sources[0].reuse_len if sources else 0, *rewind_u.values()])
 
     # In-flight sharing: a running prefill will hold more of this prompt than anything now.
     if reuse_enabled and caps.can_copy:
@@ -158,12 +213,13 @@ def route(
     if not free:
         return RouteDecision(RouteAction.WAIT_SLOT, None, 0, 0, 0)
 
-    def plan_for(d: SlotCandidate):
-        """(sort key, reuse_len, source or None for a rewind, lost, counts) for destination d."""
-        ext = next((t for t in sources if not (t[1] <= 1 and t[3].slot == d.slot)), None)
-        u_ext = ext[0] if ext else 0
+    def option(d: SlotCandidate) -> _Option:
+        # The best source that is not d itself (copying a slot onto itself is a rewind).
+        ext = next((c for c in sources if c.slot is None or c.slot.slot != d.slot), None)
+        u_ext = ext.reuse_len if ext is not None else 0
         u_rw = rewind_u[d.slot]
         held = int(d.tokens.shape[0])
+        source: _Source | None
         if u_rw > 0 and u_rw >= u_ext:
             saved, source, kept = u_rw, None, u_rw
         else:
@@ -171,52 +227,53 @@ def route(
         lost = held - kept
         counts = lost > 0 and not (kept > 0 and lost <= kept)
         effective = lost * 0.5 ** (d.idle_s / idle_half_life_s) if counts else 0.0
-        key = (effective, -saved, 0 if kept else 1, lost, -d.idle_s, d.slot)
-        return key, saved, source, lost, counts
+        return _Option(d, saved, source, kept, lost, counts, effective)
 
-    key, saved, source, lost, counts = min((plan_for(d) for d in free), key=lambda t: t[0])
-    dest = key[-1]
-    dest_len = int(next(s for s in free if s.slot == dest).tokens.shape[0])
-    if saved == 0:
+    best = min((option(d) for d in free), key=_Option.sort_key)
+    dest = best.dest.slot
+    dest_len = int(best.dest.tokens.shape[0])
+    if best.reuse_len == 0:
         return RouteDecision(
             RouteAction.COLD,
             dest,
             0,
             commons.get(dest, 0),
             dest_len,
-            lost_tokens=lost,
-            evicts=counts,
+            lost_tokens=best.lost,
+            evicts=best.counts,
         )
-    if source is None:
+    src = best.source
+    if src is None:
         return RouteDecision(
             RouteAction.REWIND,
             dest,
-            saved,
+            best.reuse_len,
             commons[dest],
             dest_len,
-            lost_tokens=lost,
-            evicts=counts,
+            lost_tokens=best.lost,
+            evicts=best.counts,
         )
-    src = source[3]
-    if source[1] <= 1:
+    if src.slot is not None:
         return RouteDecision(
             RouteAction.COPY,
             dest,
-            saved,
-            commons[src.slot],
-            int(src.tokens.shape[0]),
-            src_slot=src.slot,
-            lost_tokens=lost,
-            evicts=counts,
+            best.reuse_len,
+            commons[src.slot.slot],
+            int(src.slot.tokens.shape[0]),
+            src_slot=src.slot.slot,
+            lost_tokens=best.lost,
+            evicts=best.counts,
         )
-    action = RouteAction.RESTORE_MEMORY if src.tier is CheckpointTier.MEMORY else RouteAction.RESTORE_DISK
+    ck = src.checkpoint
+    assert ck is not None
+    action = RouteAction.RESTORE_MEMORY if ck.tier is CheckpointTier.MEMORY else RouteAction.RESTORE_DISK
     return RouteDecision(
         action,
         dest,
-        saved,
-        src.common,
-        src.num_tokens,
-        checkpoint=src,
-        lost_tokens=lost,
-        evicts=counts,
+        best.reuse_len,
+        ck.common,
+        ck.num_tokens,
+        checkpoint=ck,
+        lost_tokens=best.lost,
+        evicts=best.counts,
     )

@@ -38,6 +38,13 @@ class ReuseSource(str, enum.Enum):
     CHECKPOINT_DISK = "checkpoint_disk"  # restored from the disk tier
 
 
+class SlotState(str, enum.Enum):
+    EMPTY = "empty"  # holds no tokens, no request
+    IDLE = "idle"  # holds a record, no request
+    PREFILL = "prefill"  # a request is computing its prompt
+    DECODE = "decode"  # a request is generating
+
+
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
 
 
@@ -149,7 +156,7 @@ class SlotView:
     """One slot as GET /slots shows it (token counts only, never prompt text)."""
 
     slot: int
-    state: str  # "empty" | "idle" | "prefill" | "decode"
+    state: SlotState
     num_tokens: int  # tokens whose KV the slot holds
     idle_s: float | None  # seconds since last use; None while a request holds the slot
     request_id: str | None  # the request holding the slot

@@ -36,13 +36,14 @@ from .detok import Detokenizer
 from .finish import finish_records, rejected_stats
 from .handle import RequestHandle
 from .interface import BatchItem, SlotPool
-from .policy import Capabilities, RouteAction
+from .policy import Capabilities, CheckpointTier, RouteAction
 from .request import (
     Draining,
     FinishReason,
     GenerationRequest,
     PromptTooLong,
     QueueFull,
+    SlotState,
     SlotView,
     TokenEvent,
 )
@@ -52,6 +53,7 @@ from .slot_table import SlotTable
 from .stats import (
     CancelStats,
     CheckpointEvent,
+    CheckpointEventKind,
     NullSink,
     RequestStats,
     SchedulerStats,
@@ -264,11 +266,11 @@ class Scheduler:
             )
         return out
 
-    def _slot_state(self, s: int) -> str:
+    def _slot_state(self, s: int) -> SlotState:
         seq = self._running.get(s)
         if seq is not None:
-            return "decode" if seq.phase is Phase.DECODE else "prefill"
-        return "idle" if self._slots.lens[s] else "empty"
+            return SlotState.DECODE if seq.phase is Phase.DECODE else SlotState.PREFILL
+        return SlotState.IDLE if self._slots.lens[s] else SlotState.EMPTY
 
     async def check_integrity(self) -> None:
         """Assert the slot mirror equals the pool and the stores are consistent (tests)."""
@@ -284,7 +286,7 @@ class Scheduler:
             return seq.was_cancelled
         now = self._clock()
         if seq.phase is Phase.QUEUED:
-            self._finish(seq, FinishReason.CANCELLED, now, cancel_phase="queued", cancel_at=now)
+            self._finish(seq, FinishReason.CANCELLED, now, cancel_phase=Phase.QUEUED, cancel_at=now)
             return True
         if not seq.cancel_requested:
             seq.cancel_requested = True
@@ -333,7 +335,7 @@ class Scheduler:
                 self._finish(seq, FinishReason.TIMEOUT, now)
         for seq in list(self._running.values()):
             if seq.cancel_requested:
-                self._finish(seq, FinishReason.CANCELLED, now, cancel_phase=seq.phase.value)
+                self._finish(seq, FinishReason.CANCELLED, now, cancel_phase=seq.phase)
         if not self._closing:
             self._admission.admit(plan, now)
         self._plan_capture_points(plan)
@@ -346,13 +348,13 @@ class Scheduler:
         tokens = self._slots.record(slot)[:n].copy()
         if not self._ckpt.wants(tokens, rule):
             return
-        if any(np.array_equal(c.tag[0], tokens) for c in plan.captures):
+        if any(np.array_equal(c.tokens, tokens) for c in plan.captures):
             return
-        plan.captures.append(Capture(slot, n, (tokens, rule)))
+        plan.captures.append(Capture(slot, tokens, rule))
 
     def _plan_capture_points(self, plan: StepPlan) -> None:
         for seq in self._running.values():
-            if id(seq) in plan.prepare_of:
+            if plan.prepares_slot_for(seq):
                 # NOTE: captures run before prepares in execute_plan, so a slot prepared in this
                 # step still holds its old rows when snapshots are taken: capture next step.
                 continue
@@ -382,23 +384,20 @@ class Scheduler:
 
     def _add_item(self, plan: StepPlan, seq: Sequence, toks: np.ndarray, want_logits: bool) -> None:
         slot = seq.slot
-        plan.items.append(BatchItem(slot, toks, self._slots.lens[slot], want_logits))
-        plan.item_owners.append(seq)
-        plan.item_prepare.append(plan.prepare_of.get(id(seq)))
+        plan.add_item(BatchItem(slot, toks, self._slots.lens[slot], want_logits), seq)
         self._slots.append(slot, toks)
 
     # -- applying results ------------------------------------------------------------------
     def _apply(self, plan: StepPlan, result: StepResult, now: float) -> None:
         for cap, snap in zip(plan.captures, result.snapshots):
-            tokens, rule = cap.tag
             if isinstance(snap, BaseException):
-                log.warning("checkpoint capture of %d tokens failed: %s", len(tokens), snap)
+                log.warning("checkpoint capture of %d tokens failed: %s", cap.num_tokens, snap)
                 continue
-            self._ckpt.keep(tokens, snap, rule)
+            self._ckpt.keep(cap.tokens, snap, cap.rule)
         for slot, rec in result.resync.items():
             self._slots.assign(slot, rec)
         for i, err in result.prepare_errors.items():
-            seq, d = plan.prepare_owners[i]
+            seq, d = plan.prepares[i].owner, plan.prepares[i].decision
             log.warning("preparing slot %d for %s failed (%s); rerouting", d.dest, seq.request_id, err)
             if d.action is RouteAction.RESTORE_MEMORY:
                 self._ckpt.drop_memory(d.checkpoint.key, d.checkpoint.num_tokens)
@@ -407,13 +406,13 @@ class Scheduler:
             if seq.cancel_requested:
                 # NOTE: requeued, a cancelled request would wait for a free slot before its
                 # cancel is acknowledged (the queue only honours cancels as they arrive).
-                self._finish(seq, FinishReason.CANCELLED, now, cancel_phase=seq.phase.value)
+                self._finish(seq, FinishReason.CANCELLED, now, cancel_phase=seq.phase)
                 continue
             self._release_slot(seq, now)
             seq.reuse = None
             if seq.phase is not Phase.DONE:
                 self._admission.enqueue(seq)
-        ran = [(it, seq) for it, seq, ok in zip(plan.items, plan.item_owners, result.ran_items) if ok]
+        ran = [(e.batch, e.owner) for e, ok in zip(plan.items, result.ran_items) if ok]
         if not ran:
             return
         num_prefill = sum(len(it.tokens) for it, seq in ran if seq.phase is Phase.PREFILL)
@@ -486,7 +485,7 @@ class Scheduler:
         now: float,
         *,
         error: str | None = None,
-        cancel_phase: str | None = None,
+        cancel_phase: Phase | None = None,
         cancel_at: float | None = None,
     ) -> None:
         if seq.phase is Phase.DONE:
@@ -503,7 +502,7 @@ class Scheduler:
         self._emit_request_stats(stats)
         if reason is FinishReason.CANCELLED:
             started = cancel_at if cancel_at is not None else (seq.cancel_at or now)
-            self._sink_call(self._sink.on_cancel, CancelStats(cancel_phase or "decode", now - started))
+            self._sink_call(self._sink.on_cancel, CancelStats(cancel_phase or Phase.DECODE, now - started))
         self._changed.set()
 
     # -- stats helpers ---------------------------------------------------------------------
@@ -516,5 +515,12 @@ class Scheduler:
     def _emit_request_stats(self, s: RequestStats) -> None:
         self._sink_call(self._sink.on_request, s)
 
-    def _emit_checkpoint(self, kind: str, tier: str, rule: str, num_bytes: int, n: int) -> None:
+    def _emit_checkpoint(
+        self,
+        kind: CheckpointEventKind,
+        tier: CheckpointTier,
+        rule: CaptureRule | None,
+        num_bytes: int,
+        n: int,
+    ) -> None:
         self._sink_call(self._sink.on_checkpoint, CheckpointEvent(kind, tier, rule, num_bytes, n))

@@ -21,7 +21,7 @@ from .request import FinishEvent, FinishReason, GenerationRequest, ReuseInfo
 from .sampling import Sampler
 
 
-class Phase(enum.Enum):
+class Phase(str, enum.Enum):
     QUEUED = "queued"  # admitted, waiting for a slot (also after preemption)
     PREFILL = "prefill"  # holds a slot, computing prompt rows
     DECODE = "decode"  # holds a slot, generating

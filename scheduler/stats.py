@@ -4,14 +4,58 @@ Design: the scheduler pushes one `StepStats` per engine step and one `RequestSta
 request (plus checkpoint and cancel events) into a `StatsSink` given at construction, and answers
 `Scheduler.stats()` with a `SchedulerStats` snapshot of current levels (queue depth, slots). It
 never imports prometheus-client; `metrics/` implements StatsSink.
+
+Every field a metric uses as a label is an enum (defined here or re-exported from the module
+that owns it), so `metrics/definitions.py` derives its label values from these types and a
+misspelt value is a type error, not a dropped event at run time.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Protocol
 
-from .request import FinishReason, ReuseSource
+from .checkpoint_store import CaptureRule
+from .policy import CheckpointTier
+from .request import FinishReason, ReuseSource, SlotState
+from .sequence import Phase
+
+__all__ = [
+    "CancelStats",
+    "CaptureRule",
+    "CheckpointEvent",
+    "CheckpointEventKind",
+    "CheckpointTier",
+    "FinishReason",
+    "NullSink",
+    "Outcome",
+    "Phase",
+    "RequestStats",
+    "ReuseSource",
+    "SchedulerStats",
+    "SlotLevel",
+    "SlotState",
+    "StatsSink",
+    "StepStats",
+]
+
+
+class Outcome(str, enum.Enum):
+    """How a request ended, as the metrics count it (`slotserve_requests_total{outcome}`)."""
+
+    OK = "ok"  # finish reason stop or length
+    CANCELLED = "cancelled"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    REJECTED = "rejected"  # refused at submit (queue full, prompt too long, bad parameters)
+
+
+class CheckpointEventKind(str, enum.Enum):
+    CAPTURE = "capture"  # a snapshot stored
+    RESTORE = "restore"  # a snapshot loaded into a slot
+    EVICT = "evict"  # removed to make room
+    DROP = "drop"  # removed because the pool refused it, or a corrupt/foreign file
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +69,7 @@ class StepStats:
 
 @dataclass(frozen=True, slots=True)
 class RequestStats:
-    outcome: str  # "ok" | "cancelled" | "error" | "timeout" | "rejected"
+    outcome: Outcome
     finish_reason: FinishReason | None
     prompt_tokens: int
     reused_tokens: int
@@ -40,23 +84,23 @@ class RequestStats:
 
 @dataclass(frozen=True, slots=True)
 class CheckpointEvent:
-    kind: str  # "capture" | "restore" | "evict" | "drop" (corrupt/foreign file removed)
-    tier: str  # "memory" | "disk"
-    rule: str  # capture rule: "hint" | "common_prefix" | "prompt_end" | "evict"
+    kind: CheckpointEventKind
+    tier: CheckpointTier
+    rule: CaptureRule | None  # the rule that captured it; None when unknown (a disk restore)
     num_bytes: int
     num_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
 class CancelStats:
-    phase: str  # "queued" | "prefill" | "decode"
+    phase: Phase  # QUEUED, PREFILL or DECODE when the cancel was acknowledged
     ack_s: float  # cancel() call to acknowledgement
 
 
 @dataclass(frozen=True, slots=True)
 class SlotLevel:
     slot: int
-    state: str  # "empty" | "idle" | "prefill" | "decode"
+    state: SlotState
     num_tokens: int  # tokens held
 
 

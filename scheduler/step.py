@@ -1,7 +1,9 @@
 """One engine step as plain data, and the function that runs it on the engine worker thread.
 
 Design: the event loop builds a `StepPlan` (captures, slot preparations, one forward batch),
-hands it to the worker, and applies the returned `StepResult`. `execute_plan` is the only code
+hands it to the worker, and applies the returned `StepResult`. Each plan entry carries what the
+loop needs back (the request it serves, the routing decision, the tokens and rule of a
+capture); the worker reads only the pool operation in it. `execute_plan` is the only code
 that calls the pool, in this order:
 
     captures (snapshot slots about to be overwritten, or that reached a capture point)
@@ -19,15 +21,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .checkpoint_store import CaptureRule
 from .interface import BatchItem, SlotPool
-from .policy import RouteAction
+from .policy import RouteAction, RouteDecision
+from .sequence import Sequence
 
 
 @dataclass(slots=True)
 class Capture:
     slot: int
-    num_tokens: int  # snapshot the first num_tokens rows
-    tag: object  # loop-side bookkeeping (tokens, rule)
+    tokens: np.ndarray  # int32 [n] a copy of the slot's first n record tokens: snapshot those rows
+    rule: CaptureRule  # why: the checkpoint is filed under this rule
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.tokens.shape[0])
 
 
 @dataclass(slots=True)
@@ -40,17 +48,41 @@ class Prepare:
 
 
 @dataclass(slots=True)
+class PlannedPrepare:
+    op: Prepare
+    owner: Sequence  # the request the slot is prepared for
+    decision: RouteDecision  # the routing that chose it (to undo a failed restore)
+
+
+@dataclass(slots=True)
+class PlannedItem:
+    batch: BatchItem
+    owner: Sequence  # the request whose tokens these are
+    prepare: int | None  # index of the prepare it depends on (dropped if that fails), or None
+
+
+@dataclass(slots=True)
 class StepPlan:
     captures: list[Capture] = field(default_factory=list)
-    prepares: list[Prepare] = field(default_factory=list)
-    prepare_owners: list[object] = field(default_factory=list)  # parallel to prepares
-    prepare_of: dict[int, int] = field(default_factory=dict)  # id(owner) -> index in prepares
-    items: list[BatchItem] = field(default_factory=list)
-    item_owners: list[object] = field(default_factory=list)  # parallel to items
-    item_prepare: list[int | None] = field(default_factory=list)  # prepare an item depends on
+    prepares: list[PlannedPrepare] = field(default_factory=list)
+    items: list[PlannedItem] = field(default_factory=list)
+    _prepare_of: dict[int, int] = field(default_factory=dict)  # id(owner) -> index in prepares
 
     def is_empty(self) -> bool:
         return not (self.captures or self.prepares or self.items)
+
+    def add_prepare(self, op: Prepare, owner: Sequence, decision: RouteDecision) -> None:
+        self._prepare_of[id(owner)] = len(self.prepares)
+        self.prepares.append(PlannedPrepare(op, owner, decision))
+
+    def prepares_slot_for(self, owner: Sequence) -> bool:
+        """Whether `owner`'s slot is prepared in this step (captures run before prepares, and
+        a request whose slot is being prepared cannot be preempted out of it)."""
+        return id(owner) in self._prepare_of
+
+    def add_item(self, batch: BatchItem, owner: Sequence) -> None:
+        """Feed `batch` for `owner`, after its slot's prepare if it has one in this step."""
+        self.items.append(PlannedItem(batch, owner, self._prepare_of.get(id(owner))))
 
 
 @dataclass(slots=True)
@@ -82,7 +114,8 @@ def execute_plan(pool: SlotPool, plan: StepPlan) -> StepResult:
         except Exception as exc:  # noqa: BLE001 - a failed capture only loses the checkpoint
             snapshots.append(exc)
     prepare_errors: dict[int, BaseException] = {}
-    for i, p in enumerate(plan.prepares):
+    for i, planned in enumerate(plan.prepares):
+        p = planned.op
         try:
             if p.action is RouteAction.REWIND:
                 pool.truncate(p.dest, p.num_tokens)
@@ -100,8 +133,8 @@ def execute_plan(pool: SlotPool, plan: StepPlan) -> StepResult:
                 raise AssertionError(f"not a prepare action: {p.action}")
         except Exception as exc:  # noqa: BLE001 - reported to the loop, which reroutes
             prepare_errors[i] = exc
-    ran = [dep is None or dep not in prepare_errors for dep in plan.item_prepare]
-    items = [it for it, ok in zip(plan.items, ran) if ok]
+    ran = [e.prepare is None or e.prepare not in prepare_errors for e in plan.items]
+    items = [e.batch for e, ok in zip(plan.items, ran) if ok]
     logits, forward_error, forward_s = None, None, 0.0
     if items:
         t0 = time.perf_counter()
@@ -114,7 +147,7 @@ def execute_plan(pool: SlotPool, plan: StepPlan) -> StepResult:
         forward_s = time.perf_counter() - t0
     resync: dict[int, np.ndarray] = {}
     if prepare_errors or forward_error is not None:
-        touched = {plan.prepares[i].dest for i in prepare_errors}
+        touched = {plan.prepares[i].op.dest for i in prepare_errors}
         if forward_error is not None:
             touched.update(it.slot for it in items)
         for slot in touched:

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from slotserve.gateway.config import OPTIONS, ServeConfig
 from slotserve.metrics import ServerMetrics
 from slotserve.scheduler.config import SchedulerConfig
-from slotserve.scheduler.stats import SchedulerStats, SlotLevel
+from slotserve.scheduler.stats import SchedulerStats, SlotLevel, SlotState
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATIONS = REPO / "docs" / "operations.md"
@@ -66,7 +66,7 @@ def test_documented_defaults_match_the_code():
 def test_every_exported_metric_is_documented():
     text = OPERATIONS.read_text()
     m = ServerMetrics()
-    m.bind(lambda: SchedulerStats(0, 64, 0, (SlotLevel(0, "idle", 5),), 4096, 0, 0, 0, False))
+    m.bind(lambda: SchedulerStats(0, 64, 0, (SlotLevel(0, SlotState.IDLE, 5),), 4096, 0, 0, 0, False))
     families = list(text_string_to_metric_families(m.render()[0].decode()))
     assert len(families) >= 30
     for fam in families:

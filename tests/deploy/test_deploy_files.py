@@ -21,7 +21,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from slotserve.gateway.config import OPTIONS, ServeConfig, add_arguments, config_from_args
 from slotserve.metrics import ServerMetrics
-from slotserve.scheduler.stats import SchedulerStats, SlotLevel
+from slotserve.scheduler.stats import SchedulerStats, SlotLevel, SlotState
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -46,7 +46,7 @@ def serve_config(args: list[str]) -> ServeConfig:
 
 def exposed_sample_names() -> set[str]:
     m = ServerMetrics()
-    m.bind(lambda: SchedulerStats(0, 64, 0, (SlotLevel(0, "idle", 5),), 4096, 0, 0, 0, False))
+    m.bind(lambda: SchedulerStats(0, 64, 0, (SlotLevel(0, SlotState.IDLE, 5),), 4096, 0, 0, 0, False))
     text = m.render()[0].decode()
     return {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
 

@@ -6,7 +6,7 @@ import re
 
 from prometheus_client.parser import text_string_to_metric_families
 from slotserve.metrics import ServerMetrics
-from slotserve.scheduler.stats import SchedulerStats, SlotLevel
+from slotserve.scheduler.stats import SchedulerStats, SlotLevel, SlotState
 
 
 def make_stats(**over) -> SchedulerStats:
@@ -15,10 +15,10 @@ def make_stats(**over) -> SchedulerStats:
         max_queue=64,
         num_running=2,
         slots=(
-            SlotLevel(0, "decode", 812),
-            SlotLevel(1, "prefill", 40),
-            SlotLevel(2, "idle", 300),
-            SlotLevel(3, "empty", 0),
+            SlotLevel(0, SlotState.DECODE, 812),
+            SlotLevel(1, SlotState.PREFILL, 40),
+            SlotLevel(2, SlotState.IDLE, 300),
+            SlotLevel(3, SlotState.EMPTY, 0),
         ),
         ctx_len=4096,
         checkpoint_memory_bytes=123_456,
@@ -65,7 +65,7 @@ def test_levels_follow_the_snapshot_at_each_scrape():
         queue_depth=0,
         num_running=0,
         draining=True,
-        slots=(SlotLevel(0, "idle", 812), SlotLevel(1, "idle", 44)),
+        slots=(SlotLevel(0, SlotState.IDLE, 812), SlotLevel(1, SlotState.IDLE, 44)),
     )
     second = scrape(m)
     assert second[("slotserve_queue_depth", ())] == 0

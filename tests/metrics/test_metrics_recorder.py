@@ -7,11 +7,21 @@ import threading
 import pytest
 from slotserve.metrics import ServerMetrics
 from slotserve.scheduler.request import FinishReason, ReuseSource
-from slotserve.scheduler.stats import CancelStats, CheckpointEvent, RequestStats, StepStats
+from slotserve.scheduler.stats import (
+    CancelStats,
+    CaptureRule,
+    CheckpointEvent,
+    CheckpointEventKind,
+    CheckpointTier,
+    Outcome,
+    Phase,
+    RequestStats,
+    StepStats,
+)
 
 
 def make_request(
-    outcome: str = "ok",
+    outcome: Outcome = Outcome.OK,
     prompt: int = 100,
     reused: int = 0,
     source: ReuseSource = ReuseSource.NONE,
@@ -24,7 +34,7 @@ def make_request(
 ) -> RequestStats:
     return RequestStats(
         outcome=outcome,
-        finish_reason=FinishReason.STOP if outcome == "ok" else None,
+        finish_reason=FinishReason.STOP if outcome is Outcome.OK else None,
         prompt_tokens=prompt,
         reused_tokens=reused,
         reuse_source=source,
@@ -84,9 +94,11 @@ def test_requests_without_a_slot_do_not_dilute_reuse():
     m = ServerMetrics(strict=True)
     m.sink.on_request(make_request(prompt=80, reused=60, source=ReuseSource.REWIND))
     # cancelled while queued and rejected: no prompt token computed or reused
-    m.sink.on_request(make_request("cancelled", prompt=500, prefilled=0, completion=0, ttft_s=None, itl_s=()))
     m.sink.on_request(
-        make_request("rejected", prompt=900, prefilled=0, completion=0, queue_s=None, ttft_s=None)
+        make_request(Outcome.CANCELLED, prompt=500, prefilled=0, completion=0, ttft_s=None, itl_s=())
+    )
+    m.sink.on_request(
+        make_request(Outcome.REJECTED, prompt=900, prefilled=0, completion=0, queue_s=None, ttft_s=None)
     )
 
     assert value(m, "slotserve_requests_total", outcome="cancelled") == 1
@@ -111,12 +123,14 @@ def test_steps_cancels_preemptions_checkpoints():
     m.sink.on_step(
         StepStats(duration_s=0.004, num_tokens=3, num_prefill_tokens=0, num_decode_tokens=3, batch_size=3)
     )
-    m.sink.on_cancel(CancelStats(phase="decode", ack_s=0.003))
-    m.sink.on_cancel(CancelStats(phase="queued", ack_s=0.0001))
+    m.sink.on_cancel(CancelStats(phase=Phase.DECODE, ack_s=0.003))
+    m.sink.on_cancel(CancelStats(phase=Phase.QUEUED, ack_s=0.0001))
     m.sink.on_preemption()
-    m.sink.on_checkpoint(CheckpointEvent("capture", "memory", "hint", num_bytes=4096, num_tokens=10))
-    m.sink.on_checkpoint(CheckpointEvent("capture", "memory", "hint", num_bytes=1024, num_tokens=3))
-    m.sink.on_checkpoint(CheckpointEvent("evict", "disk", "prompt_end", num_bytes=777, num_tokens=2))
+    capture, memory, disk = CheckpointEventKind.CAPTURE, CheckpointTier.MEMORY, CheckpointTier.DISK
+    m.sink.on_checkpoint(CheckpointEvent(capture, memory, CaptureRule.HINT, num_bytes=4096, num_tokens=10))
+    m.sink.on_checkpoint(CheckpointEvent(capture, memory, CaptureRule.HINT, num_bytes=1024, num_tokens=3))
+    evict = CheckpointEventKind.EVICT
+    m.sink.on_checkpoint(CheckpointEvent(evict, disk, CaptureRule.PROMPT_END, num_bytes=777, num_tokens=2))
 
     assert value(m, "slotserve_engine_step_seconds_count") == 2
     assert value(m, "slotserve_engine_step_tokens_bucket", le="4.0") == 1
@@ -134,15 +148,16 @@ def test_steps_cancels_preemptions_checkpoints():
     assert value(m, "slotserve_checkpoints_total", event="evict", tier="disk", rule="prompt_end") == 1
     assert value(m, "slotserve_checkpoint_bytes_total", event="evict", tier="disk", rule="prompt_end") == 777
     assert value(m, "slotserve_checkpoints_total", event="restore", tier="disk", rule="hint") == 0
-    m.sink.on_checkpoint(CheckpointEvent("drop", "disk", "", num_bytes=99, num_tokens=0))
+    m.sink.on_checkpoint(CheckpointEvent(CheckpointEventKind.DROP, disk, None, num_bytes=99, num_tokens=0))
     assert value(m, "slotserve_checkpoints_total", event="drop", tier="disk", rule="unknown") == 1
     assert value(m, "slotserve_checkpoint_bytes_total", event="drop", tier="disk", rule="unknown") == 99
 
 
+# The events below break the contract's types on purpose (a sink must survive a buggy caller).
 @pytest.mark.parametrize(
     "feed",
     [
-        lambda s: s.on_request(make_request("finished")),
+        lambda s: s.on_request(make_request("finished")),  # type: ignore[arg-type]
         lambda s: s.on_request(make_request(prompt=10, reused=5, source=ReuseSource.NONE)),
         lambda s: s.on_request(make_request(prompt=10, prefilled=-1)),
         lambda s: s.on_request(make_request(source="mystery")),  # type: ignore[arg-type]

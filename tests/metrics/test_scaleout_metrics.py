@@ -20,13 +20,16 @@ from slotserve.metrics.router_compat import (
     kv_cache_usage,
     router_compat_maker,
 )
-from slotserve.scheduler.stats import SchedulerStats, SlotLevel
+from slotserve.scheduler.stats import SchedulerStats, SlotLevel, SlotState
 
 
 def make_stats(
     queue_depth: int = 0, num_running: int = 0, tokens: tuple[int, ...] = (0, 0), ctx_len: int = 100
 ):
-    states = tuple("decode" if i < num_running else ("idle" if n else "empty") for i, n in enumerate(tokens))
+    states = tuple(
+        SlotState.DECODE if i < num_running else (SlotState.IDLE if n else SlotState.EMPTY)
+        for i, n in enumerate(tokens)
+    )
     return SchedulerStats(
         queue_depth=queue_depth,
         max_queue=64,

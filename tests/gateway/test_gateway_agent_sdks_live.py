@@ -28,7 +28,12 @@ CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}
 ANTHROPIC_TOOL = {
     "name": "get_weather",
     "description": "Current weather in a city",
-    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+        "additionalProperties": False,  # held to this, a tiny model cannot ramble on in the arguments
+    },
 }
 RESPONSES_TOOL = {
     "type": "function",
@@ -240,3 +245,64 @@ def test_openai_responses_turns_reuse_the_conversation(real_live: LiveServer) ->
             assert streamed.output_text == got.output_text
         previous = got.id
     assert cached[1] > 0 and cached[2] > cached[1]
+
+
+@pytest.mark.real_model
+def test_anthropic_client_tool_round_trip_on_the_real_model(real_live: LiveServer) -> None:
+    """tool_choice `tool` forces a call (constrained decoding); the tool result goes back and the
+    next turn reuses the conversation, tool call and result included."""
+    client = anthropic_client(real_live, "none")
+    model = openai_client(real_live, "none").models.list().data[0].id
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "What is the weather in Paris?"}]
+    kwargs: dict[str, Any] = dict(
+        model=model, max_tokens=48, tools=[ANTHROPIC_TOOL], extra_body={"temperature": 0}
+    )
+    first = client.messages.create(
+        messages=messages,
+        tool_choice={"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True},
+        **kwargs,
+    )
+    assert first.stop_reason == "tool_use"
+    calls = [b for b in first.content if b.type == "tool_use"]
+    assert [b.type for b in first.content] == ["tool_use"]  # one call, nothing else (forced)
+    assert calls[0].name == "get_weather" and isinstance(calls[0].input["city"], str)  # held to the schema
+    messages += [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": calls[0].id, "content": "Sunny, 24 C"}],
+        },
+    ]
+    second = client.messages.create(messages=messages, tool_choice={"type": "none"}, **kwargs)
+    assert second.stop_reason in ("end_turn", "max_tokens")
+    assert second.content and second.content[0].type == "text"
+    assert second.usage.cache_read_input_tokens > 0  # the first turn's prompt, from its slot
+
+
+@pytest.mark.real_model
+def test_openai_responses_tool_round_trip_on_the_real_model(real_live: LiveServer) -> None:
+    client = openai_client(real_live, "none")
+    model = client.models.list().data[0].id
+    first = client.responses.create(
+        model=model,
+        input="What is the weather in Paris?",
+        tools=[RESPONSES_TOOL],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=48,
+        temperature=0,
+    )
+    calls = [o for o in first.output if o.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather"
+    assert isinstance(json.loads(calls[0].arguments).get("city"), str)
+    second = client.responses.create(
+        model=model,
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "Sunny, 24 C"}],
+        tools=[RESPONSES_TOOL],
+        tool_choice="none",
+        max_output_tokens=24,
+        temperature=0,
+    )
+    assert second.output_text
+    assert second.usage is not None and second.usage.input_tokens_details.cached_tokens > 0

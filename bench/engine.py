@@ -177,21 +177,17 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from slotserve.engine_ext import SlotPool
-    from slotserve.engine_ext.gguf_file import load_model_file
+    from slotserve.engine_ext.loader import read_model
     from slotserve.engine_ext.model_cache import resolve_model
-    from slotserve.engine_ext.tokenizer import Tokenizer
 
     from .engine_numpy import NumpyLlama
 
-    try:
-        path = Path(resolve_model(args.model, progress=False))
-    except ValueError as exc:
-        raise SystemExit(f"slotserve bench engine: {exc}") from None
+    # a model that cannot be opened raises ModelOpenError: one line and exit 2 from the CLI
+    path = Path(resolve_model(args.model, progress=False))
     threads = args.threads or [1, 2]
     if any(t < 1 for t in threads) or args.reps < 1:
         raise SystemExit("--threads and --reps must be >= 1")
-    model = load_model_file(path)
-    tokenizer = Tokenizer.from_model_file(model)
+    model, tokenizer = read_model(path)
     ctx_len = DEPTH + DECODE_STEPS + 16
     info: dict[str, Any] = {"model": str(path), "machine": machine(), "command": "slotserve bench engine"}
 

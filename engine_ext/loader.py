@@ -1,4 +1,8 @@
-"""One call from a model path to everything needed to serve it."""
+"""One call from a model path to everything needed to serve it.
+
+Every failure to open a model as asked is a ModelOpenError (engine_ext/errors.py) with a
+one-line message, which the `slotserve` command prints without a traceback.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .chat import ChatTemplate, chat_template_for
+from .errors import ModelOpenError
 from .gguf_file import ModelFile, load_model_file
 from .tokenizer import Tokenizer
 
@@ -22,6 +27,36 @@ class ModelBundle:
     pool: Any  # slotserve.engine_ext.SlotPool (satisfies scheduler.interface.SlotPool)
 
 
+def read_model(path: str | os.PathLike[str] | ModelFile) -> tuple[ModelFile, Tokenizer]:
+    """Load and validate the GGUF at `path` (or take an already loaded ModelFile) and build its
+    tokenizer. ModelOpenError (UnsupportedModelError for what slotserve lacks) for any problem:
+    every ValueError of loading becomes one, with its one-line message."""
+    try:
+        model_file = path if isinstance(path, ModelFile) else load_model_file(path)
+        tokenizer = Tokenizer.from_model_file(model_file)
+    except ModelOpenError:
+        raise
+    except ValueError as exc:
+        raise ModelOpenError(str(exc)) from exc
+    if tokenizer.n_vocab != model_file.config.n_vocab:
+        raise ModelOpenError(
+            f"{model_file.path}: tokenizer has {tokenizer.n_vocab} tokens, the model "
+            f"{model_file.config.n_vocab} output rows"
+        )
+    return model_file, tokenizer
+
+
+def check_ctx_len(model_file: ModelFile, ctx_len: int, *, allow_over_train: bool = False) -> None:
+    """ModelOpenError if `ctx_len` exceeds the context the model was trained for
+    (`{arch}.context_length`), unless allow_over_train: past it the model's output degrades."""
+    ctx_train = model_file.config.ctx_train
+    if ctx_len > ctx_train and not allow_over_train:
+        raise ModelOpenError(
+            f"{model_file.path}: --ctx-size {ctx_len} exceeds the {ctx_train} tokens the model was "
+            f"trained for; use --ctx-size {ctx_train} or less (or --allow-ctx-over-train to force it)"
+        )
+
+
 def open_model(
     path: str | os.PathLike[str] | ModelFile,
     *,
@@ -29,20 +64,25 @@ def open_model(
     ctx_len: int,
     threads: int | None = None,
     kv_dtype: str = "f16",
+    allow_ctx_over_train: bool = False,
+    tokenizer: Tokenizer | None = None,
 ) -> ModelBundle:
-    """Load and validate the GGUF at `path` (or take an already loaded ModelFile), build its tokenizer and chat template, and allocate
-    a SlotPool of `num_slots` slots of `ctx_len` tokens each (all KV memory allocated here).
-    ValueError with the cause for a bad file or bad pool parameters."""
+    """`read_model`, its chat template, and a SlotPool of `num_slots` slots of `ctx_len` tokens
+    each (all KV memory allocated here). ModelOpenError with the cause for a bad file, a ctx_len
+    over the trained context (unless allow_ctx_over_train) or pool parameters it cannot take.
+    `tokenizer`: the one `read_model` already built for this ModelFile (skips building it again)."""
     from . import SlotPool  # the compiled engine; imported only when a pool is wanted
 
-    model_file = path if isinstance(path, ModelFile) else load_model_file(path)
-    tokenizer = Tokenizer.from_model_file(model_file)
-    if tokenizer.n_vocab != model_file.config.n_vocab:
-        raise ValueError(
-            f"{model_file.path}: tokenizer has {tokenizer.n_vocab} tokens, the model "
-            f"{model_file.config.n_vocab} output rows"
-        )
-    pool = SlotPool(model_file, num_slots, ctx_len, threads=threads, kv_dtype=kv_dtype)
-    return ModelBundle(
-        model_file=model_file, tokenizer=tokenizer, chat=chat_template_for(model_file), pool=pool
-    )
+    if tokenizer is None or not isinstance(path, ModelFile):
+        model_file, tokenizer = read_model(path)
+    else:
+        model_file = path
+    check_ctx_len(model_file, ctx_len, allow_over_train=allow_ctx_over_train)
+    try:
+        chat = chat_template_for(model_file)
+        pool = SlotPool(model_file, num_slots, ctx_len, threads=threads, kv_dtype=kv_dtype)
+    except ModelOpenError:
+        raise
+    except ValueError as exc:
+        raise ModelOpenError(str(exc)) from exc
+    return ModelBundle(model_file=model_file, tokenizer=tokenizer, chat=chat, pool=pool)

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from .errors import ModelOpenError
+
 HOME_ENV = "SLOTSERVE_HOME"
 CHUNK_BYTES = 1 << 20
 
@@ -153,14 +155,18 @@ def short_name(model: str | None) -> str | None:
 def resolve_model(model: str | os.PathLike[str] | None, progress: bool = True) -> Path:
     """A `--model` value -> a local file. None -> the default model; a known short name (see
     MODELS) -> its cached file, pulled on first use; anything else is a path, which must be an
-    existing file. (A local file named like a short name is reached as `./NAME`.)"""
-    if model is None:
-        return ensure_model(DEFAULT_MODEL, progress=progress)
-    if isinstance(model, str) and model in MODELS:
-        return ensure_model(MODELS[model], progress=progress)
+    existing file. (A local file named like a short name is reached as `./NAME`.)
+    ModelOpenError (a ValueError) when the file is absent or cannot be pulled."""
+    try:
+        if model is None:
+            return ensure_model(DEFAULT_MODEL, progress=progress)
+        if isinstance(model, str) and model in MODELS:
+            return ensure_model(MODELS[model], progress=progress)
+    except ValueError as exc:
+        raise ModelOpenError(str(exc)) from exc
     resolved = Path(model).expanduser()
     if not resolved.is_file():
-        raise ValueError(
+        raise ModelOpenError(
             f"model file {resolved} does not exist; pass the path of a local .gguf file, "
             f"a known model name ({', '.join(MODELS)}), or omit --model to use the default model"
         )

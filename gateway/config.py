@@ -32,8 +32,9 @@ class ServeConfig:
     port: int = 8080
     batched_session: int = 4  # number of live KV slots
     ctx_size: int = 4096  # tokens of KV per slot
+    allow_ctx_over_train: bool = False  # accept a ctx_size above the model's trained context
     threads: int | None = None  # engine threads; None = the engine's choice
-    served_model_name: tuple[str, ...] = ()  # names clients may send; () = the GGUF's own name
+    served_model_name: tuple[str, ...] = ()  # names clients may send; () = the short name or file stem
     chat_template: str | None = None  # jinja chat template file replacing the GGUF's; None = the GGUF's
     segment_tokens: int | None = None  # prefill segment length; None = the scheduler's default
     checkpoint_memory_mb: int | None = None  # in-memory checkpoint budget; None = scheduler default
@@ -176,13 +177,27 @@ OPTIONS: tuple[Option, ...] = (
         "number of live KV slots (default 4)",
         metavar="N",
     ),
-    Option("ctx_size", ("--ctx-size", "-c"), int, "tokens of context per slot (default 4096)", metavar="T"),
+    Option(
+        "ctx_size",
+        ("--ctx-size", "-c"),
+        int,
+        "tokens of context per slot (default 4096; at most the model's trained context)",
+        metavar="T",
+    ),
+    Option(
+        "allow_ctx_over_train",
+        ("--allow-ctx-over-train",),
+        _parse_bool,
+        "accept a --ctx-size above the context the model was trained for (its output degrades there)",
+        kind="flag",
+    ),
     Option("threads", ("--threads", "-t"), int, "engine threads (default: the engine's choice)", metavar="K"),
     Option(
         "served_model_name",
         ("--served-model-name",),
         _parse_names,
-        "model names clients may send (default: the GGUF's name); env: comma-separated",
+        "model names clients may send (default: the short name of --model, else the file name "
+        "without .gguf); env: comma-separated",
         kind="names",
         metavar="NAME",
     ),

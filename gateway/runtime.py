@@ -163,14 +163,18 @@ def open_served_model(config: ServeConfig) -> OpenedModel:
     """Resolve and open the model (heavy: loads weights, allocates KV); starts the KV-events
     publisher when configured (closed by the returned `closers`)."""
     from slotserve.engine_ext.loader import open_model
-    from slotserve.engine_ext.model_cache import resolve_model
+    from slotserve.engine_ext.model_cache import resolve_model, short_name
 
     path = Path(resolve_model(config.model))
     bundle = open_model(
-        path, num_slots=config.batched_session, ctx_len=config.ctx_size, threads=config.threads
+        path,
+        num_slots=config.batched_session,
+        ctx_len=config.ctx_size,
+        threads=config.threads,
+        allow_ctx_over_train=config.allow_ctx_over_train,
     )
     pool, closers = with_kv_events(bundle.pool, config)
-    names = config.served_model_name or default_model_names(bundle.model_file, path)
+    names = config.served_model_name or default_model_names(short_name(config.model), path)
     return OpenedModel(path=path, bundle=bundle, pool=pool, model_names=tuple(names), closers=closers)
 
 
@@ -273,11 +277,12 @@ def scheduler_config(config: ServeConfig) -> Any:
     return SchedulerConfig(**kwargs)
 
 
-def default_model_names(model_file: Any, path: Path) -> tuple[str, ...]:
-    """The GGUF's `general.name` (reported), then the file name without `.gguf` (also accepted)."""
-    metadata = getattr(model_file, "metadata", None) or {}
-    name = metadata.get("general.name") if isinstance(metadata, dict) else None
+def default_model_names(short: str | None, path: Path) -> tuple[str, ...]:
+    """The names served when --served-model-name is not given: the known model's short name
+    when `--model` was one (or absent: the default model), then the file name without `.gguf`
+    (also accepted); for a path, that file name alone. (Not the GGUF's `general.name`: that is
+    free text such as "Smollm2 135M 8k Lc100K Mix1 Ep2", no name a client would guess.)"""
     stem = path.name.removesuffix(".gguf")
-    if isinstance(name, str) and name.strip() and name.strip() != stem:
-        return (name.strip(), stem)
+    if short and short != stem:
+        return (short, stem)
     return (stem,)

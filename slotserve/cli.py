@@ -1,7 +1,9 @@
 """The `slotserve` command: one subcommand per module, imported only when it runs.
 
 Each command module provides `configure(parser: argparse.ArgumentParser) -> None` and
-`run(args: argparse.Namespace) -> int`. Adding a command is one line in COMMANDS.
+`run(args: argparse.Namespace) -> int`. Adding a command is one line in COMMANDS. A model that
+cannot be opened (engine_ext.errors.ModelOpenError: missing, broken or unsupported file, context
+over the trained one) ends any command with one line `slotserve: error: ...` and exit status 2.
 """
 
 from __future__ import annotations
@@ -45,4 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"slotserve {args.command}: unavailable ({args._import_error})", file=sys.stderr)
         return 2
     module = importlib.import_module(args._module)
-    return int(module.run(args) or 0)
+    from slotserve.engine_ext.errors import ModelOpenError
+
+    try:
+        return int(module.run(args) or 0)
+    except ModelOpenError as exc:  # a model that cannot be opened: one line, no traceback
+        print(f"slotserve: error: {exc}", file=sys.stderr)
+        return 2

@@ -74,9 +74,13 @@ def _validate(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from slotserve.engine_ext.errors import ModelOpenError
+
     try:
         _validate(args)
         return _generate(args)
+    except ModelOpenError:
+        raise  # the slotserve command reports it (exit 2)
     except ValueError as exc:
         print(f"slotserve generate: {exc}", file=sys.stderr)
         return 1
@@ -86,16 +90,13 @@ def _generate(args: argparse.Namespace) -> int:
     import numpy as np
 
     from slotserve.engine_ext.chat import chat_template_for
-    from slotserve.engine_ext.gguf_file import load_model_file
-    from slotserve.engine_ext.loader import open_model
+    from slotserve.engine_ext.loader import open_model, read_model
     from slotserve.engine_ext.model_cache import resolve_model
-    from slotserve.engine_ext.tokenizer import Tokenizer
     from slotserve.scheduler.interface import BatchItem
 
     path = resolve_model(args.model, progress=True)
     # Tokenize first (cheap) so the slot is sized to exactly what this run needs.
-    model_file = load_model_file(path)
-    tokenizer = Tokenizer.from_model_file(model_file)
+    model_file, tokenizer = read_model(path)
     if args.chat:
         chat = chat_template_for(model_file)
         if chat is None:
@@ -111,7 +112,9 @@ def _generate(args: argparse.Namespace) -> int:
             f"prompt ({len(prompt_ids)} tokens) + --max-tokens ({args.max_tokens}) exceeds "
             f"the model's context of {model_file.config.ctx_train} tokens; lower --max-tokens"
         )
-    pool = open_model(model_file, num_slots=1, ctx_len=ctx_len, threads=args.threads).pool
+    pool = open_model(
+        model_file, num_slots=1, ctx_len=ctx_len, threads=args.threads, tokenizer=tokenizer
+    ).pool
 
     rng = np.random.default_rng(args.seed)
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")

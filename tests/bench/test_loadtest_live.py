@@ -65,6 +65,8 @@ class ServeProcess:
             str(self.port),
             "--batched-session",
             "2",
+            "--ctx-size",
+            "2048",  # the tiny model's trained context (the default 4096 would be refused)
             "--log-level",
             "warning",
             *flags,

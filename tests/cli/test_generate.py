@@ -113,7 +113,7 @@ def test_bad_arguments_are_clear_errors(tiny_model_path, capsys, args, message):
 
 def test_missing_model_file_is_a_clear_error(tmp_path, capsys):
     code, _, err = _generate(capsys, "--model", str(tmp_path / "nope.gguf"), "--prompt", "hi")
-    assert code == 1 and "does not exist" in err
+    assert code == 2 and err.startswith("slotserve: error: model file ") and "does not exist" in err
 
 
 @pytest.mark.real_model

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from .errors import UnsupportedModelError
@@ -305,13 +305,10 @@ class Tokenizer:
             vocab.setdefault(piece, i)  # duplicated pieces (unused slots) keep their first id
 
         if kind == "gpt2":
-            model, normalizer, pre, token_bytes, add_bos_default = _gpt2_parts(
-                meta, source, pieces, vocab, types
-            )
+            parts = _gpt2_parts(meta, source, pieces, vocab, types)
         else:
-            model, normalizer, pre, token_bytes, add_bos_default = _spm_parts(
-                meta, source, pieces, vocab, types
-            )
+            parts = _spm_parts(meta, source, pieces, vocab, types)
+        model, normalizer, pre, decoder, token_bytes, add_bos_default = parts
 
         control = [i for i, t in enumerate(types) if t in (TOKEN_CONTROL, TOKEN_UNKNOWN)]
         user_defined = [i for i, t in enumerate(types) if t == TOKEN_USER_DEFINED]
@@ -322,6 +319,9 @@ class Tokenizer:
                 backend.normalizer = normalizer
             if pre is not None:
                 backend.pre_tokenizer = pre
+            # NOTE: decode() reads token_bytes; the decoder is for readers of the backend's JSON
+            # (llguidance's token masks in gateway/structured.py tell byte-level from byte fallback by it).
+            backend.decoder = decoder
             backend.add_special_tokens(
                 [AddedToken(pieces[i], special=True, normalized=False) for i in control]
             )
@@ -388,8 +388,8 @@ class Tokenizer:
                 raise ValueError(f"token id {i} is outside the vocabulary [0, {n})")
 
 
-# (model, normalizer, pre-tokenizer, token_bytes, add_bos default)
-_Parts = tuple[Any, Any, Any, list[bytes], bool]
+# (model, normalizer, pre-tokenizer, decoder, token_bytes, add_bos default)
+_Parts = tuple[Any, Any, Any, Any, list[bytes], bool]
 
 
 def _gpt2_parts(
@@ -413,7 +413,7 @@ def _gpt2_parts(
         bytes(to_byte[c] for c in piece) if all(c in to_byte for c in piece) else piece.encode("utf-8")
         for piece in pieces
     ]
-    return model, None, rule.factory(), token_bytes, rule.add_bos
+    return model, None, rule.factory(), decoders.ByteLevel(), token_bytes, rule.add_bos
 
 
 def _spm_parts(
@@ -435,7 +435,8 @@ def _spm_parts(
     steps = [normalizers.Replace(" ", "▁")]
     if meta.get("tokenizer.ggml.add_space_prefix", True):
         steps.insert(0, normalizers.Prepend("▁"))
-    return model, normalizers.Sequence(steps), None, token_bytes, True
+    decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    return model, normalizers.Sequence(steps), None, decoder, token_bytes, True
 
 
 def _token_id(meta: Mapping[str, Any], source: str, key: str, n_vocab: int, *, required: bool) -> int | None:

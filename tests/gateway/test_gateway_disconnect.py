@@ -12,6 +12,7 @@ import json
 import threading
 from typing import Any
 
+import pytest
 from gateway_support import ASGIDriver, chat_body, make_runtime, running_app, serve_config, sse_events
 from slotserve.gateway.app import create_app
 from slotserve.scheduler.request import FinishReason
@@ -182,3 +183,49 @@ async def test_disconnect_during_prefill_cancels_between_segments() -> None:
         other = [{"role": "user", "content": "Something else entirely."}]
         r = await client.post("/v1/chat/completions", json=chat_body(other, max_tokens=12))
     assert r.json()["choices"][0]["message"]["content"] == await reference_text(other, 12)
+
+
+AGENT_BODIES = {
+    "/v1/messages": {"model": "fake-model", "max_tokens": 2000, "messages": [USER], "stream": True},
+    "/v1/responses": {
+        "model": "fake-model",
+        "max_output_tokens": 2000,
+        "input": USER["content"],
+        "stream": True,
+    },
+}
+
+
+@pytest.mark.parametrize("path", sorted(AGENT_BODIES))
+async def test_agent_api_streams_cancel_on_disconnect(path: str) -> None:
+    """/v1/messages and /v1/responses stream through the same cancel path: a client that leaves
+    mid-stream is cancelled and acknowledged before the handler returns."""
+    app, runtime, pool, spy = setup()
+    held, release = threading.Event(), threading.Event()
+    num_forwards = 0
+
+    def hook(batch: Any) -> None:  # hold the engine after a few decode steps: the stream is open
+        nonlocal num_forwards
+        num_forwards += 1
+        if num_forwards >= 6:
+            held.set()
+            release.wait(timeout=30)
+
+    pool.forward_hook = hook
+    driver = ASGIDriver(app)
+    gone = asyncio.Event()
+    async with running_app(app) as client:
+        sent, task = await driver.request("POST", path, json.dumps(AGENT_BODIES[path]).encode(), gone)
+        await wait_until(held.is_set)
+        assert body_of(sent).count("event: ") >= 3 and not task.done()
+        gone.set()
+        await asyncio.sleep(0.05)
+        pool.forward_hook = None
+        release.set()
+        await asyncio.wait_for(task, 10)
+        assert spy.acked == [True]
+        assert spy.handles[0].finish.reason is FinishReason.CANCELLED
+        assert_slots_free(runtime)
+        assert "message_stop" not in body_of(sent) and "response.completed" not in body_of(sent)
+        r = await client.post("/v1/chat/completions", json=chat_body([USER], max_tokens=4))
+    assert r.status_code == 200

@@ -6,6 +6,7 @@ Every check that needs the server's limits or spans fields lives here and raises
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -244,7 +245,18 @@ def _message_dict(i: int, m: p.ChatMessage) -> dict[str, Any]:
     if m.name is not None:
         out["name"] = m.name
     if m.tool_calls:
-        out["tool_calls"] = msgspec.to_builtins(m.tool_calls)
+        calls = msgspec.to_builtins(m.tool_calls)
+        for call in calls:
+            # NOTE: templates write `tool_call.arguments | tojson`, which wants the object, not
+            # OpenAI's JSON text (transformers' convention; vLLM converts likewise)
+            fn = call["function"]
+            try:
+                args = json.loads(fn.get("arguments") or "{}")
+            except ValueError:
+                continue
+            if isinstance(args, dict):
+                fn["arguments"] = args
+        out["tool_calls"] = calls
     if m.tool_call_id is not None:
         out["tool_call_id"] = m.tool_call_id
     return out

@@ -108,7 +108,8 @@ def test_blocks_become_chat_messages_with_tool_calls_and_tool_results() -> None:
             "content": "Checking.",
             "tool_calls": [
                 {
-                    "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+                    # the template gets the arguments as an object (translate._message_dict)
+                    "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
                     "id": "toolu_1",
                     "type": "function",
                 }

@@ -77,7 +77,10 @@ def test_input_items_become_chat_messages() -> None:
             "content": "Checking.",
             "tool_calls": [
                 {
-                    "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+                    "function": {
+                        "name": "get_weather",
+                        "arguments": {"city": "Paris"},
+                    },  # an object for the template
                     "id": "call_1",
                     "type": "function",
                 }

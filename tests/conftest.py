@@ -80,12 +80,10 @@ def gemma3_model_path() -> Path:
 
 @pytest.fixture(scope="session")
 def gemma3_metadata(gemma3_model_path) -> dict[str, object]:
-    """Gemma 3 270M's GGUF metadata (decoded as gguf_file does), without loading the model:
-    tokenizer tests need only this."""
-    from slotserve.engine_ext.gguf_file import _decode_field, _FastReader
+    """Gemma 3 270M's GGUF metadata, from the session's one load of the file (engine_support)."""
+    from engine_support import model_file
 
-    reader = _FastReader(gemma3_model_path, "r")
-    return {name: _decode_field(gemma3_model_path, f) for name, f in reader.fields.items()}
+    return model_file(gemma3_model_path).metadata
 
 
 @pytest.fixture(scope="session")

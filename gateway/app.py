@@ -18,6 +18,9 @@ decoded by msgspec into the Structs of `protocol.py`; `translate.py` maps them t
     POST /v1/messages[/count_tokens] yes  Anthropic's Messages API (anthropic_api.py)
     POST /v1/responses           yes   OpenAI's Responses API (responses_api.py)
     (plus the routes routers call, from router_compat.py)
+
+JSON bodies must say `Content-Type: application/json` (415 otherwise). CORS is off unless
+--cors-allow-origin names the browser origins to allow.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -56,6 +61,7 @@ from .errors import (
     not_ready,
     queue_full,
     unauthorized,
+    unsupported_media_type,
 )
 from .runtime import PromptError, Runtime
 from .streaming import (
@@ -130,8 +136,9 @@ class Gateway:
         return name
 
     async def read_body(self, request: Request, kind: type[T]) -> T:
-        """Read at most --max-body-bytes and decode into `kind` (400 / 413 on failure, also for
-        JSON nested too deeply to decode)."""
+        """Check the content type, read at most --max-body-bytes and decode into `kind` (415 /
+        400 / 413 on failure, also for JSON nested too deeply to decode)."""
+        check_json_content_type(request.headers.get("content-type"))
         limit = self.config.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -219,6 +226,23 @@ class Gateway:
 
 
 Handler = Callable[[Gateway, Request], Awaitable[Response]]
+
+
+def check_json_content_type(header: str | None) -> None:
+    """415 unless `header` is application/json, with no charset or a UTF-8 one.
+
+    NOTE: this is also the CSRF guard of a keyless server: a web page may POST `text/plain` (or
+    form data) cross-origin without a preflight, so a body is never taken as JSON unless it says
+    it is; an application/json POST from a page needs a preflight, which only
+    --cors-allow-origin answers.
+    """
+    media, _, params = (header or "").partition(";")
+    if media.strip().lower() != "application/json":
+        raise unsupported_media_type(header)
+    for param in params.split(";"):
+        name, _, value = param.partition("=")
+        if name.strip().lower() == "charset" and value.strip().strip('"').lower() not in ("utf-8", "utf8"):
+            raise unsupported_media_type(header)
 
 
 # ------------------------------------------------------------------ generation routes
@@ -377,6 +401,21 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return error_response(APIError(exc.status_code, message, code=code, headers=dict(exc.headers or {})))
 
 
+def cors_middleware(origins: tuple[str, ...]) -> Middleware:
+    """CORS for the browser origins of --cors-allow-origin: preflights are answered for them,
+    and responses carry Access-Control-Allow-Origin. No credentials (cookies): the API key
+    travels in the Authorization header, which a preflight may allow."""
+    return Middleware(
+        CORSMiddleware,
+        allow_origins=list(origins),
+        allow_methods=["GET", "POST"],
+        allow_headers=["*"],  # the OpenAI SDKs send Authorization, Content-Type and x-stainless-*
+        expose_headers=["X-Request-Id", "Retry-After"],
+        allow_credentials=False,
+        max_age=600,
+    )
+
+
 def create_app(runtime: Runtime, config: ServeConfig, *, metrics: MetricsExporter | None = None) -> Starlette:
     """The ASGI app. Its lifespan enters `runtime.scheduler` (starting the step loop) and leaves
     it on shutdown; `app.state.gateway` is the `Gateway` (tests and the server read it)."""
@@ -412,6 +451,14 @@ def create_app(runtime: Runtime, config: ServeConfig, *, metrics: MetricsExporte
             for close in runtime.closers:
                 close()
 
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: _http_error})
+    middleware = []
+    if config.cors_allow_origin:
+        middleware.append(cors_middleware(config.cors_allow_origin))
+    app = Starlette(
+        routes=routes,
+        middleware=middleware,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: _http_error},
+    )
     app.state.gateway = gw
     return app

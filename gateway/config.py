@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -20,6 +21,7 @@ from typing import Any
 from .kv_events import KVEventsConfig
 
 ENV_PREFIX = "SLOTSERVE_"
+_ORIGIN = re.compile(r"https?://[^/\s]+")  # a browser Origin header: scheme://host[:port]
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
@@ -55,6 +57,14 @@ class ServeConfig:
     kv_events_endpoint: str | None = None  # ZMQ endpoint for KV events (gateway/kv_events.py); None = off
     kv_events_topic: str = ""  # first frame of every KV-event message
     kv_events_block_size: int = 16  # tokens per virtual block; must equal the router's
+    # -- connection hardening (gateway/transport.py, gateway/http_guard.py)
+    cors_allow_origin: tuple[str, ...] = ()  # browser origins allowed (CORS); () = CORS off
+    header_timeout_s: float = 10.0  # a request head must arrive within this; else 408 + close
+    body_timeout_s: float = 60.0  # a request body must arrive within this after its head; else 408
+    keep_alive_timeout_s: float = 5.0  # idle keep-alive connections are closed after this
+    max_connections: int = 256  # open connections; past it new ones get 503 and are closed
+    ssl_certfile: str | None = None  # TLS certificate (PEM); with ssl_keyfile serves https
+    ssl_keyfile: str | None = None  # TLS private key (PEM)
 
     def __post_init__(self) -> None:
         def need(ok: bool, message: str) -> None:
@@ -112,6 +122,20 @@ class ServeConfig:
             f"--kv-events-block-size must be in 1..4096, got {self.kv_events_block_size}",
         )
         self.kv_events_config()  # a malformed endpoint raises ValueError naming --kv-events-endpoint
+        for origin in self.cors_allow_origin:
+            need(
+                origin == "*" or _ORIGIN.fullmatch(origin) is not None,
+                f"--cors-allow-origin: {origin!r} is not an origin; give scheme://host[:port] "
+                "(no path, no trailing slash) or *",
+            )
+        for name in ("header_timeout_s", "body_timeout_s", "keep_alive_timeout_s"):
+            value = getattr(self, name)
+            need(value > 0, f"--{name[:-2].replace('_', '-')}-s must be > 0 seconds, got {value}")
+        need(self.max_connections >= 1, f"--max-connections must be >= 1, got {self.max_connections}")
+        need(
+            (self.ssl_certfile is None) == (self.ssl_keyfile is None),
+            "--ssl-certfile and --ssl-keyfile go together: give both (or neither)",
+        )
 
     def kv_events_config(self) -> KVEventsConfig | None:
         """The KV-events publisher's config, or None when --kv-events-endpoint is not set."""
@@ -122,9 +146,14 @@ class ServeConfig:
         )
 
     @property
+    def is_tls(self) -> bool:
+        return self.ssl_certfile is not None
+
+    @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        scheme = "https" if self.is_tls else "http"
+        return f"{scheme}://{host}:{self.port}"
 
 
 # ---------------------------------------------------------------- option registry
@@ -317,6 +346,56 @@ OPTIONS: tuple[Option, ...] = (
         int,
         "tokens per KV-event block (default 16)",
         metavar="B",
+    ),
+    Option(
+        "cors_allow_origin",
+        ("--cors-allow-origin",),
+        _parse_names,
+        "browser origins allowed to call the API (CORS, preflight answered); default: CORS off; env: comma-separated",
+        kind="names",
+        metavar="ORIGIN",
+    ),
+    Option(
+        "header_timeout_s",
+        ("--header-timeout-s",),
+        float,
+        "seconds a connection may take to send a request's head (default 10)",
+        metavar="S",
+    ),
+    Option(
+        "body_timeout_s",
+        ("--body-timeout-s",),
+        float,
+        "seconds a request's body may take to arrive after its head (default 60)",
+        metavar="S",
+    ),
+    Option(
+        "keep_alive_timeout_s",
+        ("--keep-alive-timeout-s",),
+        float,
+        "seconds an idle keep-alive connection stays open (default 5)",
+        metavar="S",
+    ),
+    Option(
+        "max_connections",
+        ("--max-connections",),
+        int,
+        "open connections; more are answered 503 and closed (default 256)",
+        metavar="N",
+    ),
+    Option(
+        "ssl_certfile",
+        ("--ssl-certfile",),
+        str,
+        "TLS certificate chain (PEM); with --ssl-keyfile the server speaks https",
+        metavar="PATH",
+    ),
+    Option(
+        "ssl_keyfile",
+        ("--ssl-keyfile",),
+        str,
+        "TLS private key (PEM) of --ssl-certfile",
+        metavar="PATH",
     ),
 )
 

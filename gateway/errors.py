@@ -77,6 +77,32 @@ def body_too_large(limit: int) -> APIError:
     return APIError(413, f"Request body exceeds the limit of {limit} bytes", code="request_too_large")
 
 
+def unsupported_media_type(got: str | None) -> APIError:
+    return APIError(
+        415,
+        f"Content-Type must be application/json (got {got or 'none'})",
+        code="unsupported_media_type",
+    )
+
+
+class BodyTimeout(APIError):
+    """The request body did not arrive within --body-timeout-s of its head (raised by the
+    receive() that `http_guard.HTTPGuard` hands the app). The connection is closed after the 408."""
+
+    def __init__(self, timeout_s: float):
+        super().__init__(
+            408,
+            f"The request body did not arrive within {timeout_s:g}s",
+            code="request_timeout",
+            headers={"Connection": "close"},
+        )
+
+
+def client_closed() -> APIError:
+    """What a request whose client left is answered (nobody reads it; uvicorn drops it)."""
+    return APIError(499, "client closed the request", code="client_closed_request")
+
+
 def queue_full(retry_after_s: float) -> APIError:
     seconds = max(1, int(retry_after_s + 0.999))
     return APIError(

@@ -46,6 +46,8 @@ def test_every_flag_and_variable_is_documented():
 def _shown(value: object) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
+    if value == ():  # an empty list option: the feature is off
+        return "off"
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)

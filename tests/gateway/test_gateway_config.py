@@ -62,6 +62,10 @@ def test_every_option_has_an_env_var_that_parses() -> None:
             env[opt.env] = "100000"
         if opt.field == "kv_events_endpoint":
             env[opt.env] = "tcp://127.0.0.1:5557"
+        if opt.field == "cors_allow_origin":
+            env[opt.env] = "http://a.example, https://b.example:8443"
+        if opt.field in ("ssl_certfile", "ssl_keyfile"):
+            env.update({"SLOTSERVE_SSL_CERTFILE": "c.pem", "SLOTSERVE_SSL_KEYFILE": "k.pem"})
         c = config_from_args(None, environ=env)
         value = getattr(c, opt.field)
         assert value == opt.parse(env[opt.env]), opt.field
@@ -97,6 +101,12 @@ def test_bad_environment_value_fails_loudly(env: dict[str, str], fragment: str) 
         ({"kv_events_endpoint": "x"}, "--kv-events-endpoint"),
         ({"kv_events_endpoint": "http://127.0.0.1:5557"}, "--kv-events-endpoint"),
         ({"kv_events_endpoint": "tcp://127.0.0.1"}, "--kv-events-endpoint"),
+        ({"ssl_certfile": "c.pem"}, "--ssl-keyfile"),
+        ({"ssl_keyfile": "k.pem"}, "--ssl-certfile"),
+        ({"header_timeout_s": 0}, "--header-timeout-s"),
+        ({"body_timeout_s": -1}, "--body-timeout-s"),
+        ({"keep_alive_timeout_s": 0}, "--keep-alive-timeout-s"),
+        ({"max_connections": 0}, "--max-connections"),
     ],
 )
 def test_out_of_range_values_name_the_flag(kwargs: dict, fragment: str) -> None:

@@ -12,6 +12,7 @@ from gateway_support import MODEL, chat_body, make_runtime, running_app, serve_c
 from slotserve.gateway.app import create_app
 
 USER = {"role": "user", "content": "hello"}
+JSON = {"content-type": "application/json"}
 
 
 def assert_error(
@@ -101,7 +102,7 @@ def make_app(**config: Any) -> tuple[Any, Any, Any]:
 async def test_bad_chat_bodies_are_400(body: bytes, param: str | None) -> None:
     app, _, _ = make_app()
     async with running_app(app) as client:
-        r = await client.post("/v1/chat/completions", content=body)
+        r = await client.post("/v1/chat/completions", content=body, headers=JSON)
     err = assert_error(r, 400)
     assert err["type"] == "invalid_request_error"
     if param is not None:
@@ -197,7 +198,7 @@ async def test_body_past_the_limit_is_413() -> None:
 
     async with running_app(app) as client:
         declared = await client.post("/v1/chat/completions", json=big)
-        streamed = await client.post("/v1/chat/completions", content=chunked())
+        streamed = await client.post("/v1/chat/completions", content=chunked(), headers=JSON)
     assert_error(declared, 413, code="request_too_large")
     assert_error(streamed, 413, code="request_too_large")
 
@@ -210,8 +211,8 @@ async def test_deeply_nested_body_is_400_not_500() -> None:
     comp = b'{"prompt": "x", "prediction": ' + nested + b"}"
     app, _, _ = make_app()
     async with running_app(app) as client:
-        r_chat = await client.post("/v1/chat/completions", content=chat)
-        r_comp = await client.post("/v1/completions", content=comp)
+        r_chat = await client.post("/v1/chat/completions", content=chat, headers=JSON)
+        r_comp = await client.post("/v1/completions", content=comp, headers=JSON)
     assert_error(r_chat, 400, code="invalid_json")
     assert_error(r_comp, 400, code="invalid_json")
 

@@ -111,6 +111,9 @@ def client() -> Iterator[TestClient]:
         yield c
 
 
+JSON = {"content-type": "application/json"}
+
+
 def check(r: Any) -> None:
     assert r.status_code < 500, (r.status_code, r.text)
     if r.status_code >= 400:
@@ -134,19 +137,19 @@ FUZZ = settings(
 @FUZZ
 @given(body=chat_bodies)
 def test_fuzz_chat(client: TestClient, body: dict[str, Any]) -> None:
-    check(client.post("/v1/chat/completions", content=json.dumps(body)))
+    check(client.post("/v1/chat/completions", content=json.dumps(body), headers=JSON))
 
 
 @FUZZ
 @given(body=completion_bodies)
 def test_fuzz_completions(client: TestClient, body: dict[str, Any]) -> None:
-    check(client.post("/v1/completions", content=json.dumps(body)))
+    check(client.post("/v1/completions", content=json.dumps(body), headers=JSON))
 
 
 @FUZZ
 @given(body=tokenize_bodies, path=st.sampled_from(["/tokenize", "/detokenize"]))
 def test_fuzz_tokenize(client: TestClient, body: dict[str, Any], path: str) -> None:
-    check(client.post(path, content=json.dumps(body)))
+    check(client.post(path, content=json.dumps(body), headers=JSON))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -155,4 +158,4 @@ def test_fuzz_tokenize(client: TestClient, body: dict[str, Any], path: str) -> N
     path=st.sampled_from(["/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"]),
 )
 def test_fuzz_raw_bytes(client: TestClient, raw: bytes, path: str) -> None:
-    check(client.post(path, content=raw))
+    check(client.post(path, content=raw, headers=JSON))

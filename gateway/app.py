@@ -40,12 +40,12 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from ..scheduler.request import Draining, GenerationRequest, PromptTooLong, QueueFull
-from ..scheduler.stats import SchedulerStats, StatsSink
+from ..scheduler.stats import Outcome, SchedulerStats, StatsSink
 from . import anthropic_api, responses_api, router_compat, translate
 from . import protocol as p
 from .config import ServeConfig
@@ -53,6 +53,7 @@ from .errors import (
     APIError,
     bad_request,
     body_too_large,
+    client_closed,
     draining,
     error_response,
     from_decode_error,
@@ -63,6 +64,7 @@ from .errors import (
     unauthorized,
     unsupported_media_type,
 )
+from .http_guard import HTTPGuard, mark_accounted
 from .runtime import PromptError, Runtime
 from .streaming import (
     ChoiceGroup,
@@ -88,6 +90,9 @@ class MetricsExporter(Protocol):
     def sink(self) -> StatsSink: ...
 
     def render(self, snapshot: SchedulerStats | None = None) -> tuple[bytes, str]: ...
+
+    def on_gateway_request(self, outcome: Outcome) -> None:
+        """Count a request that ended in the gateway, before the scheduler (http_guard.py)."""
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -165,6 +170,7 @@ class Gateway:
     def submit(self, gen: GenerationRequest, prompt_param: str) -> Any:
         """Hand `gen` to the scheduler; admission errors become 429/400/503 (`prompt_param`
         names the request field that held the prompt)."""
+        mark_accounted()  # the scheduler counts every request it sees, admitted or refused...
         try:
             return self.runtime.scheduler.submit(gen)
         except QueueFull as exc:
@@ -177,6 +183,7 @@ class Gateway:
                 code="context_length_exceeded",
             ) from None
         except Draining:
+            mark_accounted(False)  # ...but one refused while draining: HTTPGuard counts that
             raise draining() from None
         except ValueError as exc:  # the scheduler's own validation of the request
             raise bad_request(str(exc)) from None
@@ -218,6 +225,9 @@ class Gateway:
                 return await handler(self, request)
             except APIError as err:
                 return render_error(err)
+            except ClientDisconnect:  # gone while its body was read: not an error of ours
+                log.debug("client disconnected during the body of %s %s", request.method, request.url.path)
+                return render_error(client_closed())  # counted by HTTPGuard; nobody reads it
             except Exception:
                 log.exception("unhandled error in %s %s", request.method, request.url.path)
                 return render_error(internal_error())
@@ -379,6 +389,7 @@ async def health(gw: Gateway, request: Request) -> Response:
 
 
 async def ready(gw: Gateway, request: Request) -> Response:
+    mark_accounted()  # a 503 here answers a probe; it refuses no work
     if not gw.is_serving:
         raise not_ready("the model is not loaded yet")
     if gw.is_draining():
@@ -451,9 +462,10 @@ def create_app(runtime: Runtime, config: ServeConfig, *, metrics: MetricsExporte
             for close in runtime.closers:
                 close()
 
-    middleware = []
-    if config.cors_allow_origin:
-        middleware.append(cors_middleware(config.cors_allow_origin))
+    middleware = [] if not config.cors_allow_origin else [cors_middleware(config.cors_allow_origin)]
+    middleware.append(
+        Middleware(HTTPGuard, body_timeout_s=config.body_timeout_s, count=gw.metrics.on_gateway_request)
+    )
     app = Starlette(
         routes=routes,
         middleware=middleware,

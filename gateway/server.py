@@ -32,6 +32,7 @@ from typing import Any
 import uvicorn
 
 from .config import ServeConfig
+from .transport import protocol_class
 
 log = logging.getLogger("slotserve.gateway")
 
@@ -134,6 +135,8 @@ class DrainingServer(uvicorn.Server):
 
 
 def uvicorn_config(app: Any, config: ServeConfig) -> uvicorn.Config:
+    """uvicorn's Config for `app`: slotserve's h11 protocol (header deadline, connection cap:
+    transport.py), the keep-alive timeout and TLS from `config`."""
     return uvicorn.Config(
         app,
         host=config.host,
@@ -142,7 +145,29 @@ def uvicorn_config(app: Any, config: ServeConfig) -> uvicorn.Config:
         lifespan="on",
         timeout_graceful_shutdown=5,  # backstop only: the drain has already finished requests
         server_header=False,
+        http=protocol_class(header_timeout_s=config.header_timeout_s, max_connections=config.max_connections),
+        timeout_keep_alive=config.keep_alive_timeout_s,  # type: ignore[arg-type]  # float works
+        ssl_certfile=config.ssl_certfile,
+        ssl_keyfile=config.ssl_keyfile,
     )
+
+
+def check_tls_files(config: ServeConfig) -> None:
+    """Load --ssl-certfile/--ssl-keyfile once before the model, so a bad path or a key that
+    does not match fails at once with a ValueError naming the flags (not a traceback later)."""
+    if not config.is_tls:
+        return
+    import ssl
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+            config.ssl_certfile, config.ssl_keyfile
+        )
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(
+            f"--ssl-certfile {config.ssl_certfile} / --ssl-keyfile {config.ssl_keyfile}: "
+            f"cannot load the certificate and key ({exc})"
+        ) from None
 
 
 def summary_line(runtime: Any, config: ServeConfig) -> str:
@@ -174,6 +199,11 @@ def serve(config: ServeConfig) -> int:
         level=logging.DEBUG if config.log_level == "trace" else config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    try:
+        check_tls_files(config)
+    except ValueError as exc:
+        print(f"slotserve serve: {exc}", file=sys.stderr)
+        return 2
     model = open_served_model(config)
     metrics = server_metrics(model.model_names[0])
     runtime = build_runtime(config, model, stats_sink=metrics.sink)

@@ -49,6 +49,18 @@ def rule_label(rule: CaptureRule | None) -> str:
     return rule.value if rule is not None else UNKNOWN_RULE
 
 
+class Stage(str, enum.Enum):
+    """Where a request ended (`slotserve_requests_total{stage}`)."""
+
+    SCHEDULER = "scheduler"  # the scheduler saw it: admitted, or refused at submit
+    GATEWAY = "gateway"  # it ended before: no route, no key, bad or slow body, client gone, draining
+
+
+# Requests that ended in the gateway before the scheduler saw them (gateway/http_guard.py):
+# cancelled = client gone during its body, timeout = body past --body-timeout-s (408),
+# rejected = any other 4xx or a 503, error = another 5xx.
+GATEWAY_OUTCOMES = (Outcome.CANCELLED, Outcome.TIMEOUT, Outcome.REJECTED, Outcome.ERROR)
+
 # ---------------------------------------------------------------- buckets (seconds unless noted)
 # Sized for a CPU server: a long cold prefill on a big model takes minutes, a small model's
 # decode step a few milliseconds.
@@ -114,8 +126,14 @@ class PushedMetrics:
             return Histogram(name, doc, labels, registry=registry, buckets=buckets)
 
         # -- requests and tokens (one update per finished request)
-        requests = counter("slotserve_requests_total", "Finished requests by outcome.", ("outcome",))
-        self.requests = {o: requests.labels(o.value) for o in Outcome}
+        requests = counter(
+            "slotserve_requests_total",
+            "Finished requests by outcome, and by the stage they ended in: the scheduler, or the "
+            "gateway before it (no route, no key, bad body, client gone, draining).",
+            ("outcome", "stage"),
+        )
+        self.requests = {o: requests.labels(o.value, Stage.SCHEDULER.value) for o in Outcome}
+        self.gateway_requests = {o: requests.labels(o.value, Stage.GATEWAY.value) for o in GATEWAY_OUTCOMES}
         reuse_requests = counter(
             "slotserve_reuse_requests_total",
             "Requests that reached a slot, by where their reused prefix came from "

@@ -27,7 +27,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from slotserve.scheduler.stats import SchedulerStats, StatsSink
+from slotserve.scheduler.stats import Outcome, SchedulerStats, StatsSink
 
 from .definitions import PushedMetrics
 from .levels import FamilyMaker, LevelCollector, StatsSource
@@ -81,6 +81,16 @@ class ServerMetrics:
     def sink(self) -> StatsSink:
         """The StatsSink to hand the scheduler; safe to call from any thread."""
         return self._sink
+
+    def on_gateway_request(self, outcome: Outcome) -> None:
+        """Count a request that ended in the gateway before reaching the scheduler;
+        `outcome` is one of `definitions.GATEWAY_OUTCOMES` (ValueError otherwise)."""
+        counter = self.pushed.gateway_requests.get(outcome)
+        if counter is None:
+            raise ValueError(
+                f"gateway outcome {outcome!r} is not one of {list(self.pushed.gateway_requests)}"
+            )
+        counter.inc()
 
     def bind(self, source: StatsSource | None) -> None:
         """Read levels from `source()` (normally `sched.stats`) at each scrape; None unbinds."""

@@ -80,7 +80,9 @@ def test_unbound_or_failing_source_drops_levels_but_scrape_answers():
     samples = scrape(m)
     assert samples[("slotserve_stats_up", ())] == 0
     assert not any(name == "slotserve_queue_depth" for name, _ in samples)
-    assert samples[("slotserve_requests_total", (("outcome", "ok"),))] == 0  # pushed metrics still there
+    assert (
+        samples[("slotserve_requests_total", (("outcome", "ok"), ("stage", "scheduler")))] == 0
+    )  # pushed metrics still there
 
     def broken() -> SchedulerStats:
         raise RuntimeError("scheduler gone")

@@ -60,7 +60,7 @@ def test_multi_turn_reuse_counts():
     m.sink.on_request(make_request(prompt=200, reused=96, source=ReuseSource.CHECKPOINT_MEMORY))
     m.sink.on_request(make_request(prompt=220, reused=150, source=ReuseSource.COPY))
 
-    assert value(m, "slotserve_requests_total", outcome="ok") == 4
+    assert value(m, "slotserve_requests_total", outcome="ok", stage="scheduler") == 4
     assert value(m, "slotserve_reuse_requests_total", source="none") == 1
     assert value(m, "slotserve_reuse_requests_total", source="rewind") == 1
     assert value(m, "slotserve_reuse_requests_total", source="checkpoint_memory") == 1
@@ -101,8 +101,8 @@ def test_requests_without_a_slot_do_not_dilute_reuse():
         make_request(Outcome.REJECTED, prompt=900, prefilled=0, completion=0, queue_s=None, ttft_s=None)
     )
 
-    assert value(m, "slotserve_requests_total", outcome="cancelled") == 1
-    assert value(m, "slotserve_requests_total", outcome="rejected") == 1
+    assert value(m, "slotserve_requests_total", outcome="cancelled", stage="scheduler") == 1
+    assert value(m, "slotserve_requests_total", outcome="rejected", stage="scheduler") == 1
     assert value(m, "slotserve_reuse_requests_total", source="none") == 0
     assert value(m, "slotserve_reuse_requests_total", source="rewind") == 1
     assert value(m, "slotserve_prompt_tokens_total") == 80
@@ -177,7 +177,7 @@ def test_contract_breach_raises_when_strict_and_is_counted_otherwise(feed, caplo
     body = lenient.render()[0].decode()
     dropped = [line for line in body.splitlines() if line.startswith("slotserve_stats_dropped_total{")]
     assert sum(float(line.split()[-1]) for line in dropped) == 2
-    assert value(lenient, "slotserve_requests_total", outcome="ok") == 0
+    assert value(lenient, "slotserve_requests_total", outcome="ok", stage="scheduler") == 0
     assert len([r for r in caplog.records if "dropping" in r.getMessage()]) == 1  # logged once
 
 
@@ -195,7 +195,7 @@ def test_sink_is_thread_safe():
         t.start()
     for t in threads:
         t.join()
-    assert value(m, "slotserve_requests_total", outcome="ok") == 4 * per_thread
+    assert value(m, "slotserve_requests_total", outcome="ok", stage="scheduler") == 4 * per_thread
     assert value(m, "slotserve_reused_tokens_total", source="rewind") == 4 * 4 * per_thread
     assert value(m, "slotserve_inter_token_latency_seconds_count") == 4 * per_thread
     assert value(m, "slotserve_engine_tokens_total", phase="decode") == 4 * per_thread

@@ -13,14 +13,28 @@ not the data) is rebuilt by that thread after a restart by reading each file's h
 within the space budget uses the files' mtimes, refreshed on every load. A file with a bad
 header, another fingerprint or a bad checksum is removed and never handed to the pool. An
 unwritable or full directory logs one warning and serving goes on without the disk tier's help.
+
+The sibling folders of `<dir>/<model-id>/` hold the checkpoints of other models or KV layouts
+(another model file, kernel variant or context layout served from the same directory before).
+They are useless to this pool but take disk: the IO thread finds them at start (only
+`<16 hex digits>/*.kvc` files that start with the magic, and temporary files of a writer
+that died; nothing else under the directory is touched), counts their bytes against the budget,
+and removes them oldest first whenever the budget is exceeded, before any checkpoint of this
+pool. Each removal logs one line naming the folders and what was freed.
+
+    <dir>/                      --kv-disk-dir: budget = this pool's files + the foreign files
+      3f2a9c0d1e5b7a64/         this pool (model-id): LRU by mtime
+      b81c02d9e4f6a713/         another model or layout: removed first, oldest first
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import queue
+import re
 import struct
 import threading
 import time
@@ -82,12 +96,40 @@ def _read_header(f, fp_digest: bytes) -> tuple[np.ndarray, str, int, bytes]:
     return np.frombuffer(tok_raw, dtype=np.int32).copy(), rule, data_len, checksum
 
 
+@dataclass(frozen=True, slots=True)
+class ForeignFile:
+    """A checkpoint file (or a dead writer's temporary file) of another model or KV layout."""
+
+    path: Path
+    num_bytes: int
+    mtime: float
+
+
+_MODEL_DIR = re.compile(r"[0-9a-f]{16}")  # a model-id folder name
+
+
+def _is_checkpoint_file(path: Path) -> bool:
+    """Whether `path` is a file slotserve wrote: a checkpoint (by its magic) or a temp file."""
+    if path.name.startswith(".") and path.name.endswith(".tmp"):
+        return path.is_file()
+    if path.suffix != _SUFFIX or not path.is_file():
+        return False
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(_MAGIC)) == _MAGIC
+    except OSError:
+        return False
+
+
 class DiskCheckpointStore:
     def __init__(self, root: str | os.PathLike, space_bytes: int, fingerprint: str) -> None:
         self._fp_digest = hashlib.sha256(fingerprint.encode()).digest()
-        self.dir = Path(root) / self._fp_digest.hex()[:16]
+        self.root = Path(root)
+        self.dir = self.root / self._fp_digest.hex()[:16]
         self.space_bytes = space_bytes
-        self.bytes_used = 0
+        self.bytes_used = 0  # this pool's files
+        self.foreign_bytes = 0  # other models' and layouts' files (IO thread writes, others read)
+        self._foreign: list[ForeignFile] = []  # oldest first; owned by the IO thread
         self.on_event: EventCallback | None = None
         self._entries: dict[str, DiskEntry] = {}
         self._by_head: dict[tuple[int, bytes], set[str]] = {}
@@ -180,7 +222,66 @@ class DiskCheckpointStore:
             )
         for tmp in self.dir.glob(".*.tmp"):
             tmp.unlink(missing_ok=True)
+        self._scan_foreign()
+        self._make_room(0)  # the budget may have shrunk, or foreign files exceed it
         self.index_ready.set()
+
+    def _scan_foreign(self) -> None:
+        """Find the checkpoint files of other models and layouts beside `self.dir` (IO thread)."""
+        found: list[ForeignFile] = []
+        try:
+            folders = [d for d in self.root.iterdir() if d != self.dir and _MODEL_DIR.fullmatch(d.name)]
+            for folder in folders:
+                if not folder.is_dir():
+                    continue
+                for path in folder.iterdir():
+                    if _is_checkpoint_file(path):
+                        st = path.stat()
+                        found.append(ForeignFile(path, st.st_size, st.st_mtime))
+        except OSError as exc:
+            log.warning("cannot list %s for other models' checkpoints: %s", self.root, exc)
+        found.sort(key=lambda f: f.mtime)
+        self._foreign = found
+        self.foreign_bytes = sum(f.num_bytes for f in found)
+        if found:
+            log.info(
+                "KV disk directory %s: %d checkpoint files (%.1f MiB) of other models or KV layouts "
+                "count against --kv-disk-space-mb (%.1f MiB); they are removed first, oldest first, "
+                "when it is exceeded",
+                self.root,
+                len(found),
+                self.foreign_bytes / 2**20,
+                self.space_bytes / 2**20,
+            )
+
+    def _remove_foreign(self, size: int) -> None:
+        """Remove foreign files, oldest first, until `size` more bytes fit the budget (IO thread)."""
+        removed: dict[str, list[int]] = {}  # folder name -> [files, bytes]
+        while self._foreign and self.bytes_used + self.foreign_bytes + size > self.space_bytes:
+            f = self._foreign.pop(0)
+            self.foreign_bytes -= f.num_bytes
+            try:
+                f.path.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                log.warning("cannot remove %s: %s", f.path, exc)
+                continue
+            tally = removed.setdefault(f.path.parent.name, [0, 0])
+            tally[0] += 1
+            tally[1] += f.num_bytes
+            self._emit("drop", "", f.num_bytes, 0)
+        if not removed:
+            return
+        for name in removed:
+            with contextlib.suppress(OSError):
+                (self.root / name).rmdir()  # only if now empty
+        log.info(
+            "removed checkpoints of other models or KV layouts from %s, oldest first, to fit "
+            "--kv-disk-space-mb: %s",
+            self.root,
+            ", ".join(f"{name}/ {n} files ({b / 2**20:.1f} MiB)" for name, (n, b) in removed.items()),
+        )
 
     def _index_add(self, e: DiskEntry) -> None:
         with self._lock:
@@ -302,9 +403,11 @@ class DiskCheckpointStore:
         self._emit("capture", rule, size, int(tokens.shape[0]))
 
     def _make_room(self, size: int) -> None:
+        """Free room for `size` bytes: foreign files first, then this pool's LRU (IO thread)."""
+        self._remove_foreign(size)
         while True:
             with self._lock:
-                if self.bytes_used + size <= self.space_bytes or not self._entries:
+                if self.bytes_used + self.foreign_bytes + size <= self.space_bytes or not self._entries:
                     return
                 victim = min(self._entries.values(), key=lambda e: e.last_used)
             self._index_remove(victim.key)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 # Types in the order of the table; block types' f16 scale offsets inside a block.
-TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16")
+TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16")
 _F16_AT = {
     "Q4_0": (0,),
     "Q4_1": (0, 2),
@@ -32,6 +32,8 @@ _F16_AT = {
     "Q4_K": (0, 2),
     "Q5_K": (0, 2),
     "Q6_K": (208,),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
 }
 ROWS = (1, 4, 64)
 CHECK_RTOL = 1e-5  # |variant - reference| <= CHECK_RTOL * max|reference| on the check matrix

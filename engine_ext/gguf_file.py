@@ -49,6 +49,8 @@ SUPPORTED_TYPES: frozenset[int] = frozenset(
         GGMLQuantizationType.Q8_0,
         GGMLQuantizationType.Q5_0,
         GGMLQuantizationType.Q5_1,
+        GGMLQuantizationType.Q2_K,
+        GGMLQuantizationType.Q3_K,
         GGMLQuantizationType.Q4_K,
         GGMLQuantizationType.Q5_K,
         GGMLQuantizationType.Q6_K,

@@ -11,6 +11,8 @@ cdef extern from "kernels.h" nogil:
         GGML_TYPE_Q8_0
         GGML_TYPE_Q5_0
         GGML_TYPE_Q5_1
+        GGML_TYPE_Q2_K
+        GGML_TYPE_Q3_K
         GGML_TYPE_Q4_K
         GGML_TYPE_Q5_K
         GGML_TYPE_Q6_K

@@ -11,7 +11,7 @@ F32 norms, and a real gpt2-style byte-level BPE tokenizer with a ChatML chat tem
 n_vocab = 259 + len(TINY_MERGES) = 299: not a multiple of 8, so vocab loops hit SIMD tails.
 Variants for load errors: `write_wrong_arch` and `write_unsupported_type`.
 
-gguf.quants cannot quantize the K-quants (Q4_K, Q5_K, Q6_K), so weights of those types are
+gguf.quants cannot quantize the K-quants (Q2_K .. Q6_K), so weights of those types are
 random valid blocks (`random_blocks`: random quant and scale bytes, f16 super-block scales set
 so the dequantized values have the wanted spread); the reference dequantizes them with
 gguf.quants like any other type. A mix (`WEIGHT_MIXES`) gives each kind of tensor its own type,
@@ -40,22 +40,24 @@ WEIGHT_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")
 # Types gguf.quants quantizes from the float weights (beside WEIGHT_TYPES).
 MORE_WEIGHT_TYPES = ("BF16", "Q5_0", "Q5_1")
 # Types written as random valid blocks (row length a multiple of 256).
-K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
+K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
-# Per kind of tensor (the name's suffix before ".weight"); "*" covers the rest.
+# Per tensor (its name without ".weight") or kind of tensor (the name's last part); "*" covers
+# the rest.
 WEIGHT_MIXES: dict[str, dict[str, str]] = {
-    # llama-quantize Q4_K_M's mix (Q4_K, Q6_K for attn_v / ffn_down / embeddings), plus every
-    # other block type once so one model exercises them all.
+    # llama-quantize Q4_K_M's mix (Q4_K; Q6_K for ffn_down and the embeddings), with every other
+    # block type somewhere so one model exercises them all.
     "K_MIX": {
         "token_embd": "Q6_K",
         "attn_q": "Q4_K",
         "attn_k": "Q5_K",
-        "attn_v": "Q6_K",
+        "attn_v": "Q3_K",
         "attn_output": "Q5_0",
-        "ffn_gate": "Q4_K",
+        "ffn_gate": "Q2_K",
         "ffn_up": "Q5_1",
         "ffn_down": "Q6_K",
-        "output": "Q8_0",
+        "blk.1.ffn_down": "Q8_0",
+        "output": "Q4_K",
     },
 }
 
@@ -63,13 +65,15 @@ WEIGHT_MIXES: dict[str, dict[str, str]] = {
 K_DIMS: dict[str, int] = {"dim": 256, "ffn_dim": 512}
 
 # Byte offsets of the f16 scales in one block, and the f16 dmin/min as a multiple of d that
-# centres the values near 0 (Q4_K: q mean 7.5, sc ~ m; Q5_K: q mean 15.5; Q5_1: d*q + m).
+# centres the values near 0 (Q4_K: q mean 7.5, sc ~ m; Q5_K: q mean 15.5; Q2_K: q mean 1.5; Q5_1: d*q + m).
 _F16_FIELDS = {
     "Q5_0": (0, None, 0.0),
     "Q5_1": (0, 2, -15.5),
     "Q4_K": (0, 2, 7.5),
     "Q5_K": (0, 2, 15.5),
     "Q6_K": (208, None, 0.0),
+    "Q2_K": (80, 82, 1.5),
+    "Q3_K": (108, None, 0.0),
 }
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -216,7 +220,7 @@ def write_tiny_llama(
             return default
         if mix is None:
             return weight_type
-        return mix.get(kind, mix.get("*", "Q8_0"))
+        return mix.get(name.removesuffix(".weight"), mix.get(kind, mix.get("*", "Q8_0")))
 
     w = GGUFWriter(path, architecture)
     w.add_name(f"tiny-llama-{weight_type}")

@@ -13,6 +13,8 @@ size_t ggml_row_bytes(int type, int k) {
     case GGML_TYPE_Q4_1: return (size_t)(k / QK) * sizeof(block_q4_1);
     case GGML_TYPE_Q5_0: return (size_t)(k / QK) * sizeof(block_q5_0);
     case GGML_TYPE_Q5_1: return (size_t)(k / QK) * sizeof(block_q5_1);
+    case GGML_TYPE_Q2_K: return (size_t)(k / QK_K) * sizeof(block_q2_K);
+    case GGML_TYPE_Q3_K: return (size_t)(k / QK_K) * sizeof(block_q3_K);
     case GGML_TYPE_Q4_K: return (size_t)(k / QK_K) * sizeof(block_q4_K);
     case GGML_TYPE_Q5_K: return (size_t)(k / QK_K) * sizeof(block_q5_K);
     case GGML_TYPE_Q6_K: return (size_t)(k / QK_K) * sizeof(block_q6_K);

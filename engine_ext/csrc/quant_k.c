@@ -23,6 +23,8 @@ int ggml_block_elems(int type) {
     case GGML_TYPE_Q5_0:
     case GGML_TYPE_Q5_1:
     case GGML_TYPE_Q8_0: return QK;
+    case GGML_TYPE_Q2_K:
+    case GGML_TYPE_Q3_K:
     case GGML_TYPE_Q4_K:
     case GGML_TYPE_Q5_K:
     case GGML_TYPE_Q6_K: return QK_K;
@@ -61,6 +63,32 @@ static void k4_pack_scales(uint8_t *s, const uint8_t *sc, const uint8_t *m) {
         s[j + 4] = (uint8_t)((m[j] & 63) | ((m[j + 4] >> 4) << 6));
         s[j + 8] = (uint8_t)((sc[j + 4] & 15) | ((m[j + 4] & 15) << 4));
     }
+}
+
+/* Scale i (of 16) of Q3_K, 6 bits, from the 12 packed bytes: low 4 bits in scales[i % 8]
+ * (i < 8: low nibble, else high), high 2 bits at 2 * (i / 4) of scales[8 + i % 4]. 0..63. */
+static inline int k3_scale(const uint8_t *s, int i) {
+    int lo = i < 8 ? s[i] & 15 : s[i - 8] >> 4;
+    return lo | ((s[8 + i % 4] >> (2 * (i / 4))) & 3) << 4;
+}
+
+static void k3_pack_scales(uint8_t *s, const uint8_t *u) {
+    for (int i = 0; i < 8; i++) s[i] = (uint8_t)((u[i] & 15) | ((u[i + 8] & 15) << 4));
+    for (int c = 0; c < 4; c++) {
+        s[8 + c] = 0;
+        for (int g = 0; g < 4; g++) s[8 + c] |= (uint8_t)(((u[4 * g + c] >> 4) & 3) << (2 * g));
+    }
+}
+
+/* Quants of a Q2_K (hmask NULL: 0..3) or Q3_K (-4..3) super-block: q[256] in element order. */
+static void k2_quants(int *q, const uint8_t *qs, const uint8_t *hmask) {
+    for (int n = 0; n < 2; n++)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 32; l++) {
+                int v = (qs[32 * n + l] >> (2 * j)) & 3;
+                if (hmask) v -= ((hmask[l] >> (4 * n + j)) & 1) ? 0 : 4;
+                q[128 * n + 32 * j + l] = v;
+            }
 }
 
 /* 5-bit value of element j of a Q5_0/Q5_1 block (0..31). */
@@ -145,6 +173,29 @@ void dequantize_row_q5_K_generic(float *y, const void *x, int k) {
         dequantize_k4(y + b * QK_K, blk[b].d, blk[b].dmin, blk[b].scales, blk[b].qs, blk[b].qh);
 }
 
+void dequantize_row_q2_K_generic(float *y, const void *x, int k) {
+    const block_q2_K *blk = (const block_q2_K *)x;
+    int q[QK_K];
+    for (int b = 0; b < k / QK_K; b++) {
+        k2_quants(q, blk[b].qs, NULL);
+        const float d = fp16_to_f32(blk[b].d), dmin = fp16_to_f32(blk[b].dmin);
+        for (int i = 0; i < QK_K; i++) {
+            const int sm = blk[b].scales[i / 16];
+            y[b * QK_K + i] = d * (float)(sm & 15) * (float)q[i] - dmin * (float)(sm >> 4);
+        }
+    }
+}
+
+void dequantize_row_q3_K_generic(float *y, const void *x, int k) {
+    const block_q3_K *blk = (const block_q3_K *)x;
+    int q[QK_K];
+    for (int b = 0; b < k / QK_K; b++) {
+        k2_quants(q, blk[b].qs, blk[b].hmask);
+        const float d = fp16_to_f32(blk[b].d);
+        for (int i = 0; i < QK_K; i++) y[b * QK_K + i] = d * (float)(k3_scale(blk[b].scales, i / 16) - 32) * (float)q[i];
+    }
+}
+
 void dequantize_row_q6_K_generic(float *y, const void *x, int k) {
     const block_q6_K *blk = (const block_q6_K *)x;
     int q[QK_K];
@@ -188,6 +239,8 @@ size_t x8_bytes_k(int type, int n_in, int n_out) {
     switch (type) {
     case GGML_TYPE_Q5_0: return groups * (size_t)(n_in / QK) * sizeof(block_q5_0x8);
     case GGML_TYPE_Q5_1: return groups * (size_t)(n_in / QK) * sizeof(block_q5_1x8);
+    case GGML_TYPE_Q2_K: return groups * (size_t)(n_in / QK_K) * sizeof(block_q2_Kx8);
+    case GGML_TYPE_Q3_K: return groups * (size_t)(n_in / QK_K) * sizeof(block_q3_Kx8);
     case GGML_TYPE_Q4_K: return groups * (size_t)(n_in / QK_K) * sizeof(block_q4_Kx8);
     case GGML_TYPE_Q5_K: return groups * (size_t)(n_in / QK_K) * sizeof(block_q5_Kx8);
     case GGML_TYPE_Q6_K: return groups * (size_t)(n_in / QK_K) * sizeof(block_q6_Kx8);
@@ -265,6 +318,34 @@ static void convert_q6_K(block_q6_Kx8 *g, block_q6_K *b, int i, int to_x8) {
     }
 }
 
+static void convert_q2_K(block_q2_Kx8 *g, block_q2_K *b, int i, int to_x8) {
+    if (to_x8) {
+        g->d[i] = b->d, g->dmin[i] = b->dmin;
+        for (int j = 0; j < QK_K / 16; j++) g->scales[j][i] = b->scales[j];
+        put_runs(g->qs, b->qs, QK_K / 4, i);
+    } else {
+        b->d = g->d[i], b->dmin = g->dmin[i];
+        for (int j = 0; j < QK_K / 16; j++) b->scales[j] = g->scales[j][i];
+        get_runs(b->qs, g->qs, QK_K / 4, i);
+    }
+}
+
+static void convert_q3_K(block_q3_Kx8 *g, block_q3_K *b, int i, int to_x8) {
+    if (to_x8) {
+        g->d[i] = b->d;
+        for (int j = 0; j < QK_K / 16; j++) g->sc[j][i] = (int8_t)(k3_scale(b->scales, j) - 32);
+        put_runs(g->hmask, b->hmask, QK_K / 8, i);
+        put_runs(g->qs, b->qs, QK_K / 4, i);
+    } else {
+        b->d = g->d[i];
+        uint8_t u[QK_K / 16];
+        for (int j = 0; j < QK_K / 16; j++) u[j] = (uint8_t)(g->sc[j][i] + 32);
+        k3_pack_scales(b->scales, u);
+        get_runs(b->hmask, g->hmask, QK_K / 8, i);
+        get_runs(b->qs, g->qs, QK_K / 4, i);
+    }
+}
+
 void pack_x8_k(void *dst, const void *rows, int type, int n_in, int n_out) {
     const int nb = n_in / ggml_block_elems(type);
     const size_t row_bytes = ggml_row_bytes(type, n_in), group_bytes = x8_bytes_k(type, n_in, ROW_GROUP);
@@ -289,6 +370,16 @@ void pack_x8_k_part(void *dst, const void *rows, int type, int n_in, int n_rows,
             case GGML_TYPE_Q5_1: {
                 block_q5_1 t = ((const block_q5_1 *)src)[b];
                 convert_q5_1((block_q5_1x8 *)dst + at, &t, i, 1);
+                break;
+            }
+            case GGML_TYPE_Q2_K: {
+                block_q2_K t = ((const block_q2_K *)src)[b];
+                convert_q2_K((block_q2_Kx8 *)dst + at, &t, i, 1);
+                break;
+            }
+            case GGML_TYPE_Q3_K: {
+                block_q3_K t = ((const block_q3_K *)src)[b];
+                convert_q3_K((block_q3_Kx8 *)dst + at, &t, i, 1);
                 break;
             }
             case GGML_TYPE_Q4_K: {
@@ -331,6 +422,8 @@ DEFINE_FETCH(q5_1, QK)
 DEFINE_FETCH(q4_K, QK_K)
 DEFINE_FETCH(q5_K, QK_K)
 DEFINE_FETCH(q6_K, QK_K)
+DEFINE_FETCH(q2_K, QK_K)
+DEFINE_FETCH(q3_K, QK_K)
 
 /* ---- matmul ---------------------------------------------------------------------------------- */
 
@@ -463,4 +556,62 @@ void gemm_q6_K_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, 
             store(&y[(size_t)r * ldy + o], acc, accumulate);
         }
     }
+}
+
+/* Q2_K and Q3_K: per activation block b (sub-blocks 2j, 2j+1 of 16), in int:
+ *   isum = sc0 * dot16 + sc1 * dot16'      msum = m0 * sum16(aq) + m1 * sum16(aq)'   (Q2_K)
+ *   acc += d * ad * float(isum) - dmin * ad * float(msum) */
+static void gemm_k2_generic(int three, float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x,
+                            int n_rows, int accumulate) {
+    const int k = x->k, nb = k / QK, nsb = k / QK_K;
+    int q[QK_K];
+    for (int r = 0; r < n_rows; r++) {
+        const int8_t *aq = x->qs + (size_t)r * k;
+        const float *ad = x->d + (size_t)r * nb;
+        for (int o = o0; o < o1; o++) {
+            float acc = 0.0f;
+            for (int s = 0; s < nsb; s++) {
+                block_q2_K t2;
+                block_q3_K t3;
+                int sc[16], mn[16];
+                float d, dmin = 0.0f;
+                if (three) {
+                    const block_q3_K *blk = fetch_q3_K(w, o, s, &t3);
+                    k2_quants(q, blk->qs, blk->hmask);
+                    for (int i = 0; i < 16; i++) sc[i] = k3_scale(blk->scales, i) - 32, mn[i] = 0;
+                    d = fp16_to_f32(blk->d);
+                } else {
+                    const block_q2_K *blk = fetch_q2_K(w, o, s, &t2);
+                    k2_quants(q, blk->qs, NULL);
+                    for (int i = 0; i < 16; i++) sc[i] = blk->scales[i] & 15, mn[i] = blk->scales[i] >> 4;
+                    d = fp16_to_f32(blk->d), dmin = fp16_to_f32(blk->dmin);
+                }
+                for (int j = 0; j < QK_K / QK; j++) {
+                    const int b = s * (QK_K / QK) + j;
+                    int isum = 0, msum = 0;
+                    for (int h = 0; h < 2; h++) {
+                        int dot = 0, asum = 0;
+                        for (int l = 0; l < 16; l++) {
+                            dot += q[QK * j + 16 * h + l] * aq[b * QK + 16 * h + l];
+                            asum += aq[b * QK + 16 * h + l];
+                        }
+                        isum += sc[2 * j + h] * dot;
+                        msum += mn[2 * j + h] * asum;
+                    }
+                    acc += d * ad[b] * (float)isum - dmin * ad[b] * (float)msum;
+                }
+            }
+            store(&y[(size_t)r * ldy + o], acc, accumulate);
+        }
+    }
+}
+
+void gemm_q2_K_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x,
+                       int n_rows, int accumulate) {
+    gemm_k2_generic(0, y, ldy, w, o0, o1, x, n_rows, accumulate);
+}
+
+void gemm_q3_K_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x,
+                       int n_rows, int accumulate) {
+    gemm_k2_generic(1, y, ldy, w, o0, o1, x, n_rows, accumulate);
 }

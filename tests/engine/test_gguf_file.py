@@ -25,7 +25,21 @@ from slotserve.engine_ext.gguf_file import (
 
 def test_supported_types_are_the_engine_types():
     names = {GGMLQuantizationType(t).name for t in SUPPORTED_TYPES}
-    assert names == {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}
+    assert names == {
+        "F32",
+        "F16",
+        "BF16",
+        "Q4_0",
+        "Q4_1",
+        "Q5_0",
+        "Q5_1",
+        "Q8_0",
+        "Q2_K",
+        "Q3_K",
+        "Q4_K",
+        "Q5_K",
+        "Q6_K",
+    }
     # every one of them has kernels: the engine decodes a row of it
     from slotserve.engine_ext import _engine
 

@@ -1,4 +1,4 @@
-"""The kernels of the quant_k.h types (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, BF16): row decoding against
+"""The kernels of the quant_k.h types (Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16): row decoding against
 the gguf package's own dequantizers on random valid blocks, the portable matmul against float64
 NumPy, the AVX2 matmul against the portable one, and row independence; at sizes that hit SIMD
 tails, row-group tails (n_out not a multiple of 8) and several super-blocks."""
@@ -13,7 +13,7 @@ from gguf_fixtures import random_blocks
 from kernel_support import assert_close, dequantized_activations
 from slotserve.engine_ext import _engine
 
-K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
+K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 Q5_TYPES = ("Q5_0", "Q5_1")
 BLOCK_TYPES = K_TYPES + Q5_TYPES
 

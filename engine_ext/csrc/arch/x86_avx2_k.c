@@ -1,4 +1,4 @@
-/* AVX2/FMA/F16C variants of the quant_k.h kernels: Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, BF16.
+/* AVX2/FMA/F16C variants of the quant_k.h kernels: Q5_0, Q5_1, Q2_K .. Q6_K, BF16.
  *
  * Design: the block types run on row groups only (quant_k.h x8 layouts): lane i of every vector
  * is weight row 8g+i, so integer dot products land row by row in the lanes with no horizontal
@@ -10,7 +10,8 @@
  *   acc = fma(float(isum_b), d * ad_b, acc)        isum_b: integer dot product of activation
  *                                                  block b, sub-block scales applied in int32
  *   cor = fma(c_b, as_b, cor)                      (Q5_0: c = -16 d; Q5_1: m; Q4_K/Q5_K per
- *                                                  sub-block: cor -= dmin * m_j * as_b; Q6_K: none)
+ *                                                  sub-block: cor -= dmin * m_j * as_b; Q2_K:
+ *                                                  cor -= dmin * ad_b * msum_b; Q6_K, Q3_K: none)
  *   y = acc + cor
  * Integer sums stay within int16 between widenings: maddubs products of a 4-element run pair are
  * at most 2 * 15 * 127 (4-bit), 2 * 31 * 127 (5-bit) or 2 * 32 * 127 (Q6_K, signed by sign_epi8),
@@ -29,16 +30,18 @@
 #define TILE 4   /* activation rows per micro-kernel call */
 #define CHUNK 8  /* blocks per packing of rows outside whole groups */
 
-enum { KIND_Q5_0, KIND_Q5_1, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K };
+enum { KIND_Q5_0, KIND_Q5_1, KIND_Q4_K, KIND_Q5_K, KIND_Q6_K, KIND_Q2_K, KIND_Q3_K };
 
 static inline int kind_type(int kind) {
-    static const int types[] = {GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+    static const int types[] = {GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K,
+                                GGML_TYPE_Q6_K, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K};
     return types[kind];
 }
 
 static inline size_t kind_x8_bytes(int kind) {
     static const size_t bytes[] = {sizeof(block_q5_0x8), sizeof(block_q5_1x8), sizeof(block_q4_Kx8),
-                                   sizeof(block_q5_Kx8), sizeof(block_q6_Kx8)};
+                                   sizeof(block_q5_Kx8), sizeof(block_q6_Kx8), sizeof(block_q2_Kx8),
+                                   sizeof(block_q3_Kx8)};
     return bytes[kind];
 }
 
@@ -59,11 +62,15 @@ static inline __m256i bcast4(const int8_t *a) {
     return _mm256_set1_epi32(v);
 }
 
-/* Bit `bit` of every byte moved to bit 4 (the fifth bit of a 5-bit quant), other bits cleared. */
-static inline __m256i bit_to_4(__m256i v, int bit) {
-    __m256i s = bit <= 4 ? _mm256_sll_epi16(v, _mm_cvtsi32_si128(4 - bit)) : _mm256_srl_epi16(v, _mm_cvtsi32_si128(bit - 4));
-    return _mm256_and_si256(s, _mm256_set1_epi8(16));
+/* Bit `bit` of every byte moved to bit `to`, other bits cleared (a shift inside 16-bit lanes:
+ * bits crossing into the next byte are masked off). */
+static inline __m256i bit_to(__m256i v, int bit, int to) {
+    __m256i s = bit <= to ? _mm256_sll_epi16(v, _mm_cvtsi32_si128(to - bit)) : _mm256_srl_epi16(v, _mm_cvtsi32_si128(bit - to));
+    return _mm256_and_si256(s, _mm256_set1_epi8((char)(1 << to)));
 }
+
+/* Bit `bit` at bit 4: the fifth bit of a 5-bit quant. */
+static inline __m256i bit_to_4(__m256i v, int bit) { return bit_to(v, bit, 4); }
 
 /* ---- micro-kernels: one group of 8 weight rows, blocks [b0, b1), R activation rows -------------- */
 
@@ -224,10 +231,88 @@ static inline __attribute__((always_inline)) void tile_q6_K(const int R, const v
     }
 }
 
+/* Q2_K / Q3_K: super-blocks of 256 = 2 halves x 4 activation blocks x 2 sub-blocks of 16. The
+ * 2-bit quants of block b = 4n + j are bits 2j of the qs runs of half n; Q3_K's third bit is bit
+ * 4n + j of the hmask runs (clear: subtract 4), and its signed quants multiply by sign_epi8 as
+ * Q6_K's; Q2_K's mins need the activation's per-16 sums (as covers 32), summed here per row. */
+static inline __attribute__((always_inline)) void tile_k2(int kind, const int R, const void *blk0, int s0, int s1,
+                                                          const act_rows *x, int r0, __m256 *acc, __m256 *cor) {
+    const int k = x->k, nb = k / QK, three = kind == KIND_Q3_K;
+    const __m256i three8 = _mm256_set1_epi8(3), four8 = _mm256_set1_epi8(4);
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    for (int s = s0; s < s1; s++) {
+        const block_q2_Kx8 *b2 = (const block_q2_Kx8 *)blk0 + (s - s0);
+        const block_q3_Kx8 *b3 = (const block_q3_Kx8 *)blk0 + (s - s0);
+        const uint8_t *qs = three ? b3->qs : b2->qs;
+        const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(three ? b3->d : b2->d)));
+        const __m256 dmin8 = three ? d8 : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)b2->dmin));
+        for (int n = 0; n < 2; n++)
+            for (int j = 0; j < 4; j++) {
+                const int b = 4 * n + j;
+                const __m128i shift = _mm_cvtsi32_si128(2 * j);
+                __m256i isum[TILE];
+                for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
+                for (int h = 0; h < 2; h++) {
+                    __m256i scv;
+                    if (three) {
+                        scv = scale_pairs_i8(b3->sc[2 * b + h]);
+                    } else {
+                        __m256i v = _mm256_and_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b2->scales[2 * b + h])),
+                                                     _mm256_set1_epi32(15));
+                        scv = _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
+                    }
+                    __m256i p[TILE];
+                    for (int r = 0; r < R; r++) p[r] = _mm256_setzero_si256();
+                    for (int rr = 4 * h; rr < 4 * h + 4; rr++) {
+                        const __m256i vq = _mm256_loadu_si256((const __m256i *)(qs + 32 * (8 * n + rr)));
+                        __m256i q = _mm256_and_si256(_mm256_srl_epi16(vq, shift), three8);
+                        if (three) {
+                            const __m256i vh = _mm256_loadu_si256((const __m256i *)(b3->hmask + 32 * rr));
+                            q = _mm256_sub_epi8(_mm256_or_si256(q, bit_to(vh, 4 * n + j, 2)), four8);
+                            const __m256i qa = _mm256_sign_epi8(q, q);
+                            for (int r = 0; r < R; r++) {
+                                const int8_t *a = x->qs + (size_t)(r0 + r) * k + (size_t)s * QK_K + QK * b + 4 * rr;
+                                p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(qa, _mm256_sign_epi8(bcast4(a), q)));
+                                __asm__("" : "+x"(p[r]));
+                            }
+                        } else {
+                            for (int r = 0; r < R; r++) {
+                                const int8_t *a = x->qs + (size_t)(r0 + r) * k + (size_t)s * QK_K + QK * b + 4 * rr;
+                                p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(q, bcast4(a)));
+                                __asm__("" : "+x"(p[r]));
+                            }
+                        }
+                    }
+                    for (int r = 0; r < R; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p[r], scv));
+                }
+                for (int r = 0; r < R; r++) {
+                    const size_t rb = (size_t)(r0 + r) * nb + (size_t)s * 8 + b;
+                    const __m256 da = _mm256_set1_ps(x->d[rb]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d8, da), acc[r]);
+                    if (!three) {
+                        /* per-16 sums of the activation block: lanes 0-3 first half, 4-7 second */
+                        const __m256i a32 = _mm256_loadu_si256((const __m256i *)(x->qs + (size_t)(r0 + r) * k + (size_t)s * QK_K + QK * b));
+                        __m256i t = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, a32), ones16);
+                        t = _mm256_hadd_epi32(t, t);
+                        t = _mm256_hadd_epi32(t, t);
+                        const __m256i sa = _mm256_permutevar8x32_epi32(t, _mm256_setzero_si256());
+                        const __m256i sb = _mm256_permutevar8x32_epi32(t, _mm256_set1_epi32(4));
+                        const __m256i m0 = _mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b2->scales[2 * b])), 4);
+                        const __m256i m1 = _mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b2->scales[2 * b + 1])), 4);
+                        /* m fills the low int16 of each lane (high 0), |sum16| <= 2032 its partner */
+                        const __m256i msum = _mm256_add_epi32(_mm256_madd_epi16(m0, sa), _mm256_madd_epi16(m1, sb));
+                        cor[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dmin8, da), cor[r]);
+                    }
+                }
+            }
+    }
+}
+
 static inline __attribute__((always_inline)) void run_tile(int kind, const int R, const void *blk0, int b0, int b1,
                                                            const act_rows *x, int r0, __m256 *acc, __m256 *cor) {
     if (kind == KIND_Q5_0 || kind == KIND_Q5_1) tile_q5(kind, R, blk0, b0, b1, x, r0, acc, cor);
     else if (kind == KIND_Q6_K) tile_q6_K(R, blk0, b0, b1, x, r0, acc);
+    else if (kind == KIND_Q2_K || kind == KIND_Q3_K) tile_k2(kind, R, blk0, b0, b1, x, r0, acc, cor);
     else tile_k4(kind, R, blk0, b0, b1, x, r0, acc, cor);
 }
 
@@ -308,6 +393,14 @@ void gemm_q5_K_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, con
 
 void gemm_q6_K_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate) {
     gemm_k(KIND_Q6_K, y, ldy, w, o0, o1, x, n_rows, accumulate);
+}
+
+void gemm_q2_K_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate) {
+    gemm_k(KIND_Q2_K, y, ldy, w, o0, o1, x, n_rows, accumulate);
+}
+
+void gemm_q3_K_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate) {
+    gemm_k(KIND_Q3_K, y, ldy, w, o0, o1, x, n_rows, accumulate);
 }
 
 /* ---- BF16: float weights ------------------------------------------------------------------------ */

@@ -4,7 +4,7 @@ Design: as `anthropic_api.py`: the request becomes the OpenAI chat request the c
 (`to_chat`: `instructions` -> a system message, input messages as they are, `function_call`
 items -> an assistant's `tool_calls`, `function_call_output` items -> `role: tool` messages,
 function tools and tool_choice in chat's spelling, `text.format` -> `response_format`), built by
-`translate.chat_request`; the answer is assembled by `agent_output` into `message` and
+`translate.chat_plan`; the answer is assembled by `agent_output` into `message` and
 `function_call` output items, as one response object or the Responses event stream:
 
     response.created  response.in_progress
@@ -17,22 +17,19 @@ function tools and tool_choice in chat's spelling, `text.format` -> `response_fo
 `previous_response_id` continues a stored conversation: `ResponseStore` keeps, for each response
 created with `store` true (the default), the chat messages it ended with (its input without
 `instructions`, which OpenAI does not carry over either, plus its output), in memory, bounded
-by MAX_STORED_RESPONSES and MAX_STORED_BYTES, least recently used out first. An unknown or
+by `response_store.py`'s bounds, least recently used out first. An unknown or
 evicted id is a 404 naming it. `store: false` keeps nothing (the client resends the whole
 conversation, as Codex CLI does). Errors are OpenAI's JSON, params named as this API names them.
 """
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from msgspec import Struct
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -51,6 +48,23 @@ from .agent_output import (
     split_output,
 )
 from .errors import APIError, bad_request, error_response
+from .response_store import ResponseStore
+from .responses_protocol import (
+    ErrorInfo,
+    FunctionCallItem,
+    IncompleteDetails,
+    InputContent,
+    InputItem,
+    InputTokensDetails,
+    MessageItem,
+    OutputItem,
+    OutputText,
+    OutputTokensDetails,
+    ResponseObject,
+    ResponsesRequest,
+    ResponseUsage,
+    TextConfig,
+)
 from .streaming import EventStream, SSEResponse, StreamFormat, collect, sse_event
 
 if TYPE_CHECKING:
@@ -60,214 +74,20 @@ if TYPE_CHECKING:
 
 _encode = msgspec.json.Encoder().encode
 
-MAX_STORED_RESPONSES = 1024  # responses kept for previous_response_id
-MAX_STORED_BYTES = 64 * 2**20  # their conversations' JSON size, summed
-
-# ------------------------------------------------------------------ request bodies
-
-
-class InputContent(Struct, kw_only=True):
-    type: str  # input_text | output_text (others are refused)
-    text: str | None = None
-
-
-class InputItem(Struct, kw_only=True):
-    """Any input item; `type` (or a `role` without one: a message) decides which fields count."""
-
-    type: str | None = None  # message | function_call | function_call_output (others are refused)
-    role: str | None = None  # message: user | assistant | system | developer
-    content: str | list[InputContent] | None = None  # message
-    call_id: str | None = None  # function_call, function_call_output
-    name: str | None = None  # function_call
-    arguments: str | None = None  # function_call
-    output: str | list[InputContent] | None = None  # function_call_output
-    id: str | None = None
-    status: str | None = None
-
-
-class FunctionTool(Struct, kw_only=True):
-    type: str  # only "function" is served
-    name: str | None = None
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class TextFormat(Struct, kw_only=True):
-    type: str  # text | json_object | json_schema
-    name: str | None = None
-    schema: dict[str, Any] | None = None
-    description: str | None = None
-    strict: bool | None = None
-
-
-class TextConfig(Struct, kw_only=True):
-    format: TextFormat | None = None
-    verbosity: str | None = None  # accepted, not used
-
-
-class ResponsesRequest(Struct, kw_only=True):
-    input: str | list[InputItem]
-    model: str | None = None
-    instructions: str | None = None
-    tools: list[FunctionTool] | None = None
-    tool_choice: Any = None  # auto | none | required | {"type": "function", "name": N}
-    parallel_tool_calls: bool | None = None  # false: at most one function_call item
-    max_output_tokens: p.PositiveInt | None = None
-    temperature: p.Temperature | None = None
-    top_p: p.TopP | None = None
-    text: TextConfig | None = None
-    store: bool = True
-    stream: bool = False
-    previous_response_id: str | None = None
-    metadata: dict[str, str] | None = None
-    background: bool = False  # refused when true
-    conversation: Any = None  # refused when given
-    # accepted and not used: reasoning (no model here reasons), include, truncation, user,
-    # prompt_cache_key, service_tier, ... (unknown fields are ignored)
-
-
-# ------------------------------------------------------------------ response bodies
-
-
-class OutputText(Struct, tag="output_text", tag_field="type", kw_only=True):
-    text: str
-    annotations: list[Any] = msgspec.field(default_factory=list)
-    logprobs: list[Any] = msgspec.field(default_factory=list)
-
-
-class MessageItem(Struct, tag="message", tag_field="type", kw_only=True):
-    id: str
-    status: str  # in_progress | completed | incomplete
-    content: list[OutputText]
-    role: str = "assistant"
-
-
-class FunctionCallItem(Struct, tag="function_call", tag_field="type", kw_only=True):
-    id: str
-    call_id: str
-    name: str
-    arguments: str
-    status: str
-
-
-OutputItem = MessageItem | FunctionCallItem
-
-
-class InputTokensDetails(Struct):
-    cached_tokens: int  # prompt tokens reused from a slot or checkpoint
-
-
-class OutputTokensDetails(Struct):
-    reasoning_tokens: int = 0
-
-
-class ResponseUsage(Struct):
-    input_tokens: int
-    input_tokens_details: InputTokensDetails
-    output_tokens: int
-    output_tokens_details: OutputTokensDetails
-    total_tokens: int
-
-
-class ErrorInfo(Struct):
-    code: str
-    message: str
-
-
-class IncompleteDetails(Struct):
-    reason: str  # max_output_tokens
-
-
-class ResponseObject(Struct, kw_only=True):
-    id: str
-    created_at: int
-    model: str
-    status: str  # in_progress | completed | incomplete | failed
-    output: list[OutputItem]
-    usage: ResponseUsage | None
-    error: ErrorInfo | None = None
-    incomplete_details: IncompleteDetails | None = None
-    instructions: str | None = None
-    max_output_tokens: int | None = None
-    previous_response_id: str | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    tool_choice: Any = "auto"
-    tools: list[Any] = msgspec.field(default_factory=list)
-    parallel_tool_calls: bool = True
-    text: Any = None
-    store: bool = True
-    metadata: dict[str, str] = msgspec.field(default_factory=dict)
-    truncation: str = "disabled"
-    object: str = "response"
-
-
-# ------------------------------------------------------------------ the store
-
-
-@dataclass
-class _Stored:
-    messages: list[dict[str, Any]]  # the conversation, without instructions
-    num_bytes: int
-
-
-class ResponseStore:
-    """Conversations of stored responses by id: at most `max_responses` and `max_bytes` (their
-    JSON size), least recently used evicted first. A conversation larger than `max_bytes` alone
-    is not kept. Single-threaded (the event loop)."""
-
-    def __init__(self, max_responses: int = MAX_STORED_RESPONSES, max_bytes: int = MAX_STORED_BYTES):
-        self.max_responses = max_responses
-        self.max_bytes = max_bytes
-        self.num_bytes = 0
-        self._items: OrderedDict[str, _Stored] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def get(self, response_id: str) -> list[dict[str, Any]] | None:
-        item = self._items.get(response_id)
-        if item is None:
-            return None
-        self._items.move_to_end(response_id)
-        return item.messages
-
-    def put(self, response_id: str, messages: list[dict[str, Any]]) -> bool:
-        """Keep `messages` under `response_id`; False when too large to keep at all."""
-        size = len(json.dumps(messages, ensure_ascii=False).encode())
-        if size > self.max_bytes:
-            return False
-        old = self._items.pop(response_id, None)
-        if old is not None:
-            self.num_bytes -= old.num_bytes
-        while self._items and (
-            len(self._items) >= self.max_responses or self.num_bytes + size > self.max_bytes
-        ):
-            _, evicted = self._items.popitem(last=False)
-            self.num_bytes -= evicted.num_bytes
-        self._items[response_id] = _Stored(messages, size)
-        self.num_bytes += size
-        return True
-
-
 # ------------------------------------------------------------------ request translation
 
-# chat-request field -> this API's name for it (in error params)
-_PARAMS = {
-    "max_tokens": "max_output_tokens",
-    "messages": "input",
-    "response_format": "text.format",
-}
+# chat-request field -> this API's name for it (in error params). NOTE: a chat message index is
+# not an input index (instructions come first, function calls join their message), so an error
+# about one message names `input` as a whole.
+_PARAMS = {"max_tokens": "max_output_tokens", "messages": "input", "response_format": "text.format"}
 
 
 def _rename(err: APIError) -> APIError:
-    if err.param is not None:
-        head, dot, rest = err.param.partition(".")
-        base = head.split("[")[0]
-        if base in _PARAMS:
-            err.param = _PARAMS[base] + head[len(base) :] + dot + rest
-            err.message = err.message.replace(base, _PARAMS[base], 1) if base == "max_tokens" else err.message
+    base = (err.param or "").split(".")[0].split("[")[0]
+    if base in _PARAMS:
+        err.param = _PARAMS[base] if base == "messages" else _PARAMS[base] + err.param[len(base) :]
+        if base == "max_tokens":
+            err.message = err.message.replace("max_tokens", "max_output_tokens", 1)
     return err
 
 

@@ -22,7 +22,8 @@ from gateway_support import (
     serve_config,
 )
 from slotserve.gateway import translate
-from slotserve.gateway.anthropic_api import MessagesRequest, to_chat
+from slotserve.gateway.anthropic_api import to_chat
+from slotserve.gateway.anthropic_protocol import MessagesRequest
 from slotserve.gateway.app import create_app
 from slotserve.scheduler.request import Draining, FinishReason, QueueFull
 

@@ -22,7 +22,9 @@ from gateway_support import (
 )
 from slotserve.gateway import translate
 from slotserve.gateway.app import create_app
-from slotserve.gateway.responses_api import ResponsesRequest, ResponseStore, to_chat
+from slotserve.gateway.response_store import ResponseStore
+from slotserve.gateway.responses_api import to_chat
+from slotserve.gateway.responses_protocol import ResponsesRequest
 from slotserve.scheduler.request import FinishReason
 
 TOK = ByteTokenizer()

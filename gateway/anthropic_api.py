@@ -1,6 +1,6 @@
 """Anthropic's Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`) over the chat path.
 
-Design: a request is decoded into the Structs below, translated into the OpenAI chat request the
+Design: a request is decoded into the Structs of `anthropic_protocol.py`, translated into the OpenAI chat request the
 chat-completions route takes (`to_chat`: system -> a system message, `tool_use` blocks -> an
 assistant's `tool_calls`, `tool_result` blocks -> `role: tool` messages, tools -> function
 tools, tool_choice auto/any/tool/none -> auto/required/{function}/none, `output_config.format`

@@ -77,7 +77,9 @@ _ERROR_TYPES = {
     401: (401, "authentication_error"),
     403: (403, "permission_error"),
     404: (404, "not_found_error"),
+    408: (408, "invalid_request_error"),  # the body did not arrive in time
     413: (413, "request_too_large"),
+    415: (415, "invalid_request_error"),  # the body is not declared application/json
     429: (429, "rate_limit_error"),
     500: (500, "api_error"),
     503: (529, "overloaded_error"),  # draining, not ready, timed out before the first token

@@ -432,6 +432,9 @@ async def test_auth_model_size_and_admission_errors_use_anthropic_codes() -> Non
             "/v1/messages", json={**body([user("x")]), "model": "claude-x"}, headers=ok_key
         )
         big = await client.post("/v1/messages", json=body([user("z" * 5000)]), headers=ok_key)
+        not_json = await client.post(
+            "/v1/messages", content=b"{}", headers={**ok_key, "content-type": "text/plain"}
+        )
         sched.admission_error = QueueFull(2.0)
         busy = await client.post("/v1/messages", json=body([user("x")]), headers=ok_key)
         sched.admission_error = Draining()
@@ -444,6 +447,7 @@ async def test_auth_model_size_and_admission_errors_use_anthropic_codes() -> Non
     assert_anthropic_error(counted, 401, "authentication_error")
     assert "claude-x" in assert_anthropic_error(bad_model, 404, "not_found_error")
     assert_anthropic_error(big, 413, "request_too_large")
+    assert_anthropic_error(not_json, 415, "invalid_request_error")
     assert_anthropic_error(busy, 429, "rate_limit_error")
     assert busy.headers["retry-after"] == "2"
     assert_anthropic_error(draining, 529, "overloaded_error")

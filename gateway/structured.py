@@ -163,23 +163,23 @@ class CompiledGrammar:
 class MaskedSequence:
     """One sequence's matcher and its next-token mask (the scheduler's `TokenConstraint`).
 
-    The mask of the next position is computed in the compiler's pool, started at construction
-    and after each `accept`; `allowed()` waits for it."""
+    The matcher is built and the mask of the next position computed in the compiler's pool,
+    started at construction (the Sampler's, at submit) and after each `accept`; `allowed()`
+    waits for it. `accept` is only called after `allowed` (the Sampler's order)."""
 
     def __init__(self, compiler: GrammarCompiler, grammar: str) -> None:
-        llg = compiler._llg
         self._c = compiler
-        self._matcher = llg.LLMatcher(compiler.tokenizer, grammar)
+        self._matcher: Any = None  # built in the pool with the first mask (not on the event loop)
         self._bits = np.zeros((compiler.n_vocab + 31) // 32, dtype=np.int32)  # [ceil(V/32)] bitmask
-        self._next: Future | None = compiler._pool.submit(self._fill)
+        self._next: Future | None = compiler._pool.submit(self._start, grammar)
+
+    def _start(self, grammar: str) -> None:
+        self._matcher = self._c._llg.LLMatcher(self._c.tokenizer, grammar)
+        self._fill()
 
     def _fill(self) -> None:
         m = self._matcher
         m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-
-    @property
-    def is_error(self) -> bool:
-        return bool(self._matcher.is_error())
 
     def allowed(self) -> np.ndarray:
         """bool [n_vocab]: the tokens the grammar accepts next (eos alone once it is complete or

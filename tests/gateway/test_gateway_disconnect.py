@@ -229,3 +229,21 @@ async def test_agent_api_streams_cancel_on_disconnect(path: str) -> None:
         assert "message_stop" not in body_of(sent) and "response.completed" not in body_of(sent)
         r = await client.post("/v1/chat/completions", json=chat_body([USER], max_tokens=4))
     assert r.status_code == 200
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_disconnect_cancels_every_choice_of_n(stream: bool) -> None:
+    app, runtime, pool, spy = setup(num_slots=2)
+    driver = ASGIDriver(app)
+    gone = asyncio.Event()
+    body = json.dumps(chat_body([USER], max_tokens=2000, ignore_eos=True, stream=stream, n=2)).encode()
+    async with running_app(app):
+        sent, task = await driver.request("POST", "/v1/chat/completions", body, gone)
+        await wait_until(
+            lambda: len(spy.handles) == 2 and all(v.state == "decode" for v in runtime.scheduler.slots())
+        )
+        gone.set()
+        await asyncio.wait_for(task, 10)
+        assert spy.acked == [True, True]  # both choices cancelled and acknowledged
+        assert [h.finish.reason for h in spy.handles] == [FinishReason.CANCELLED] * 2
+        assert_slots_free(runtime)

@@ -52,7 +52,7 @@ SlotChooser = Callable[[np.ndarray, Sequence[SlotCandidate]], RouteDecision]
 
 def default_slot_chooser(half_life_s: float = 600.0) -> SlotChooser:
     """The replica's own decision: `route` with rewind and copy, no checkpoints."""
-    caps = Capabilities(can_truncate=True, can_copy=True, can_snapshot=False)
+    caps = Capabilities(can_copy=True, can_snapshot=False)
 
     def choose(prompt: np.ndarray, slots: Sequence[SlotCandidate]) -> RouteDecision:
         return route(prompt, slots, (), caps=caps, idle_half_life_s=half_life_s)

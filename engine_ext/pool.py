@@ -94,9 +94,9 @@ class SlotPool:
     All KV memory is allocated here and reported as kv_bytes.
     """
 
-    can_truncate = True
     can_copy = True
     can_snapshot = True
+    kv_window: int | None = None  # every layer keeps a row per position: any cut is exact
 
     def __init__(
         self,
@@ -157,6 +157,18 @@ class SlotPool:
         out = self._records[slot, : self._lens[slot]].copy()
         out.setflags(write=False)
         return out
+
+    def min_truncate_len(self, slot: int) -> int:
+        """0: full KV keeps every row, so a slot can be cut back to any length."""
+        self._slot(slot)
+        return 0
+
+    def restored_min_truncate_len(self, n: int) -> int:
+        return 0
+
+    def snapshot_nbytes(self, n: int) -> int:
+        fp_len = len(self.fingerprint.encode())
+        return HEADER.size + fp_len + 4 * n + int(self._engine.kv_snapshot_bytes(n)) + 4
 
     def check_integrity(self) -> None:
         """Assert the pool's invariants (for tests)."""

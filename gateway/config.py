@@ -40,6 +40,7 @@ class ServeConfig:
     chat_template: str | None = None  # jinja chat template file replacing the GGUF's; None = the GGUF's
     segment_tokens: int | None = None  # prefill segment length; None = the scheduler's default
     checkpoint_memory_mb: int | None = None  # in-memory checkpoint budget; None = scheduler default
+    checkpoint_interval_tokens: int | None = None  # checkpoint every K prefill tokens; None = auto, 0 = off
     kv_disk_dir: str | None = None  # disk tier for checkpoints; None = no disk writes
     kv_disk_space_mb: int | None = None  # disk tier budget; None = the scheduler's default
     # when set, /v1/*, /tokenize, /detokenize, /slots need it; kept out of repr (logs, tracebacks)
@@ -83,6 +84,10 @@ class ServeConfig:
         need(
             self.checkpoint_memory_mb is None or self.checkpoint_memory_mb >= 0,
             f"--checkpoint-memory-mb must be >= 0, got {self.checkpoint_memory_mb}",
+        )
+        need(
+            self.checkpoint_interval_tokens is None or self.checkpoint_interval_tokens >= 0,
+            f"--checkpoint-interval-tokens must be >= 0 (0: off), got {self.checkpoint_interval_tokens}",
         )
         need(
             self.kv_disk_dir is not None or self.kv_disk_space_mb is None,
@@ -250,6 +255,14 @@ OPTIONS: tuple[Option, ...] = (
         str,
         "jinja chat template file used instead of the GGUF's (e.g. one that renders tools)",
         metavar="FILE",
+    ),
+    Option(
+        "checkpoint_interval_tokens",
+        ("--checkpoint-interval-tokens",),
+        int,
+        "checkpoint every K tokens of a long prefill, 0 = off (default: off for full KV, sized by "
+        "the window and --checkpoint-memory-mb for sliding-window rings)",
+        metavar="K",
     ),
     Option(
         "kv_disk_dir",

@@ -306,7 +306,7 @@ class KVEventPool:
     n_vocab = property(lambda self: self._pool.n_vocab)
     kv_bytes = property(lambda self: self._pool.kv_bytes)
     fingerprint = property(lambda self: self._pool.fingerprint)
-    can_truncate = property(lambda self: self._pool.can_truncate)
+    kv_window = property(lambda self: self._pool.kv_window)
     can_copy = property(lambda self: self._pool.can_copy)
     can_snapshot = property(lambda self: self._pool.can_snapshot)
 
@@ -323,8 +323,17 @@ class KVEventPool:
     def record(self, slot: int) -> np.ndarray:
         return self._pool.record(slot)
 
+    def min_truncate_len(self, slot: int) -> int:
+        return self._pool.min_truncate_len(slot)
+
+    def restored_min_truncate_len(self, n: int) -> int:
+        return self._pool.restored_min_truncate_len(n)
+
     def snapshot(self, slot: int, n: int) -> bytes:
         return self._pool.snapshot(slot, n)
+
+    def snapshot_nbytes(self, n: int) -> int:
+        return self._pool.snapshot_nbytes(n)
 
     def forward(self, batch: Sequence[Any]) -> np.ndarray:
         self._maybe_resync()

@@ -268,6 +268,8 @@ def scheduler_config(config: ServeConfig) -> Any:
         kwargs["step_token_budget"] = max(SchedulerConfig().step_token_budget, config.segment_tokens)
     if config.checkpoint_memory_mb is not None:
         kwargs["checkpoint_memory_mb"] = float(config.checkpoint_memory_mb)
+    if config.checkpoint_interval_tokens is not None:
+        kwargs["checkpoint_interval_tokens"] = config.checkpoint_interval_tokens
     if config.kv_disk_dir is not None:
         kwargs["kv_disk_dir"] = config.kv_disk_dir
     if config.kv_disk_space_mb is not None:

@@ -20,6 +20,7 @@ from slotserve.scheduler.stats import (
     CheckpointTier,
     Outcome,
     Phase,
+    RestoreReason,
     ReuseSource,
 )
 
@@ -37,6 +38,7 @@ class StatsKind(str, enum.Enum):
     REQUEST = "request"
     CHECKPOINT = "checkpoint"
     CANCEL = "cancel"
+    ROUTE = "route"
 
 
 ENGINE_PHASES = (Phase.PREFILL, Phase.DECODE)  # engine tokens
@@ -216,6 +218,26 @@ class PushedMetrics:
         ]
         self.checkpoints = {k: events.labels(k[0].value, k[1].value, rule_label(k[2])) for k in keys}
         self.checkpoint_bytes = {k: sizes.labels(k[0].value, k[1].value, rule_label(k[2])) for k in keys}
+
+        # -- sliding-window rings (routing; one update per routed request)
+        self.window_refused = counter(
+            "slotserve_window_refused_rewinds_total",
+            "Routed requests for which a live slot shared more of the prompt than its "
+            "sliding-window ring could be cut back to.",
+        )
+        self.window_recomputed = counter(
+            "slotserve_window_recomputed_tokens_total",
+            "Prompt tokens prefilled because a ring could not be cut back and no checkpoint held them.",
+        )
+        restores = counter(
+            "slotserve_checkpoint_restores_total",
+            "Requests routed to a checkpoint restore, by tier and reason (window: a live slot shared "
+            "as much but its ring could not be cut back; evicted: no live slot held it).",
+            ("tier", "reason"),
+        )
+        self.restores: dict[tuple[CheckpointTier, RestoreReason], Counter] = {
+            (t, r): restores.labels(t.value, r.value) for t in CheckpointTier for r in RestoreReason
+        }
 
         # -- the sink's own health
         dropped = counter(

@@ -14,15 +14,22 @@ import logging
 from slotserve.scheduler.stats import (
     CancelStats,
     CheckpointEvent,
+    CheckpointTier,
     Phase,
     RequestStats,
     ReuseSource,
+    RouteStats,
     StepStats,
 )
 
 from .definitions import PushedMetrics, StatsKind
 
 log = logging.getLogger(__name__)
+
+_RESTORE_TIER = {
+    ReuseSource.CHECKPOINT_MEMORY: CheckpointTier.MEMORY,
+    ReuseSource.CHECKPOINT_DISK: CheckpointTier.DISK,
+}
 
 
 class StatsRecorder:
@@ -100,6 +107,25 @@ class StatsRecorder:
             return
         counter.inc()
         self._m.checkpoint_bytes[key].inc(e.num_bytes)
+
+    def on_route(self, r: RouteStats) -> None:
+        """One routed request: what the sliding-window rings cost it, why it restored."""
+        tier = _RESTORE_TIER.get(r.reuse_source)
+        if r.window_recomputed_tokens < 0 or r.reused_tokens < 0:
+            self._drop(StatsKind.ROUTE, f"negative token count in {r!r}")
+            return
+        restore = None
+        if tier is not None and r.restore_reason is not None:
+            restore = self._m.restores.get((tier, r.restore_reason))
+        if (tier is None) != (r.restore_reason is None) or (tier is not None and restore is None):
+            why = f"restore reason {r.restore_reason!r} does not fit source {r.reuse_source!r}"
+            self._drop(StatsKind.ROUTE, why)
+            return
+        if r.window_refused:
+            self._m.window_refused.inc()
+        self._m.window_recomputed.inc(r.window_recomputed_tokens)
+        if restore is not None:
+            restore.inc()
 
     def on_cancel(self, c: CancelStats) -> None:
         """An acknowledged cancel and how long the acknowledgement took."""

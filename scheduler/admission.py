@@ -10,6 +10,11 @@ puts back the lowest-priority running prefill below its own priority (preemption
 disk checkpoint first reads the file on a background thread; the request keeps its place in the
 queue meanwhile and is routed again once the file is staged.
 
+Each slot candidate carries the slot's `min_truncate_len` (the mirror's floor), so routing
+values a ring slot by what it can really supply. With ring KV (`share_by_checkpoint`), a request
+that waits for another's prefill of a shared prefix also gives that prefill a capture point at
+the shared length: the leader's ring will soon be past it, but the waiter can restore it.
+
 The queue and the running table belong to the scheduler (it finishes, cancels and times out
 requests in both); admission receives them by reference and is the only code that moves a
 request from one to the other.
@@ -22,7 +27,7 @@ import logging
 from collections.abc import Callable
 
 from .checkpoint_policy import CheckpointPolicy, EmitFn
-from .checkpoint_store import CaptureRule
+from .checkpoint_store import CaptureRule, RestoredFloor
 from .config import SchedulerConfig
 from .policy import (
     Capabilities,
@@ -64,6 +69,9 @@ class Admission:
         on_preemption: Callable[[], None],
         wake: Callable[[], None],
         log_reuse: bool,
+        restored_floor: RestoredFloor,
+        emit_route: Callable[[RouteDecision], None],
+        share_by_checkpoint: bool = False,
     ) -> None:
         self._config = config
         self._caps = caps
@@ -77,6 +85,9 @@ class Admission:
         self._on_preemption = on_preemption
         self._wake = wake
         self._reuse_log = log_reuse
+        self._restored_floor = restored_floor
+        self._emit_route = emit_route
+        self._share_by_checkpoint = share_by_checkpoint
         self.num_preemptions = 0
         self._io_tasks: set[asyncio.Task] = set()  # disk loads in flight
 
@@ -112,6 +123,7 @@ class Admission:
                     continue
                 return
             if decision.action is RouteAction.WAIT_SHARED:
+                self._mark_shared(decision)
                 i += 1
                 continue
             if decision.action is RouteAction.RESTORE_DISK and seq.staged_snapshot is None:
@@ -134,6 +146,7 @@ class Admission:
                     is_free=owner is None,
                     idle_s=0.0 if owner is not None else max(0.0, now - self._slots.last_used[s]),
                     prefill_target=target,
+                    min_truncate_len=self._slots.floors[s],
                 )
             )
         return route(
@@ -144,6 +157,17 @@ class Admission:
             idle_half_life_s=self._config.idle_half_life_s,
             reuse_enabled=self._config.reuse_enabled,
         )
+
+    def _mark_shared(self, d: RouteDecision) -> None:
+        """Give the leader of a shared prefill a capture point where the waiter's prefix ends."""
+        leader = self._running.get(d.src_slot) if d.src_slot is not None else None
+        if not self._share_by_checkpoint or leader is None or d.common <= leader.num_computed:
+            return
+        if d.common < self._config.min_checkpoint_tokens:
+            return
+        if all(p != d.common for p, _ in leader.capture_points):
+            leader.capture_points.append((d.common, CaptureRule.COMMON_PREFIX))
+            leader.capture_points.sort()
 
     def _try_preempt(self, seq: Sequence, plan: StepPlan, now: float) -> bool:
         """Put back the lowest-priority running prefill below seq's priority; True if done."""
@@ -186,7 +210,7 @@ class Admission:
             entry = self._ckpt.memory.get(d.checkpoint.key)
             assert entry is not None
             prep = Prepare(RouteAction.RESTORE_MEMORY, dest, n, snapshot=entry.data)
-            self._slots.assign(dest, entry.tokens[:n])
+            self._slots.assign(dest, entry.tokens[:n], self._restored_floor(entry.num_tokens))
             self._emit_checkpoint(
                 CheckpointEventKind.RESTORE, CheckpointTier.MEMORY, entry.rule, entry.num_bytes, n
             )
@@ -195,7 +219,7 @@ class Admission:
             tokens, data = seq.staged_snapshot
             seq.staged_snapshot = None
             prep = Prepare(RouteAction.RESTORE_DISK, dest, n, snapshot=data)
-            self._slots.assign(dest, tokens[:n])
+            self._slots.assign(dest, tokens[:n], self._restored_floor(int(tokens.shape[0])))
             self._emit_checkpoint(
                 CheckpointEventKind.RESTORE, CheckpointTier.DISK, None, memoryview(data).nbytes, n
             )
@@ -217,8 +241,13 @@ class Admission:
             self._slots.num_reuse_hits[dest] += 1
             self._slots.num_reused_tokens[dest] += n
         seq.capture_points = self._ckpt.record_routed(seq.prompt, seq.req.prefix_hint, d)
+        self._emit_route(d)
         if self._reuse_log:
             extra = f" src={d.src_slot}" if d.action is RouteAction.COPY else ""
+            if d.window_refused:
+                extra += f" window_refused=1 window_recomputed={d.window_lost_tokens}"
+            if d.restore_reason is not None:
+                extra += f" restore_reason={d.restore_reason.value}"
             reuse_log.info(
                 "reuse slot=%d live=%d prompt=%d common=%d action=%s%s reused=%d prefilled=%d request=%s",
                 dest,

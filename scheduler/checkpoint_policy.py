@@ -1,23 +1,37 @@
-"""Checkpoint policy: both tiers and the four capture rules, behind one object.
+"""Checkpoint policy: both tiers and the five capture rules, behind one object.
 
 Design: the scheduler asks two questions and reports two facts. `matches(prompt)` gives the
 routing its checkpoint candidates; `wants(...)` says whether a snapshot of given tokens is worth
 taking now (not stored yet, and there is room in memory or a disk tier to take it). It reports
 each routed request with `record_routed(...)`, which remembers the prompt (rule common_prefix
 compares successive unmatched prompts) and answers at which prompt offsets to snapshot it (rules
-hint / common_prefix / prompt_end); `keep(...)` files a snapshot that was taken. Captures on
-evict (rule 4) are decided by the routing (`RouteDecision.evicts`) and filed here the same way.
-Memory evictions and every non-prompt-end capture are written through to the disk tier.
+hint / common_prefix / prompt_end / interval); `keep(...)` files a snapshot that was taken.
+Captures on evict are decided by the routing (`RouteDecision.evicts`) and filed here the same
+way. Memory evictions and every capture except prompt_end and interval ones are written through
+to the disk tier.
+
+Rule interval matters for pools that keep sliding-window layers in a ring: such a slot can only
+be cut back about one step, so a prompt that diverges from a live conversation far behind its
+end (an edited early turn) needs a checkpoint at or below the divergence. Every multiple of
+`interval_tokens` that a prefill crosses is snapshotted; the restore then prefills at most
+interval_tokens of gap. `auto_interval_tokens` sizes it from the window and the memory budget.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 
 import numpy as np
 
-from .checkpoint_store import CaptureRule, MemoryCheckpointStore, tokens_key
+from .checkpoint_store import (
+    CaptureRule,
+    MemoryCheckpointStore,
+    RestoredFloor,
+    no_floor,
+    tokens_key,
+)
 from .config import SchedulerConfig
 from .disk_store import DiskCheckpointStore
 from .policy import CheckpointMatch, CheckpointTier, RouteAction, RouteDecision
@@ -27,7 +41,27 @@ from .stats import CheckpointEventKind
 # (kind, tier, rule, num_bytes, num_tokens) -> None: forwarded to StatsSink.on_checkpoint
 EmitFn = Callable[[CheckpointEventKind, CheckpointTier, CaptureRule | None, int, int], None]
 
-_HEADER_SLACK = 4096  # bytes a snapshot carries beyond its KV rows (estimate)
+_MEMORY_ONLY = frozenset({CaptureRule.PROMPT_END, CaptureRule.INTERVAL})  # never sent to disk
+
+
+def auto_interval_tokens(
+    *,
+    kv_window: int | None,
+    num_slots: int,
+    ctx_len: int,
+    budget_bytes: int,
+    snapshot_nbytes: Callable[[int], int],
+    min_tokens: int,
+) -> int:
+    """Rule interval's K when the operator did not set one: 0 (off) for full KV, which can be
+    cut back anywhere; for a ring, at least the window, and large enough that every slot's
+    conversation at full context, checkpointed every K tokens, fits in half the memory budget
+    (ctx_len / K checkpoints of ctx_len / 2 tokens on average per slot)."""
+    if kv_window is None or budget_bytes <= 0:
+        return 0
+    per_slot = ctx_len * snapshot_nbytes(max(1, ctx_len // 2))
+    k = math.ceil(2 * num_slots * per_slot / budget_bytes)
+    return max(kv_window, min_tokens, k)
 
 
 class CheckpointPolicy:
@@ -37,16 +71,22 @@ class CheckpointPolicy:
         *,
         can_snapshot: bool,
         fingerprint: str,
-        bytes_per_token: float,
+        snapshot_nbytes: Callable[[int], int],
         emit: EmitFn,
+        restored_floor: RestoredFloor = no_floor,
+        interval_tokens: int = 0,
     ) -> None:
         self._config = config
         self.enabled = can_snapshot and config.reuse_enabled
-        self.memory = MemoryCheckpointStore(config.checkpoint_memory_bytes if self.enabled else 0)
+        self.memory = MemoryCheckpointStore(
+            config.checkpoint_memory_bytes if self.enabled else 0, restored_floor
+        )
         self.disk: DiskCheckpointStore | None = None
         if config.kv_disk_dir is not None and self.enabled:
             self.disk = DiskCheckpointStore(config.kv_disk_dir, config.kv_disk_space_bytes, fingerprint)
-        self._bytes_per_token = bytes_per_token
+        self._snapshot_nbytes = snapshot_nbytes
+        self._floor = restored_floor
+        self.interval_tokens = interval_tokens  # rule interval's K; 0: off
         self._emit = emit
         self._last_unmatched: np.ndarray | None = None  # last prompt that found no live slot
 
@@ -90,9 +130,10 @@ class CheckpointPolicy:
         if staged is not None:
             tokens, _ = staged
             c = common_prefix_len(prompt, tokens)
-            out.append(CheckpointMatch(CheckpointTier.DISK, tokens_key(tokens), len(tokens), c))
+            n = len(tokens)
+            out.append(CheckpointMatch(CheckpointTier.DISK, tokens_key(tokens), n, c, self._floor(n)))
         elif self.disk is not None:
-            d = self.disk.find(prompt)
+            d = self.disk.find(prompt, self._floor)
             if d is not None:
                 out.append(d)
         return out
@@ -121,6 +162,11 @@ class CheckpointPolicy:
         # A snapshot copies every row of the prompt, so this keeps captures to fresh work.
         if cfg.capture_prompt_end and L >= cfg.min_checkpoint_tokens and L - d.reuse_len >= d.reuse_len:
             points.setdefault(L, CaptureRule.PROMPT_END)
+        k = self.interval_tokens
+        if k > 0:
+            first = max(k * (d.reuse_len // k + 1), k * math.ceil(cfg.min_checkpoint_tokens / k))
+            for p in range(first, L + 1, k):
+                points.setdefault(p, CaptureRule.INTERVAL)
         return sorted(points.items())
 
     # -- capture side ----------------------------------------------------------------------
@@ -131,10 +177,9 @@ class CheckpointPolicy:
             return False
         if self.memory.contains_prefix(tokens):
             return False
-        estimate = int(n * self._bytes_per_token) + _HEADER_SLACK
-        if self.memory.can_fit(estimate, rule):
+        if self.memory.can_fit(self._snapshot_nbytes(n), rule):
             return True
-        return self.disk is not None and self.disk.is_usable and rule is not CaptureRule.PROMPT_END
+        return self.disk is not None and self.disk.is_usable and rule not in _MEMORY_ONLY
 
     def keep(self, tokens: np.ndarray, data: bytes, rule: CaptureRule) -> None:
         """File a snapshot taken for `tokens` under `rule`."""
@@ -146,9 +191,9 @@ class CheckpointPolicy:
                 self._emit(
                     CheckpointEventKind.EVICT, CheckpointTier.MEMORY, e.rule, e.num_bytes, e.num_tokens
                 )
-                if self.disk is not None and e.rule is not CaptureRule.PROMPT_END:
+                if self.disk is not None and e.rule not in _MEMORY_ONLY:
                     self.disk.put(e.tokens, e.data, e.rule.value)
-        if self.disk is not None and rule is not CaptureRule.PROMPT_END:
+        if self.disk is not None and rule not in _MEMORY_ONLY:
             # Write-through for shared or evicted content, so it survives a restart.
             self.disk.put(tokens, data, rule.value)
 

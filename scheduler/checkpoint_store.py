@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,12 +23,29 @@ from .prefix import common_prefix_len
 
 HEAD_TOKENS = 32  # candidates must share this many leading tokens (or the whole short entry)
 
+# n -> shortest length a slot restored from a snapshot of n tokens can be cut back to
+# (the pool's `restored_min_truncate_len`; 0 for full KV)
+RestoredFloor = Callable[[int], int]
+
+
+def no_floor(n: int) -> int:
+    """Full KV: a restored checkpoint can be cut back to any length."""
+    return 0
+
+
+def usable_len(common: int, num_tokens: int, prompt_len: int, floor: int) -> int:
+    """Prompt tokens a checkpoint of num_tokens sharing `common` can supply (policy._usable):
+    the last prompt token is always refed, and a cut below `floor` is impossible."""
+    u = min(common, prompt_len - 1)
+    return 0 if u < num_tokens and u < floor else max(u, 0)
+
 
 class CaptureRule(str, enum.Enum):
     HINT = "hint"  # the gateway's prefix hint: where the system turn ends
     COMMON_PREFIX = "common_prefix"  # common prefix of two successive prompts without a live slot
     PROMPT_END = "prompt_end"  # the whole prompt after its prefill
     EVICT = "evict"  # a slot's record saved before it was overwritten
+    INTERVAL = "interval"  # every K tokens of a long prefill (a ring cannot rewind that far)
 
     @property
     def keep_class(self) -> int:
@@ -37,6 +55,7 @@ class CaptureRule(str, enum.Enum):
 
 _KEEP_CLASS = {
     CaptureRule.PROMPT_END: 0,
+    CaptureRule.INTERVAL: 0,
     CaptureRule.EVICT: 1,
     CaptureRule.COMMON_PREFIX: 2,
     CaptureRule.HINT: 2,
@@ -71,8 +90,9 @@ class CheckpointEntry:
 
 
 class MemoryCheckpointStore:
-    def __init__(self, budget_bytes: int) -> None:
+    def __init__(self, budget_bytes: int, restored_floor: RestoredFloor = no_floor) -> None:
         self.budget_bytes = budget_bytes
+        self._floor = restored_floor
         self.bytes_used = 0
         self._entries: dict[str, CheckpointEntry] = {}
         self._by_head: dict[tuple[int, bytes], set[str]] = {}
@@ -98,21 +118,26 @@ class MemoryCheckpointStore:
         return e is not None and np.array_equal(e.tokens, tokens)
 
     def find(self, prompt: np.ndarray) -> CheckpointMatch | None:
-        """The entry with the longest common prefix with `prompt` (ties: the shorter entry)."""
-        best: tuple[int, int, str] | None = None
+        """The entry that supplies the most prompt tokens (`usable_len`: with a ring, an entry
+        longer than the common prefix may be unable to be cut back to it); ties: the shorter
+        entry. None if no entry supplies any."""
+        best: tuple[int, int, str, int] | None = None
+        L = int(prompt.shape[0])
         for hl in self._head_lens:
-            if hl > prompt.shape[0]:
+            if hl > L:
                 continue
             for key in self._by_head.get(head_hash(prompt[:hl]), ()):
                 e = self._entries[key]
                 c = common_prefix_len(prompt, e.tokens)
-                cand = (c, -e.num_tokens, key)
+                u = usable_len(c, e.num_tokens, L, self._floor(e.num_tokens))
+                cand = (u, -e.num_tokens, key, c)
                 if best is None or cand[:2] > best[:2]:
                     best = cand
         if best is None or best[0] == 0:
             return None
         e = self._entries[best[2]]
-        return CheckpointMatch(CheckpointTier.MEMORY, e.key, e.num_tokens, best[0])
+        n = e.num_tokens
+        return CheckpointMatch(CheckpointTier.MEMORY, e.key, n, best[3], self._floor(n))
 
     def can_fit(self, num_bytes: int, rule: CaptureRule) -> bool:
         """Whether an entry of this size and rule would be accepted (evicting what it may)."""
@@ -159,8 +184,10 @@ class MemoryCheckpointStore:
 
     def _superseded(self, tokens: np.ndarray) -> list[str]:
         """Prompt-end entries that are strict prefixes of `tokens`: a longer entry serves every
-        prompt they serve (restore, then truncate), so they only waste budget."""
-        out = []
+        prompt they serve (restore, then truncate), so they only waste budget. Not with a ring
+        that cannot cut the longer entry back that far."""
+        out: list[str] = []
+        floor = self._floor(int(tokens.shape[0]))
         for hl in self._head_lens:
             if hl > tokens.shape[0]:
                 continue
@@ -169,6 +196,7 @@ class MemoryCheckpointStore:
                 if (
                     e.rule is CaptureRule.PROMPT_END
                     and e.num_tokens < tokens.shape[0]
+                    and floor <= self._floor(e.num_tokens)  # cut back as far as e can be
                     and common_prefix_len(tokens, e.tokens) == e.num_tokens
                 ):
                     out.append(key)

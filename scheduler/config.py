@@ -46,6 +46,9 @@ class SchedulerConfig:
     default_timeout_s: float | None = None  # per-request limit when the request sets none
     min_checkpoint_tokens: int = 64  # captures shorter than this are not worth a snapshot
     capture_prompt_end: bool = True  # checkpoint rule 3: snapshot the prompt after prefill
+    # checkpoint rule interval: snapshot every K tokens of a prefill; None: auto (off for full
+    # KV, sized by the window and the memory budget for ring KV); 0: off
+    checkpoint_interval_tokens: int | None = None
     idle_half_life_s: float = 600.0  # victim choice: an idle slot's value halves this often
     retry_after_s: float = 1.0  # hint carried by QueueFull
 
@@ -79,6 +82,10 @@ class SchedulerConfig:
         need(
             self.min_checkpoint_tokens >= 1,
             f"min_checkpoint_tokens={self.min_checkpoint_tokens} must be >= 1",
+        )
+        need(
+            self.checkpoint_interval_tokens is None or self.checkpoint_interval_tokens >= 0,
+            f"checkpoint_interval_tokens={self.checkpoint_interval_tokens} must be >= 0 (0: off) or None (auto)",
         )
         need(self.idle_half_life_s > 0, f"idle_half_life_s={self.idle_half_life_s} must be > 0")
         need(self.retry_after_s >= 0, f"retry_after_s={self.retry_after_s} must be >= 0")

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint_store import head_hash, tokens_key
+from .checkpoint_store import RestoredFloor, head_hash, no_floor, tokens_key, usable_len
 from .policy import CheckpointMatch, CheckpointTier
 from .prefix import common_prefix_len
 
@@ -316,9 +316,10 @@ class DiskCheckpointStore:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def find(self, prompt: np.ndarray) -> CheckpointMatch | None:
-        """Longest common prefix with `prompt` among indexed files (None before the index is
-        built). Cheap: head-hash lookup, then a token comparison per candidate."""
+    def find(self, prompt: np.ndarray, restored_floor: RestoredFloor = no_floor) -> CheckpointMatch | None:
+        """The indexed file that supplies the most prompt tokens (`usable_len` under the pool's
+        `restored_floor`; ties: the shorter file); None before the index is built or if none
+        supplies any. Cheap: head-hash lookup, then a token comparison per candidate."""
         with self._lock:
             heads = {h[0] for h in self._by_head}
             cands = [
@@ -327,15 +328,18 @@ class DiskCheckpointStore:
                 if hl <= prompt.shape[0]
                 for k in self._by_head.get(head_hash(prompt[:hl]), ())
             ]
-        best: tuple[int, int, DiskEntry] | None = None
+        best: tuple[int, int, DiskEntry, int] | None = None
+        L = int(prompt.shape[0])
         for e in cands:
             c = common_prefix_len(prompt, e.tokens)
-            if best is None or (c, -e.tokens.shape[0]) > best[:2]:
-                best = (c, -e.tokens.shape[0], e)
+            n = int(e.tokens.shape[0])
+            u = usable_len(c, n, L, restored_floor(n))
+            if best is None or (u, -n) > best[:2]:
+                best = (u, -n, e, c)
         if best is None or best[0] == 0:
             return None
-        e = best[2]
-        return CheckpointMatch(CheckpointTier.DISK, e.key, int(e.tokens.shape[0]), best[0])
+        e, n = best[2], int(best[2].tokens.shape[0])
+        return CheckpointMatch(CheckpointTier.DISK, e.key, n, best[3], restored_floor(n))
 
     def contains(self, tokens: np.ndarray) -> bool:
         with self._lock:

@@ -12,6 +12,14 @@ Counters (`num_computed_tokens`, per-slot `computed_tokens`, `num_copied_tokens`
 assert how much prefill really happened. `_inject_fault(slot)` makes the next forward that
 includes `slot` fail after validation, emptying that slot only (others in the batch unchanged).
 `forward_hook`, if set, is called at the start of every forward (tests use it to hold a step).
+
+Window (optional, `window=W`): the fake then also models sliding-window layers kept in a ring
+of W + `step_tokens` rows per slot, like the C engine's. A windowed row wrow[p] is kept only
+while p is among the last W + step_tokens positions the slot computed (`_lo` is the lowest one
+still held), and the logits at p also mix the window rows wrow[p-W+1 .. p]. So a truncate deeper
+than `min_truncate_len` is refused exactly where the real ring must refuse it, and a restore or
+copy that dropped ring rows would change the sampled tokens. A snapshot carries the full-layer
+rows of every position but only the W - 1 window rows before its end.
 """
 
 from __future__ import annotations
@@ -27,11 +35,19 @@ from .interface import BatchItem
 
 _MASK = (1 << 64) - 1
 _MAGIC = b"FAKESNAP"
-_VERSION = 1
+_VERSION = 2
 _LAYOUT = 1
-# magic, version, layout, n_tokens, row_bytes, fingerprint length
-_HEADER = struct.Struct("<8sIIIII")
+# magic, version, layout, n_tokens, row_bytes, window (0: none), first window row, fingerprint length
+_HEADER = struct.Struct("<8sIIIIIII")
 _DIGEST_LEN = 16
+
+
+def _window_seed(h: int, wrows: np.ndarray) -> int:
+    """Mix a position's chain row with the window rows it attends to (uint64 [k])."""
+    acc = 0
+    for r in wrows.tolist():
+        acc = _mix(acc, int(r) & 0x7FFFFFFF, int(r) >> 33)
+    return _mix(h, acc & 0x7FFFFFFF, acc >> 33)
 
 
 def _mix(h: int, token: int, pos: int) -> int:
@@ -59,22 +75,34 @@ class FakeSlotPool:
         can_truncate: bool = True,
         can_copy: bool = True,
         can_snapshot: bool = True,
+        window: int | None = None,
+        step_tokens: int = 64,
     ) -> None:
         if num_slots < 1 or ctx_len < 2 or n_vocab < 4:
             raise ValueError("FakeSlotPool needs num_slots >= 1, ctx_len >= 2, n_vocab >= 4")
         if row_bytes < 12:
             raise ValueError("row_bytes must be >= 12 (4 for the token id, 8 for the row)")
+        if window is not None and (window < 2 or step_tokens < 1):
+            raise ValueError("FakeSlotPool needs window >= 2 and step_tokens >= 1 (or window=None)")
         self.num_slots = num_slots
         self.ctx_len = ctx_len
         self.n_vocab = n_vocab
         self.row_bytes = row_bytes
-        self.kv_bytes = num_slots * ctx_len * row_bytes
-        self.fingerprint = f"{model_id}/fake-kv-v{_LAYOUT}/vocab={n_vocab}/row={row_bytes}"
-        self.can_truncate = can_truncate
+        self.kv_window = window
+        self.ring_len = 0 if window is None else min(ctx_len, window + step_tokens)  # rows per ring
+        self.kv_bytes = num_slots * (ctx_len + self.ring_len) * row_bytes
+        self.fingerprint = f"{model_id}/fake-kv-v{_LAYOUT}/vocab={n_vocab}/row={row_bytes}" + (
+            f"/window={window}" if window is not None else ""
+        )
+        # NOTE: can_truncate=False models a pool that can never cut a slot back (min_truncate_len
+        # is always slot_len); it is not part of the protocol any more.
+        self._can_truncate = can_truncate
         self.can_copy = can_copy
         self.can_snapshot = can_snapshot
         self._tokens = np.zeros((num_slots, ctx_len), dtype=np.int32)  # [slot, pos]
         self._rows = np.zeros((num_slots, ctx_len), dtype=np.uint64)  # [slot, pos] hash chain
+        self._wrows = np.zeros((num_slots, ctx_len), dtype=np.uint64)  # [slot, pos] window rows
+        self._lo = [0] * num_slots  # lowest position whose window row the ring still holds
         self._len = [0] * num_slots
         self._faults: set[int] = set()
         self._busy = threading.Lock()
@@ -105,9 +133,25 @@ class FakeSlotPool:
         if not isinstance(slot, (int, np.integer)) or not 0 <= slot < self.num_slots:
             raise ValueError(f"unknown slot {slot!r}; slots are 0..{self.num_slots - 1}")
 
+    @property
+    def _reach(self) -> int:
+        """Window rows a position attends to before itself."""
+        return 0 if self.kv_window is None else self.kv_window - 1
+
     def _logits_at(self, slot: int, pos: int) -> np.ndarray:
-        rng = np.random.default_rng(int(self._rows[slot, pos]))
+        seed = int(self._rows[slot, pos])
+        if self.kv_window is not None:
+            first = max(0, pos - self._reach)
+            assert first >= self._lo[slot], f"slot {slot}: ring lost row {first} (holds {self._lo[slot]}..)"
+            seed = _window_seed(seed, self._wrows[slot, first : pos + 1])
+        rng = np.random.default_rng(seed)
         return rng.standard_normal(self.n_vocab, dtype=np.float32) * np.float32(3.0)
+
+    def _drop_ring_rows(self, slot: int, lo: int) -> None:
+        """The ring overwrote every window row below `lo`: forget them (scrambled, not kept)."""
+        if lo > self._lo[slot]:
+            self._wrows[slot, self._lo[slot] : lo] = np.uint64(0x5EED)
+            self._lo[slot] = lo
 
     def _inject_fault(self, slot: int) -> None:
         """Make the next forward that includes `slot` fail (test hook)."""
@@ -124,6 +168,38 @@ class FakeSlotPool:
         out = self._tokens[slot, : self._len[slot]].copy()
         out.flags.writeable = False
         return out
+
+    def min_truncate_len(self, slot: int) -> int:
+        self._check_slot(slot)
+        if not self._can_truncate:
+            return self._len[slot]
+        if self.kv_window is None:
+            return 0
+        lo = self._lo[slot]
+        return 0 if lo == 0 else lo + self._reach
+
+    def restored_min_truncate_len(self, n: int) -> int:
+        if not self._can_truncate:
+            return n
+        return 0 if self.kv_window is None or n <= self._reach else n
+
+    def snapshot_nbytes(self, n: int) -> int:
+        window_rows = 0 if self.kv_window is None else min(n, self._reach)
+        return (
+            _HEADER.size + len(self.fingerprint.encode()) + _DIGEST_LEN + (n + window_rows) * self.row_bytes
+        )
+
+    def _check_cut(self, slot: int, n: int, what: str) -> None:
+        """ValueError unless n is a length `slot` can be cut back to (see interface.py)."""
+        if not isinstance(n, (int, np.integer)) or not 0 <= n <= self._len[slot]:
+            raise ValueError(f"{what} slot {slot} to {n}: must be 0..{self._len[slot]}")
+        floor = self.min_truncate_len(slot)
+        if n < floor:
+            why = "can_truncate=False" if not self._can_truncate else f"window {self.kv_window}"
+            raise ValueError(
+                f"{what} slot {slot} to {n}: the slot can only be cut back to {floor} ({why}: the "
+                "ring has overwritten the rows a deeper cut needs); restore a checkpoint instead"
+            )
 
     def forward(self, batch: Sequence[BatchItem]) -> np.ndarray:
         self._enter()
@@ -165,14 +241,18 @@ class FakeSlotPool:
         rows = []
         for item in batch:
             slot, pos = item.slot, item.start_pos
+            assert self._lo[slot] == 0 or pos - self._reach >= self._lo[slot], "ring state broken"
             h = int(self._rows[slot, pos - 1]) if pos > 0 else 0
             for tok in np.asarray(item.tokens, dtype=np.int64).tolist():
                 h = _mix(h, tok, pos)
                 self._tokens[slot, pos] = tok
                 self._rows[slot, pos] = h
+                self._wrows[slot, pos] = h
                 pos += 1
             n = pos - item.start_pos
             self._len[slot] = pos
+            if self.kv_window is not None:  # the ring holds the last ring_len positions
+                self._drop_ring_rows(slot, max(0, pos - self.ring_len))
             self.computed_tokens[slot] += n
             self.num_computed_tokens += n
             if item.want_logits:
@@ -185,11 +265,11 @@ class FakeSlotPool:
         self._enter()
         try:
             self._check_slot(slot)
-            if not 0 <= n <= self._len[slot]:
-                raise ValueError(f"truncate slot {slot} to {n}: must be 0..{self._len[slot]}")
-            if not self.can_truncate and n not in (0, self._len[slot]):
-                raise ValueError("this pool cannot truncate except to 0 (can_truncate=False)")
+            if n != 0:
+                self._check_cut(slot, n, "truncate")
             self._len[slot] = n
+            if n == 0:
+                self._lo[slot] = 0
             self.num_truncates += 1
         finally:
             self._exit()
@@ -205,8 +285,14 @@ class FakeSlotPool:
                 raise ValueError("copy_prefix needs two different slots")
             if not 0 <= n <= self._len[src]:
                 raise ValueError(f"copy {n} tokens from slot {src}: it holds {self._len[src]}")
+            if n != 0:
+                self._check_cut(src, n, "copy_prefix from")
+            lo = self._lo[src] if n else 0
             self._tokens[dst, :n] = self._tokens[src, :n]
             self._rows[dst, :n] = self._rows[src, :n]
+            self._wrows[dst, :n] = self._wrows[src, :n]
+            self._lo[dst] = 0
+            self._drop_ring_rows(dst, lo)
             self._len[dst] = n
             self.num_copies += 1
             self.num_copied_tokens += n
@@ -221,11 +307,20 @@ class FakeSlotPool:
             self._check_slot(slot)
             if not 0 < n <= self._len[slot]:
                 raise ValueError(f"snapshot {n} tokens of slot {slot}: it holds {self._len[slot]}")
+            self._check_cut(slot, n, "snapshot")
             fp = self.fingerprint.encode()
-            pad = np.zeros(n * (self.row_bytes - 12), dtype=np.uint8)
-            payload = self._tokens[slot, :n].tobytes() + self._rows[slot, :n].tobytes() + pad.tobytes()
+            wlo = n if self.kv_window is None else max(0, n - self._reach)
+            pad = np.zeros(n * (self.row_bytes - 12) + (n - wlo) * (self.row_bytes - 8), dtype=np.uint8)
+            payload = (
+                self._tokens[slot, :n].tobytes()
+                + self._rows[slot, :n].tobytes()
+                + self._wrows[slot, wlo:n].tobytes()
+                + pad.tobytes()
+            )
             digest = hashlib.blake2b(payload, digest_size=_DIGEST_LEN).digest()
-            header = _HEADER.pack(_MAGIC, _VERSION, _LAYOUT, n, self.row_bytes, len(fp))
+            header = _HEADER.pack(
+                _MAGIC, _VERSION, _LAYOUT, n, self.row_bytes, self.kv_window or 0, wlo, len(fp)
+            )
             self.num_snapshots += 1
             return header + fp + digest + payload
         finally:
@@ -240,34 +335,45 @@ class FakeSlotPool:
             buf = bytes(snap)
             if len(buf) < _HEADER.size:
                 raise ValueError("snapshot too short to hold a header")
-            magic, version, layout, n, row_bytes, fp_len = _HEADER.unpack_from(buf)
+            magic, version, layout, n, row_bytes, window, wlo, fp_len = _HEADER.unpack_from(buf)
             if magic != _MAGIC or version != _VERSION:
                 raise ValueError("not a snapshot of this engine (bad magic or version)")
             off = _HEADER.size
             fp = buf[off : off + fp_len].decode(errors="replace")
             if fp != self.fingerprint or layout != _LAYOUT or row_bytes != self.row_bytes:
                 raise ValueError(f"snapshot of another model/layout ({fp!r})")
+            if window != (self.kv_window or 0):
+                raise ValueError(f"snapshot of another KV layout (window {window}, pool {self.kv_window})")
             off += fp_len
             digest = buf[off : off + _DIGEST_LEN]
             off += _DIGEST_LEN
             payload = buf[off:]
-            if not 0 < n <= self.ctx_len or len(payload) != n * row_bytes:
+            want_wlo = n if self.kv_window is None else max(0, n - self._reach)
+            if not 0 < n <= self.ctx_len or wlo != want_wlo or len(payload) != self.snapshot_nbytes(n) - off:
                 raise ValueError("damaged snapshot (length mismatch)")
             if hashlib.blake2b(payload, digest_size=_DIGEST_LEN).digest() != digest:
                 raise ValueError("damaged snapshot (checksum mismatch)")
             self._tokens[slot, :n] = np.frombuffer(payload, dtype=np.int32, count=n)
             self._rows[slot, :n] = np.frombuffer(payload, dtype=np.uint64, count=n, offset=4 * n)
+            self._wrows[slot, wlo:n] = np.frombuffer(payload, dtype=np.uint64, count=n - wlo, offset=12 * n)
+            self._lo[slot] = 0
+            if self.kv_window is not None:
+                self._drop_ring_rows(slot, wlo)
             self._len[slot] = n
             self.num_restores += 1
-            return n
+            return int(n)
         finally:
             self._exit()
 
     # -- reference -------------------------------------------------------------------------
     def reference_logits(self, tokens: Sequence[int]) -> np.ndarray:
         """Logits after feeding `tokens` into an empty slot, computed without touching state."""
-        h = 0
+        h, chain = 0, []
         for pos, tok in enumerate(tokens):
             h = _mix(h, int(tok), pos)
+            chain.append(h)
+        if self.kv_window is not None:
+            p = len(chain) - 1
+            h = _window_seed(h, np.array(chain[max(0, p - self._reach) : p + 1], dtype=np.uint64))
         rng = np.random.default_rng(h)
         return rng.standard_normal(self.n_vocab, dtype=np.float32) * np.float32(3.0)

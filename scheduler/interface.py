@@ -7,6 +7,17 @@ serialises them); heavy ones release the GIL inside the engine.
 
 A slot holds a *record*: the token ids whose KV rows it holds, in order. Position p of a
 slot's KV corresponds to record[p]. The record is owned by the pool.
+
+Rewind reach: a pool may keep its sliding-window layers in a ring of the window plus what one
+step appends, instead of a row per position (`kv_window` is then the window). Once the ring has
+wrapped, the rows a deep rewind needs are overwritten, so each slot says how far back it can be
+cut with its state exact: `min_truncate_len(slot)`. Every length in
+min_truncate_len(slot)..slot_len(slot) is reachable by truncate, copy_prefix and snapshot; a
+shorter one is refused with ValueError (nothing changes), except truncate(slot, 0), which empties
+the slot. A full-KV pool answers 0 everywhere (`kv_window` None). A snapshot carries exactly the
+rows its length needs (the ring rows of the last window, not the whole ring), so a slot restored
+from a snapshot of n tokens can be cut back to `restored_min_truncate_len(n)`, a pure function of
+n that routing uses to tell which checkpoints can serve a shorter prefix.
 """
 
 from __future__ import annotations
@@ -39,8 +50,8 @@ class SlotPool(Protocol):
     ctx_len: int  # tokens of KV per slot
     n_vocab: int  # logits row width
     kv_bytes: int  # total KV memory allocated, bytes
-    fingerprint: str  # model + KV layout identity; snapshots carry it
-    can_truncate: bool
+    fingerprint: str  # model + KV layout identity (ring or full rows included); snapshots carry it
+    kv_window: int | None  # widest sliding window kept as a ring; None: every position rewindable
     can_copy: bool
     can_snapshot: bool
 
@@ -62,17 +73,38 @@ class SlotPool(Protocol):
         slots not in the batch are intact.
         """
 
+    def min_truncate_len(self, slot: int) -> int:
+        """The shortest length `slot` can be cut back to with its state exact (0 <= it <=
+        slot_len). 0 for full KV and for a ring that has not wrapped; for a wrapped ring,
+        slot_len minus the positions the ring holds beyond the window (a rewind of at most one
+        step's tokens)."""
+
+    def restored_min_truncate_len(self, n: int) -> int:
+        """min_truncate_len of a slot right after restoring a snapshot of n tokens: 0 for full
+        KV or n within the window, else n (the snapshot restores only its own length). Pure: may be
+        called from any thread (routing calls it on the event loop)."""
+
     def truncate(self, slot: int, n: int) -> None:
-        """Keep the first n tokens of `slot` (0 <= n <= slot_len)."""
+        """Keep the first n tokens of `slot`: n == 0 (empty it) or
+        min_truncate_len(slot) <= n <= slot_len. Raises ValueError otherwise; then nothing
+        changed."""
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
-        """Make dst hold exactly src's first n tokens (KV rows and record); src unchanged."""
+        """Make dst hold exactly src's first n tokens (KV rows and record); src unchanged.
+        Needs can_copy and min_truncate_len(src) <= n <= slot_len(src) (n == 0 empties dst);
+        raises ValueError otherwise, and then nothing changed."""
 
     def snapshot(self, slot: int, n: int) -> bytes:
         """A self-describing copy of the first n tokens of `slot` (header with fingerprint, n,
-        KV dtype, layout version; the token ids; the KV rows). Bytes-like (buffer protocol)."""
+        KV dtype, layout version; the token ids; the KV rows, for ring layers the window's rows
+        before n). Bytes-like (buffer protocol). Needs 0 < n and
+        min_truncate_len(slot) <= n <= slot_len; raises ValueError otherwise."""
+
+    def snapshot_nbytes(self, n: int) -> int:
+        """Size in bytes of a snapshot of n tokens (for checkpoint budgets). Pure, any thread."""
 
     def restore(self, slot: int, snap: bytes) -> int:
         """Load a snapshot into `slot` (replacing its contents); returns the token count.
-        Raises ValueError for a snapshot of another model/layout or a damaged one; then the
-        slot is unchanged."""
+        Raises ValueError for a snapshot of another model/layout (a ring snapshot into a
+        full-KV pool or the other way round, another window) or a damaged one; then the slot
+        is unchanged."""

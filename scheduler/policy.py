@@ -19,6 +19,13 @@ property-testable. Two choices are made separately:
 
 A request whose prefix is still being prefilled by another request waits for it
 (`RouteAction.WAIT_SHARED`) instead of computing the same rows twice.
+
+Rewind reach: a slot whose sliding-window layers live in a ring can only be cut back to its
+`min_truncate_len`, and a restored checkpoint only to the pool's `restored_min_truncate_len` of
+its length (candidates and matches carry both). A source that would have to be cut deeper
+supplies nothing: each source is valued by what it can really supply now, so such a prompt
+restores the best checkpoint at or below its common prefix, or goes cold. The decision records
+what the window cost: tokens a live slot shared but no source could supply (`window_lost_tokens`).
 """
 
 from __future__ import annotations
@@ -58,6 +65,13 @@ _SOURCE_OF = {
 }
 
 
+class RestoreReason(str, enum.Enum):
+    """Why a request restored a checkpoint instead of reusing a live slot."""
+
+    WINDOW = "window"  # a live slot shared as much, but its ring cannot be cut back that far
+    EVICTED = "evicted"  # no live slot shares as much (overwritten, or before a restart)
+
+
 class CheckpointTier(str, enum.Enum):
     MEMORY = "memory"  # in-process store
     DISK = "disk"  # opt-in disk tier
@@ -70,6 +84,7 @@ class SlotCandidate:
     is_free: bool  # no request holds the slot
     idle_s: float  # seconds since the slot was last used (0 while busy)
     prefill_target: np.ndarray | None = None  # int32 [m] prompt a running prefill computes toward
+    min_truncate_len: int = 0  # shortest length the slot can be cut back to (pool's ring reach)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,11 +93,11 @@ class CheckpointMatch:
     key: str  # store key
     num_tokens: int  # tokens the checkpoint holds
     common: int  # common prefix with the prompt
+    min_truncate_len: int = 0  # shortest length a slot restored from it can be cut back to
 
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
-    can_truncate: bool = True
     can_copy: bool = True
     can_snapshot: bool = True
 
@@ -98,6 +113,9 @@ class RouteDecision:
     checkpoint: CheckpointMatch | None = None
     lost_tokens: int = 0  # tokens of the destination's record destroyed
     evicts: bool = False  # the loss counts: worth a checkpoint capture before overwriting
+    window_refused: bool = False  # a live slot shared more than its ring could be cut back to
+    window_lost_tokens: int = 0  # prompt tokens a live slot shared but no source could supply
+    restore_reason: RestoreReason | None = None  # for RESTORE_*: why not a live slot
 
 
 class SourceRank(enum.IntEnum):
@@ -150,11 +168,12 @@ class _Option:
         )
 
 
-def _usable(common: int, held: int, prompt_len: int, can_truncate: bool) -> int:
-    """Prompt tokens a source holding `held` tokens, sharing `common`, can supply."""
+def _usable(common: int, held: int, prompt_len: int, floor: int) -> int:
+    """Prompt tokens a source holding `held` tokens, sharing `common`, can supply when it can
+    be cut back to `floor` at the shortest."""
     u = min(common, prompt_len - 1)
-    if not can_truncate and u != held:
-        return 0  # would need cutting the source's tail
+    if u < held and u < floor:
+        return 0  # would need cutting the source deeper than its state allows
     return max(u, 0)
 
 
@@ -171,27 +190,32 @@ def route(
     L = int(prompt.shape[0])
     commons = {s.slot: (common_prefix_len(prompt, s.tokens) if reuse_enabled else 0) for s in slots}
     rewind_u = {
-        s.slot: _usable(commons[s.slot], int(s.tokens.shape[0]), L, caps.can_truncate)
+        s.slot: _usable(commons[s.slot], int(s.tokens.shape[0]), L, s.min_truncate_len)
         for s in slots
         if s.is_free
     }
+    # What live slots share, ignoring their rings (full KV would supply this much).
+    live_raw = max([0, *(min(commons[s.slot], L - 1) for s in slots if s.is_free or caps.can_copy)])
     # Sources other than a rewind, best first.
     sources: list[_Source] = []
     if caps.can_copy:
         for s in slots:
-            u = min(commons[s.slot], L - 1)
+            u = _usable(commons[s.slot], int(s.tokens.shape[0]), L, s.min_truncate_len)
             if u > 0:
                 rank = SourceRank.FREE_SLOT if s.is_free else SourceRank.BUSY_SLOT
                 sources.append(_Source(u, rank, slot=s))
+    live_ok = max([0, *(c.reuse_len for c in sources), *rewind_u.values()])
     if reuse_enabled and caps.can_snapshot:
         for i, m in enumerate(checkpoints):
-            u = _usable(m.common, m.num_tokens, L, caps.can_truncate)
+            u = _usable(m.common, m.num_tokens, L, m.min_truncate_len)
             if u > 0:
                 is_memory = m.tier is CheckpointTier.MEMORY
                 rank = SourceRank.MEMORY_CHECKPOINT if is_memory else SourceRank.DISK_CHECKPOINT
                 sources.append(_Source(u, rank, checkpoint=m, match_index=i))
     sources.sort(key=_Source.sort_key)
     best_u = max([sources[0].reuse_len if sources else 0, *rewind_u.values()])
+    refused = live_raw > live_ok  # a ring kept a live slot from supplying all it shares
+    window_lost = max(0, live_raw - best_u)  # ... and no other source made up for it
 
     # In-flight sharing: a running prefill will hold more of this prompt than anything now.
     if reuse_enabled and caps.can_copy:
@@ -241,6 +265,8 @@ def route(
             dest_len,
             lost_tokens=best.lost,
             evicts=best.counts,
+            window_refused=refused,
+            window_lost_tokens=window_lost,
         )
     src = best.source
     if src is None:
@@ -252,6 +278,8 @@ def route(
             dest_len,
             lost_tokens=best.lost,
             evicts=best.counts,
+            window_refused=refused,
+            window_lost_tokens=window_lost,
         )
     if src.slot is not None:
         return RouteDecision(
@@ -263,6 +291,8 @@ def route(
             src_slot=src.slot.slot,
             lost_tokens=best.lost,
             evicts=best.counts,
+            window_refused=refused,
+            window_lost_tokens=window_lost,
         )
     ck = src.checkpoint
     assert ck is not None
@@ -276,4 +306,7 @@ def route(
         checkpoint=ck,
         lost_tokens=best.lost,
         evicts=best.counts,
+        window_refused=refused,
+        window_lost_tokens=window_lost,
+        restore_reason=RestoreReason.WINDOW if live_raw >= best.reuse_len else RestoreReason.EVICTED,
     )

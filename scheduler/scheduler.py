@@ -29,14 +29,14 @@ from collections.abc import Sequence as Seq
 import numpy as np
 
 from .admission import Admission
-from .checkpoint_policy import CheckpointPolicy
+from .checkpoint_policy import CheckpointPolicy, auto_interval_tokens
 from .checkpoint_store import CaptureRule
 from .config import SchedulerConfig, reuse_log_from_env
 from .detok import Detokenizer
 from .finish import finish_records, rejected_stats
 from .handle import RequestHandle
 from .interface import BatchItem, SlotPool
-from .policy import Capabilities, CheckpointTier, RouteAction
+from .policy import Capabilities, CheckpointTier, RouteAction, RouteDecision
 from .request import (
     Draining,
     FinishReason,
@@ -56,6 +56,7 @@ from .stats import (
     CheckpointEventKind,
     NullSink,
     RequestStats,
+    RouteStats,
     SchedulerStats,
     SlotLevel,
     StatsSink,
@@ -95,14 +96,26 @@ class Scheduler:
         self._eos = frozenset(int(t) for t in eos_token_ids)
         self._sink: StatsSink = stats_sink or NullSink()
         self._clock = clock
-        self._caps = Capabilities(bool(pool.can_truncate), bool(pool.can_copy), bool(pool.can_snapshot))
+        self._caps = Capabilities(bool(pool.can_copy), bool(pool.can_snapshot))
         self._slots = SlotTable(pool.num_slots, pool.ctx_len)
+        interval = config.checkpoint_interval_tokens
+        if interval is None:
+            interval = auto_interval_tokens(
+                kv_window=pool.kv_window,
+                num_slots=pool.num_slots,
+                ctx_len=pool.ctx_len,
+                budget_bytes=config.checkpoint_memory_bytes,
+                snapshot_nbytes=pool.snapshot_nbytes,
+                min_tokens=config.min_checkpoint_tokens,
+            )
         self._ckpt = CheckpointPolicy(
             config,
             can_snapshot=self._caps.can_snapshot,
             fingerprint=pool.fingerprint,
-            bytes_per_token=pool.kv_bytes / max(1, pool.num_slots * pool.ctx_len),
+            snapshot_nbytes=pool.snapshot_nbytes,
             emit=self._emit_checkpoint,
+            restored_floor=pool.restored_min_truncate_len,
+            interval_tokens=interval,
         )
         self._queue: list[Sequence] = []  # waiting, sorted by (-priority, order)
         self._running: dict[int, Sequence] = {}  # slot -> request holding it
@@ -128,7 +141,15 @@ class Scheduler:
             on_preemption=lambda: self._sink_call(self._sink.on_preemption),
             wake=self._wake.set,
             log_reuse=config.reuse_log or reuse_log_from_env(),
+            restored_floor=pool.restored_min_truncate_len,
+            emit_route=self._emit_route,
+            share_by_checkpoint=pool.kv_window is not None,
         )
+
+    @property
+    def checkpoint_interval_tokens(self) -> int:
+        """Rule interval's K in use (0: off)."""
+        return self._ckpt.interval_tokens
 
     # -- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> Scheduler:
@@ -145,11 +166,14 @@ class Scheduler:
         self._worker.start()
         pool = self._pool
         records = await self._worker.run(
-            lambda: [np.array(pool.record(s), dtype=np.int32) for s in range(pool.num_slots)]
+            lambda: [
+                (np.array(pool.record(s), dtype=np.int32), pool.min_truncate_len(s))
+                for s in range(pool.num_slots)
+            ]
         )
         now = self._clock()
-        for s, rec in enumerate(records):
-            self._slots.assign(s, rec)
+        for s, (rec, floor) in enumerate(records):
+            self._slots.assign(s, rec, floor)
             self._slots.last_used[s] = now
         self._ckpt.start(asyncio.get_running_loop())
         self._task = asyncio.create_task(self._loop(), name="slotserve-scheduler")
@@ -361,7 +385,8 @@ class Scheduler:
             held = self._slots.lens[seq.slot]
             while seq.capture_points and seq.capture_points[0][0] <= min(held, seq.num_computed):
                 n, rule = seq.capture_points.pop(0)
-                self._plan_capture(plan, seq.slot, n, rule)
+                if n >= self._slots.floors[seq.slot]:  # else the ring no longer holds it
+                    self._plan_capture(plan, seq.slot, n, rule)
 
     # -- batch -----------------------------------------------------------------------------
     def _plan_batch(self, plan: StepPlan) -> None:
@@ -376,6 +401,11 @@ class Scheduler:
         )
         for seq in prefilling:
             n = min(seq.prompt_len - seq.num_computed, self._config.segment_tokens, budget)
+            # A segment ends at the next capture point, so the snapshot is taken with the slot
+            # exactly there (a ring could not be cut back to it from much further).
+            nxt = next((p for p, _ in seq.capture_points if p > seq.num_computed), None)
+            if nxt is not None:
+                n = min(n, nxt - seq.num_computed)
             if n <= 0:
                 break
             toks = seq.prompt[seq.num_computed : seq.num_computed + n]
@@ -395,7 +425,8 @@ class Scheduler:
                 continue
             self._ckpt.keep(cap.tokens, snap, cap.rule)
         for slot, rec in result.resync.items():
-            self._slots.assign(slot, rec)
+            self._slots.assign(slot, rec, result.floors[slot])
+        self._slots.floors[:] = result.floors
         for i, err in result.prepare_errors.items():
             seq, d = plan.prepares[i].owner, plan.prepares[i].decision
             log.warning("preparing slot %d for %s failed (%s); rerouting", d.dest, seq.request_id, err)
@@ -514,6 +545,12 @@ class Scheduler:
 
     def _emit_request_stats(self, s: RequestStats) -> None:
         self._sink_call(self._sink.on_request, s)
+
+    def _emit_route(self, d: RouteDecision) -> None:
+        stats = RouteStats(
+            d.action.reuse_source, d.reuse_len, d.window_refused, d.window_lost_tokens, d.restore_reason
+        )
+        self._sink_call(self._sink.on_route, stats)
 
     def _emit_checkpoint(
         self,

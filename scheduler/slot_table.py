@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .interface import SlotPool
+
 
 class SlotTable:
     def __init__(self, num_slots: int, ctx_len: int) -> None:
@@ -18,6 +20,9 @@ class SlotTable:
         self.ctx_len = ctx_len
         self.tokens = np.zeros((num_slots, ctx_len), dtype=np.int32)  # [slot, pos] records
         self.lens = [0] * num_slots  # record length per slot
+        # shortest length each slot can be cut back to (pool.min_truncate_len): set by planned
+        # truncates, copies and restores, and read back from the pool after every step
+        self.floors = [0] * num_slots
         self.last_used = [0.0] * num_slots  # monotonic time a request last released the slot
         self.num_reuse_hits = [0] * num_slots
         self.num_reused_tokens = [0] * num_slots
@@ -29,8 +34,10 @@ class SlotTable:
         return view
 
     def truncate(self, slot: int, n: int) -> None:
-        assert 0 <= n <= self.lens[slot]
+        assert n == 0 or self.floors[slot] <= n <= self.lens[slot], (slot, n, self.floors[slot])
         self.lens[slot] = n
+        if n == 0:
+            self.floors[slot] = 0
 
     def append(self, slot: int, toks: np.ndarray) -> None:
         n = self.lens[slot]
@@ -38,20 +45,23 @@ class SlotTable:
         self.tokens[slot, n : n + toks.shape[0]] = toks
         self.lens[slot] = n + toks.shape[0]
 
-    def assign(self, slot: int, toks: np.ndarray) -> None:
-        """Make the record exactly `toks`."""
-        assert toks.shape[0] <= self.ctx_len
+    def assign(self, slot: int, toks: np.ndarray, floor: int) -> None:
+        """Make the record exactly `toks`, cut back to `floor` at the shortest."""
+        assert toks.shape[0] <= self.ctx_len and 0 <= floor <= toks.shape[0]
         self.tokens[slot, : toks.shape[0]] = toks
         self.lens[slot] = int(toks.shape[0])
+        self.floors[slot] = floor
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
-        assert src != dst and n <= self.lens[src]
+        assert src != dst and self.floors[src] <= n <= self.lens[src]
         self.tokens[dst, :n] = self.tokens[src, :n]
         self.lens[dst] = n
+        self.floors[dst] = self.floors[src]
 
-    def check_integrity(self, pool) -> None:
+    def check_integrity(self, pool: SlotPool) -> None:
         """Assert the mirror equals the pool's records (call only between steps)."""
         for s in range(self.num_slots):
             rec = np.asarray(pool.record(s))
             assert pool.slot_len(s) == self.lens[s] == rec.shape[0], (s, self.lens[s], rec.shape)
             assert np.array_equal(rec, self.tokens[s, : self.lens[s]]), f"slot {s} record differs"
+            assert pool.min_truncate_len(s) == self.floors[s], (s, pool.min_truncate_len(s), self.floors[s])

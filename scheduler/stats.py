@@ -1,7 +1,7 @@
 """Plain-data stats the scheduler emits; the metrics layer turns them into Prometheus series.
 
 Design: the scheduler pushes one `StepStats` per engine step and one `RequestStats` per finished
-request (plus checkpoint and cancel events) into a `StatsSink` given at construction, and answers
+request (plus route, checkpoint and cancel events) into a `StatsSink` given at construction, and answers
 `Scheduler.stats()` with a `SchedulerStats` snapshot of current levels (queue depth, slots). It
 never imports prometheus-client; `metrics/` implements StatsSink.
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .checkpoint_store import CaptureRule
-from .policy import CheckpointTier
+from .policy import CheckpointTier, RestoreReason
 from .request import FinishReason, ReuseSource, SlotState
 from .sequence import Phase
 
@@ -32,7 +32,9 @@ __all__ = [
     "Outcome",
     "Phase",
     "RequestStats",
+    "RestoreReason",
     "ReuseSource",
+    "RouteStats",
     "SchedulerStats",
     "SlotLevel",
     "SlotState",
@@ -92,6 +94,17 @@ class CheckpointEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class RouteStats:
+    """One routed request (a request rerouted after preemption or a failed prepare counts again)."""
+
+    reuse_source: ReuseSource
+    reused_tokens: int
+    window_refused: bool  # a live slot shared more than its ring could be cut back to
+    window_recomputed_tokens: int  # prompt tokens computed because of that (no source had them)
+    restore_reason: RestoreReason | None  # for a checkpoint restore, else None
+
+
+@dataclass(frozen=True, slots=True)
 class CancelStats:
     phase: Phase  # QUEUED, PREFILL or DECODE when the cancel was acknowledged
     ack_s: float  # cancel() call to acknowledgement
@@ -121,6 +134,7 @@ class StatsSink(Protocol):
     def on_step(self, s: StepStats) -> None: ...
     def on_request(self, s: RequestStats) -> None: ...
     def on_checkpoint(self, e: CheckpointEvent) -> None: ...
+    def on_route(self, r: RouteStats) -> None: ...
     def on_cancel(self, c: CancelStats) -> None: ...
     def on_preemption(self) -> None: ...
 
@@ -135,6 +149,9 @@ class NullSink:
         pass
 
     def on_checkpoint(self, e: CheckpointEvent) -> None:
+        pass
+
+    def on_route(self, r: RouteStats) -> None:
         pass
 
     def on_cancel(self, c: CancelStats) -> None:

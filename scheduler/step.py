@@ -11,7 +11,8 @@ that calls the pool, in this order:
       -> forward (decode tokens + prefill segments; items of a failed prepare are dropped)
 
 After a failure it reads back the affected slots' records so the loop can resynchronise its
-mirror of them; it never raises (except on a bug in this module).
+mirror of them; after every step it reads back each slot's `min_truncate_len` (a ring's reach
+moves as it fills). It never raises (except on a bug in this module).
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ class StepResult:
     forward_error: BaseException | None
     resync: dict[int, np.ndarray]  # slot -> its record as the pool holds it after a failure
     forward_s: float
+    floors: list[int]  # [slot] pool.min_truncate_len after the step
 
 
 def _rewind_after_failure(pool: SlotPool, item: BatchItem) -> None:
@@ -152,4 +154,5 @@ def execute_plan(pool: SlotPool, plan: StepPlan) -> StepResult:
             touched.update(it.slot for it in items)
         for slot in touched:
             resync[slot] = np.array(pool.record(slot), dtype=np.int32)
-    return StepResult(snapshots, prepare_errors, ran, logits, forward_error, resync, forward_s)
+    floors = [pool.min_truncate_len(s) for s in range(pool.num_slots)]
+    return StepResult(snapshots, prepare_errors, ran, logits, forward_error, resync, forward_s, floors)

@@ -174,6 +174,7 @@ class RecordingSink:
         self.steps: list = []
         self.requests: list = []
         self.checkpoints: list = []
+        self.routes: list = []
         self.cancels: list = []
         self.preemptions = 0
 
@@ -185,6 +186,9 @@ class RecordingSink:
 
     def on_checkpoint(self, e) -> None:
         self.checkpoints.append(e)
+
+    def on_route(self, r) -> None:
+        self.routes.append(r)
 
     def on_cancel(self, c) -> None:
         self.cancels.append(c)

@@ -216,7 +216,12 @@ def test_pool_reports_itself(path):
     cfg = model_file(path).config
     assert isinstance(pool, SlotPoolProtocol)
     assert (pool.num_slots, pool.ctx_len, pool.n_vocab, pool.n_threads) == (3, 48, N_VOCAB, 2)
-    assert pool.can_truncate and pool.can_copy and pool.can_snapshot
+    assert pool.can_copy and pool.can_snapshot and pool.kv_window is None
+    pool.forward(
+        [BatchItem(slot=0, tokens=random_tokens(20, N_VOCAB, seed=3), start_pos=0, want_logits=False)]
+    )
+    assert pool.min_truncate_len(0) == 0 and pool.restored_min_truncate_len(20) == 0  # full KV
+    assert len(pool.snapshot(0, 20)) == pool.snapshot_nbytes(20)
     assert pool.kv_bytes == 3 * 48 * cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * 2  # f16
     assert make_pool(path, 3, 48, kv_dtype="f32").kv_bytes == 2 * pool.kv_bytes
     assert pool.kernel_variant in ("avx2", "scalar")

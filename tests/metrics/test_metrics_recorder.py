@@ -16,6 +16,8 @@ from slotserve.scheduler.stats import (
     Outcome,
     Phase,
     RequestStats,
+    RestoreReason,
+    RouteStats,
     StepStats,
 )
 
@@ -153,10 +155,27 @@ def test_steps_cancels_preemptions_checkpoints():
     assert value(m, "slotserve_checkpoint_bytes_total", event="drop", tier="disk", rule="unknown") == 99
 
 
+def test_route_events_count_window_refusals_recomputed_tokens_and_restores_by_reason():
+    m = ServerMetrics(strict=True)
+    window, evicted = RestoreReason.WINDOW, RestoreReason.EVICTED
+    m.sink.on_route(RouteStats(ReuseSource.REWIND, 300, False, 0, None))
+    m.sink.on_route(RouteStats(ReuseSource.CHECKPOINT_MEMORY, 64, True, 36, window))
+    m.sink.on_route(RouteStats(ReuseSource.NONE, 0, True, 90, None))
+    m.sink.on_route(RouteStats(ReuseSource.CHECKPOINT_DISK, 200, False, 0, evicted))
+    assert value(m, "slotserve_window_refused_rewinds_total") == 2
+    assert value(m, "slotserve_window_recomputed_tokens_total") == 126
+    assert value(m, "slotserve_checkpoint_restores_total", tier="memory", reason="window") == 1
+    assert value(m, "slotserve_checkpoint_restores_total", tier="disk", reason="evicted") == 1
+    assert value(m, "slotserve_checkpoint_restores_total", tier="disk", reason="window") == 0
+
+
 # The events below break the contract's types on purpose (a sink must survive a buggy caller).
 @pytest.mark.parametrize(
     "feed",
     [
+        lambda s: s.on_route(RouteStats(ReuseSource.REWIND, 5, False, 0, RestoreReason.WINDOW)),
+        lambda s: s.on_route(RouteStats(ReuseSource.CHECKPOINT_DISK, 5, False, 0, None)),
+        lambda s: s.on_route(RouteStats(ReuseSource.NONE, 0, True, -1, None)),
         lambda s: s.on_request(make_request("finished")),  # type: ignore[arg-type]
         lambda s: s.on_request(make_request(prompt=10, reused=5, source=ReuseSource.NONE)),
         lambda s: s.on_request(make_request(prompt=10, prefilled=-1)),

@@ -21,8 +21,9 @@ def arr(xs) -> np.ndarray:
     return np.asarray(list(xs), dtype=np.int32)
 
 
-def slot(i, tokens, free=True, idle=1.0, target=None) -> SlotCandidate:
-    return SlotCandidate(i, arr(tokens), free, idle if free else 0.0, None if target is None else arr(target))
+def slot(i, tokens, free=True, idle=1.0, target=None, floor=0) -> SlotCandidate:
+    t = None if target is None else arr(target)
+    return SlotCandidate(i, arr(tokens), free, idle if free else 0.0, t, min_truncate_len=floor)
 
 
 SYSTEM = list(range(10, 60))  # 50 tokens
@@ -113,11 +114,11 @@ def test_capabilities_restrict_the_sources():
     no_copy = Capabilities(can_copy=False)
     d = route(prompt, [slot(0, CONV_A, free=False), slot(1, [])], caps=no_copy)
     assert (d.action, d.reuse_len) == (RouteAction.COLD, 0)
-    no_trunc = Capabilities(can_truncate=False)
-    # a pure extension still rewinds (no cut needed); a divergence cannot be cut back
-    assert route(prompt, [slot(0, CONV_A)], caps=no_trunc).reuse_len == 350
-    d = route(arr(CONV_A[:100] + [1]), [slot(0, CONV_A)], caps=no_trunc)
-    assert (d.action, d.reuse_len) == (RouteAction.COLD, 0)
+    # a slot that cannot be cut back at all: a pure extension still rewinds (no cut needed); a
+    # divergence cannot, and the decision says the window cost it
+    assert route(prompt, [slot(0, CONV_A, floor=350)]).reuse_len == 350
+    d = route(arr(CONV_A[:100] + [1]), [slot(0, CONV_A, floor=350)])
+    assert (d.action, d.reuse_len, d.window_refused, d.window_lost_tokens) == (RouteAction.COLD, 0, True, 100)
 
 
 # ---------------------------------------------------------------------------- properties

@@ -69,6 +69,6 @@ async def test_random_workload_streams_only_cold_tokens(seed, tmp_path):
         stats = sched.stats()
     assert stats.num_running == 0 and stats.queue_depth == 0
     assert checked > 0
-    if pool.can_truncate and pool.num_slots > 1:  # else reuse needs luck (one slot, no cuts)
+    if pool._can_truncate and pool.num_slots > 1:  # else reuse needs luck (one slot, no cuts)
         assert sources - {ReuseSource.NONE}, "the workload never reused anything"
     assert pool.num_concurrent_calls == 0

@@ -26,6 +26,7 @@ JSON bodies must say `Content-Type: application/json` (415 otherwise). CORS is o
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import hmac
 import logging
@@ -328,11 +329,22 @@ def generation_handler(kind: GenerationKind) -> Handler:
 
 
 def _model_card(gw: Gateway, name: str) -> p.ModelCard:
-    return p.ModelCard(id=name, created=gw.runtime.created, max_model_len=gw.runtime.ctx_len)
+    created = gw.runtime.created
+    return p.ModelCard(
+        id=name,
+        created=created,
+        max_model_len=gw.runtime.ctx_len,
+        created_at=datetime.datetime.fromtimestamp(created, datetime.timezone.utc)
+        .isoformat()
+        .replace("+00:00", "Z"),
+        display_name=name,
+    )
 
 
 async def list_models(gw: Gateway, request: Request) -> Response:
-    return json_response(p.ModelList(data=[_model_card(gw, n) for n in gw.runtime.model_names]))
+    names = gw.runtime.model_names
+    cards = [_model_card(gw, n) for n in names]
+    return json_response(p.ModelList(data=cards, first_id=names[0], last_id=names[-1]))
 
 
 async def get_model(gw: Gateway, request: Request) -> Response:

@@ -292,17 +292,27 @@ class Completion(Struct, omit_defaults=True, kw_only=True):
     slotserve: SlotserveInfo | None = None
 
 
-class ModelCard(Struct):
+class ModelCard(Struct, kw_only=True):
+    """One served model, in OpenAI's shape plus Anthropic's (`type`, `display_name`,
+    `created_at`), so both SDKs' `models.list()` read it."""
+
     id: str
     created: int
     max_model_len: int
+    created_at: str  # RFC 3339 spelling of `created` (Anthropic's field)
     object: str = "model"
     owned_by: str = "slotserve"
+    type: str = "model"  # Anthropic's
+    display_name: str = ""  # Anthropic's; the id
 
 
-class ModelList(Struct):
+class ModelList(Struct, kw_only=True):
     data: list[ModelCard]
     object: str = "list"
+    # Anthropic's page fields: one page holds every served name
+    has_more: bool = False
+    first_id: str | None = None
+    last_id: str | None = None
 
 
 class TokenizeResponse(Struct):

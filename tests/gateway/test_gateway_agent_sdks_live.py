@@ -133,6 +133,16 @@ def test_openai_responses_client_tool_round_trip(scripted_live: tuple[LiveServer
 
 
 @pytest.mark.parametrize("scripted_live", [()], indirect=True)
+def test_both_sdks_list_the_served_models(scripted_live: tuple[LiveServer, Any]) -> None:
+    server, _ = scripted_live
+    listed = anthropic_client(server).models.list()
+    assert [m.id for m in listed.data] == [MODEL] and listed.has_more is False
+    card = anthropic_client(server).models.retrieve(MODEL)
+    assert (card.type, card.display_name, card.created_at.year) == ("model", MODEL, 2023)
+    assert [m.id for m in openai_client(server).models.list().data] == [MODEL]
+
+
+@pytest.mark.parametrize("scripted_live", [()], indirect=True)
 def test_errors_are_the_sdks_exception_types(scripted_live: tuple[LiveServer, Any]) -> None:
     server, sched = scripted_live
     user = [{"role": "user", "content": "x"}]

@@ -6,6 +6,8 @@ import itertools
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from slotserve.gateway.tool_calls import (
     StreamingToolParser,
     ToolCallFamily,
@@ -135,3 +137,42 @@ def test_hermes_shim_renders_calls_results_and_tools_stably():
     assert r2[3] == {"role": "tool", "content": "<tool_response>\n42\n</tool_response>"}
     parsed = parse_tool_calls(r2[2]["content"], H)
     assert parsed.tool_calls[0].name == "f"
+
+
+PIECES = [
+    "<tool_call>",
+    "</tool_call>",
+    '{"name": "f", "arguments": {"a": 1}}',
+    '{"name": "g", "parameters": {}}',
+    '{"name": "f"',
+    "[TOOL_CALLS]",
+    '[{"name": "f", "arguments": {}}]',
+    "<|python_tag|>",
+    "text ",
+    "<",
+    "{",
+    "}",
+    "\n",
+    " ",
+    ";",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    family=st.sampled_from(list(ToolCallFamily)),
+    parts=st.lists(st.sampled_from(PIECES), max_size=10),
+    cuts=st.lists(st.integers(1, 9), min_size=1, max_size=5),
+)
+def test_streaming_equals_whole_parse_on_random_texts(family, parts, cuts):
+    text = "".join(parts)
+    whole = parse_tool_calls(text, family, tool_names={"f", "g"}, new_id=ids())
+    parser = StreamingToolParser(family, tool_names={"f", "g"}, new_id=ids())
+    out, i, k = [], 0, 0
+    while i < len(text):
+        step = cuts[k % len(cuts)]
+        out.append(parser.feed(text[i : i + step])[0])
+        i, k = i + step, k + 1
+    out.append(parser.finish()[0])
+    assert ("".join(out).strip() or None) == whole.content
+    assert tuple(parser.tool_calls) == whole.tool_calls

@@ -13,8 +13,12 @@ sampling checks. The answer is assembled from the generated text by `agent_outpu
     message_delta (stop_reason, usage)  message_stop
 
 `cache_control` on a block (or at the top level: on the last message) is a checkpoint hint: the
-scheduler snapshots the prompt's KV at the end of the last marked block (`agent_output.breakpoint_offset`; one hint per request, so the
-last breakpoint, whose checkpoint also serves every shorter prefix). Usage follows Anthropic's
+scheduler snapshots the prompt's KV at the end of the marked block (`agent_output.
+breakpoint_offset`). One hint per request: the earliest breakpoint. NOTE: clients mark the
+shared prefix (system, tools) first and the conversation's latest turn last; the shared prefix
+is what other conversations reuse, while the conversation itself stays in its slot (and is saved
+when the slot is given away), so snapshotting it again at every turn would only churn the
+checkpoint memory. Usage follows Anthropic's
 accounting: input_tokens + cache_read_input_tokens + cache_creation_input_tokens is the prompt;
 cache_read counts the tokens reused from a slot or checkpoint, cache_creation the tokens computed
 up to the breakpoint. Errors use Anthropic's shape and status codes (`error_response`).
@@ -149,11 +153,11 @@ class ChatPlan:
     """A Messages request as the chat path takes it, plus what the answer needs."""
 
     chat: p.ChatCompletionRequest
-    breakpoint: Breakpoint | None  # the last cache_control, in chat-message terms
+    breakpoint: Breakpoint | None  # the earliest cache_control, in chat-message terms
 
 
 class _Builder:
-    """Chat messages built from Anthropic's turns, tracking the last cache breakpoint."""
+    """Chat messages built from Anthropic's turns, tracking the earliest cache breakpoint."""
 
     SEP = "\n"  # between text blocks of one message
 
@@ -165,7 +169,7 @@ class _Builder:
 
     def text(self, text: str, marked: bool) -> None:
         self._texts.append(text)
-        if marked:
+        if marked and self._cut_at is None:
             self._cut_at = len(self.SEP.join(self._texts))
 
     def flush(self, role: str, **extra: Any) -> None:
@@ -175,17 +179,21 @@ class _Builder:
             self.messages.append({"role": role, "content": content, **extra})
             if self._cut_at is not None:
                 end = self._cut_at >= len(content) and "tool_calls" not in extra
-                self.breakpoint = Breakpoint(len(self.messages) - 1, None if end else self._cut_at)
+                self._mark(Breakpoint(len(self.messages) - 1, None if end else self._cut_at))
         self._texts, self._cut_at = [], None
 
     def whole(self, message: dict[str, Any], marked: bool) -> None:
         self.messages.append(message)
         if marked:
-            self.breakpoint = Breakpoint(len(self.messages) - 1)
+            self._mark(Breakpoint(len(self.messages) - 1))
 
     def mark_last(self) -> None:
         if self.messages:
-            self.breakpoint = Breakpoint(len(self.messages) - 1)
+            self._mark(Breakpoint(len(self.messages) - 1))
+
+    def _mark(self, bp: Breakpoint) -> None:
+        if self.breakpoint is None:  # the earliest breakpoint is the hint (module docstring)
+            self.breakpoint = bp
 
 
 def _add_user(b: _Builder, i: int, content: list[ContentBlock]) -> None:

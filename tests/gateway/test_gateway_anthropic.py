@@ -207,15 +207,28 @@ async def test_cache_control_inside_a_message_hints_the_end_of_that_block() -> N
     assert TOK.decode(gen.prompt_ids[gen.prefix_hint :]).startswith("\nsecond block")
 
 
-async def test_the_last_of_several_breakpoints_is_the_hint() -> None:
+async def test_the_earliest_of_several_breakpoints_is_the_hint() -> None:
+    """The shared prefix (system) is hinted, not the conversation's latest turn: that stays in
+    its slot, and a snapshot of it at every turn would churn the checkpoint memory."""
     system = [{"type": "text", "text": SYSTEM_TEXT, "cache_control": {"type": "ephemeral"}}]
     msgs = [
-        {"role": "user", "content": [{"type": "text", "text": "q", "cache_control": {"type": "ephemeral"}}]}
+        user("one"),
+        {"role": "assistant", "content": "two"},
+        {"role": "user", "content": [{"type": "text", "text": "q", "cache_control": {"type": "ephemeral"}}]},
     ]
-    gen, _ = await submitted_hint(body(msgs, system=system))
-    assert gen.prefix_hint == len(
-        ids(f"<|im_start|>system\n{SYSTEM_TEXT}<|im_end|>\n<|im_start|>user\nq<|im_end|>\n")
-    )
+    gen, _ = await submitted_hint(body(msgs, system=system, cache_control={"type": "ephemeral"}))
+    assert gen.prefix_hint == len(ids(f"<|im_start|>system\n{SYSTEM_TEXT}<|im_end|>\n"))
+    two_marks = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "first block", "cache_control": {"type": "ephemeral"}},
+                {"type": "text", "text": "second block", "cache_control": {"type": "ephemeral"}},
+            ],
+        }
+    ]
+    gen, _ = await submitted_hint(body(two_marks))
+    assert gen.prefix_hint == len(ids("<|im_start|>user\nfirst block"))
 
 
 async def test_top_level_cache_control_marks_the_last_message() -> None:

@@ -106,6 +106,21 @@ def test_gemma3_special_tokens(gemma_tok):
 
 
 @pytest.mark.real_model
+def test_gemma3_streams_through_the_incremental_detokenizer(gemma_tok):
+    # The scheduler's detokenizer sees only token_bytes: byte-fallback pieces of one character
+    # arrive separately and must come out as that character, once, with nothing lost.
+    from slotserve.scheduler.detok import Detokenizer
+
+    text = "Ünïcödé \U0010fffd and 日本語, tabs\t\tand  spaces\n\nend"
+    ids = gemma_tok.encode(text, parse_special=False)
+    assert any(gemma_tok.pieces[i].startswith("<0x") for i in ids)  # byte fallback is exercised
+    detok = Detokenizer(gemma_tok.token_bytes)
+    chunks = [detok.push(i) for i in ids]
+    assert "".join(chunks) + detok.flush() == text
+    assert "\ufffd" not in "".join(chunks)
+
+
+@pytest.mark.real_model
 def test_gemma3_file_has_no_chat_template(gemma3_metadata):
     # The pretrained (base) model ships without tokenizer.chat_template: chat requests get a
     # clear 400 ("this model has no chat template") and completions work.

@@ -494,3 +494,39 @@ async def test_streamed_text_equals_the_message_text_also_with_trailing_whitespa
         r = await client.post("/v1/messages", json=body([user("x")], stream=True))
     deltas = [d["delta"]["text"] for n, d in named_sse_events(r.text) if n == "content_block_delta"]
     assert "".join(deltas) == whole["content"][0]["text"] == "Hello world\n\n"
+
+
+async def test_the_hint_is_captured_as_a_checkpoint_on_the_real_scheduler() -> None:
+    """Over FakeSlotPool and the real scheduler: a breakpoint inside a user message becomes a
+    HINT capture of exactly the tokens before its end, which a later conversation restores."""
+    from types import SimpleNamespace
+
+    from slotserve.scheduler.checkpoint_store import CaptureRule
+    from slotserve.scheduler.stats import CheckpointEventKind, NullSink
+
+    class Captures(NullSink):
+        def __init__(self) -> None:
+            self.seen: list[tuple[Any, int]] = []
+
+        def on_checkpoint(self, e: Any) -> None:
+            if e.kind is CheckpointEventKind.CAPTURE:
+                self.seen.append((e.rule, e.num_tokens))
+
+    spy = Captures()
+    runtime, _ = make_runtime(num_slots=1, metrics=SimpleNamespace(sink=spy))  # type: ignore[arg-type]
+    shared = "Here is a long shared document to answer from. " * 2  # > 64 tokens: worth a checkpoint
+
+    def marked(question: str) -> list[dict[str, Any]]:  # no system turn: only the breakpoint hints
+        blocks = [{"type": "text", "text": shared, "cache_control": {"type": "ephemeral"}}]
+        return [{"role": "user", "content": [*blocks, {"type": "text", "text": question}]}]
+
+    offset = len(ids(f"<|im_start|>user\n{shared}"))
+    async with running_app(create_app(runtime, serve_config())) as client:
+        first = await client.post("/v1/messages", json=body(marked("Q1?"), temperature=0, max_tokens=4))
+        other = await client.post("/v1/messages", json=body([user("b")], temperature=0, max_tokens=4))
+        again = await client.post("/v1/messages", json=body(marked("Q2?"), temperature=0, max_tokens=4))
+    assert first.status_code == other.status_code == again.status_code == 200
+    assert (CaptureRule.HINT, offset) in spy.seen
+    assert first.json()["usage"]["cache_creation_input_tokens"] == offset
+    # the slot went to the other conversation: the third request restores a checkpoint
+    assert again.json()["usage"]["cache_read_input_tokens"] >= offset

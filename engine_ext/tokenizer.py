@@ -36,13 +36,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from .errors import UnsupportedModelError
+
+if TYPE_CHECKING:
+    from .gguf_file import ModelFile
 
 # GGUF token types (llama.cpp's llama_token_type).
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
@@ -167,6 +170,11 @@ def spm_merges(pieces: Sequence[str], scores: Sequence[float]) -> list[tuple[str
     by a BPE that merges the lowest-ranked adjacent pair, leftmost on ties, this merges the
     pair forming the best-scoring piece first, as SPM does. (Pairs forming the same piece by
     different splits can never share a symbol, so their order does not change the result.)
+    NOTE: where two *different* pieces have equal scores and their pairs overlap ("ab" and "bc"
+    over "abc"), SPM takes the leftmost pair and this ranking the lower piece id. Real
+    SentencePiece vocabularies give every normal piece its own score (Gemma 3's 255,474 normal
+    pieces have 255,474 distinct scores); the shared -1000 of control and user-defined pieces
+    never meets a merge, as those are matched whole before merging.
 
     Cost: Gemma's 262,144 pieces have ~1.3 M split points. Looking each half up in a dict
     takes seconds in Python, so the halves are found by hash instead (`_split_candidates`,
@@ -270,7 +278,7 @@ class Tokenizer:
         return len(self.pieces)
 
     @classmethod
-    def from_model_file(cls, mf: Any) -> Tokenizer:
+    def from_model_file(cls, mf: ModelFile) -> Tokenizer:
         """The tokenizer described by `mf.metadata` (a gguf_file.ModelFile); see from_metadata."""
         return cls.from_metadata(mf.metadata, source=str(mf.path))
 
@@ -432,7 +440,7 @@ def _spm_parts(
             bytes([int(byte.group(1), 16)]) if byte else piece.replace("▁", " ").encode("utf-8")
         )
     model = models.BPE(vocab=vocab, merges=spm_merges(pieces, scores), byte_fallback=True)
-    steps = [normalizers.Replace(" ", "▁")]
+    steps: list[Any] = [normalizers.Replace(" ", "▁")]
     if meta.get("tokenizer.ggml.add_space_prefix", True):
         steps.insert(0, normalizers.Prepend("▁"))
     decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])

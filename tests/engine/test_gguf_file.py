@@ -236,3 +236,15 @@ def test_models_doc_lists_exactly_the_supported_types():
     rows = [line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ")]
     listed = {name for name in rows if name not in ("type",) and not name.startswith("-")}
     assert listed == {GGMLQuantizationType(t).name for t in SUPPORTED_TYPES}
+
+
+def test_models_doc_lists_exactly_the_supported_architectures():
+    """docs/models.md's architecture table names every architecture the loader accepts."""
+    from pathlib import Path
+
+    from slotserve.engine_ext.gguf_file import ARCHITECTURES
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
+    section = doc.split("## Architectures", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1].strip().strip("`") for line in section.splitlines() if line.startswith("| ")]
+    assert {name for name in rows if name != "architecture"} == set(ARCHITECTURES)

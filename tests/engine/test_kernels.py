@@ -263,7 +263,7 @@ def attention_numpy(
 
 
 @pytest.mark.parametrize("kv_dtype", [np.float16, np.float32])
-@pytest.mark.parametrize("head_dim, group", [(16, 2), (64, 3), (20, 1)])
+@pytest.mark.parametrize("head_dim, group", [(16, 2), (64, 3), (20, 1), (32, 4), (16, 6)])
 @pytest.mark.parametrize("pos0, n_q", [(0, 1), (0, 7), (5, 3), (31, 2), (40, 1), (70, 5), (600, 2)])
 def test_attention_variants_match_numpy(kv_dtype, head_dim, group, pos0, n_q):
     r = rng(pos0 * 100 + n_q)

@@ -429,29 +429,33 @@ void gemm_f16_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, cons
 
 /* ---- attention --------------------------------------------------------------------------- */
 
-#define HEAD_BATCH 3 /* query heads of one kv head whose scores share each loaded key vector */
+#define HEAD_BATCH 4 /* query heads of one kv head whose scores share each loaded key vector */
 
 /* Scores of 8 keys (one key block) for NH heads: s[h] lane j = q_h . key j. Per (head, key) the
- * sum runs over d in 4 interleaved partial sums, combined as (p0 + p1) + (p2 + p3).
+ * sum runs over d in U interleaved partial sums (U = 4, or 2 for a batch of 4 heads so the
+ * partials fit the 16 registers), combined as (p0 + p1) + (p2 + p3), or p0 + p1.
  * NOTE: pointer-stepped loops (no index arithmetic per load): this loop is the kernel's hot path. */
 static inline __attribute__((always_inline)) void block_scores(
     const int NH, const int F16, __m256 *s, const float *const *qh, const void *kblock, int hd) {
+    const int U = NH > 3 ? 2 : 4;
     __m256 part[HEAD_BATCH][4];
     for (int h = 0; h < NH; h++)
-        for (int u = 0; u < 4; u++) part[h][u] = _mm256_setzero_ps();
+        for (int u = 0; u < U; u++) part[h][u] = _mm256_setzero_ps();
     const uint16_t *kh = (const uint16_t *)kblock;
     const float *kf = (const float *)kblock;
-    const float *q0 = qh[0], *q1 = NH > 1 ? qh[1] : qh[0], *q2 = NH > 2 ? qh[2] : qh[0];
-    for (int d = 0; d < hd; d += 4, kh += 4 * KEY_LANES, kf += 4 * KEY_LANES, q0 += 4, q1 += 4, q2 += 4)
-        for (int u = 0; u < 4; u++) {
+    const float *q0 = qh[0], *q1 = NH > 1 ? qh[1] : qh[0], *q2 = NH > 2 ? qh[2] : qh[0], *q3 = NH > 3 ? qh[3] : qh[0];
+    for (int d = 0; d < hd; d += U, kh += U * KEY_LANES, kf += U * KEY_LANES, q0 += U, q1 += U, q2 += U, q3 += U)
+        for (int u = 0; u < U; u++) {
             const __m256 kt = F16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kh + u * KEY_LANES)))
                                   : _mm256_loadu_ps(kf + u * KEY_LANES);
             part[0][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q0 + u), kt, part[0][u]);
             if (NH > 1) part[1][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q1 + u), kt, part[1][u]);
             if (NH > 2) part[2][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q2 + u), kt, part[2][u]);
+            if (NH > 3) part[3][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q3 + u), kt, part[3][u]);
         }
     for (int h = 0; h < NH; h++)
-        s[h] = _mm256_add_ps(_mm256_add_ps(part[h][0], part[h][1]), _mm256_add_ps(part[h][2], part[h][3]));
+        s[h] = U == 2 ? _mm256_add_ps(part[h][0], part[h][1])
+                      : _mm256_add_ps(_mm256_add_ps(part[h][0], part[h][1]), _mm256_add_ps(part[h][2], part[h][3]));
 }
 
 /* acc_h[chunks c0..c0+NC) = acc_h * corr_h + sum_j p_h[j] v[j] for NH heads: keys in order. */
@@ -464,16 +468,18 @@ static inline __attribute__((always_inline)) void block_values(
             a[h][c] = _mm256_mul_ps(_mm256_loadu_ps(ah[h] + 8 * (c0 + c)), _mm256_set1_ps(corr[h]));
     const uint16_t *vh = (const uint16_t *)v + (size_t)t0 * hd + 8 * c0;
     const float *vf = (const float *)v + (size_t)t0 * hd + 8 * c0;
-    const float *p0 = p, *p1 = p + p_stride, *p2 = p + 2 * p_stride;
+    const float *p0 = p, *p1 = p + p_stride, *p2 = p + 2 * p_stride, *p3 = p + 3 * p_stride;
     for (int j = 0; j < nv; j++, vh += hd, vf += hd) {
         const __m256 pj0 = _mm256_broadcast_ss(p0 + j);
         const __m256 pj1 = NH > 1 ? _mm256_broadcast_ss(p1 + j) : pj0;
         const __m256 pj2 = NH > 2 ? _mm256_broadcast_ss(p2 + j) : pj0;
+        const __m256 pj3 = NH > 3 ? _mm256_broadcast_ss(p3 + j) : pj0;
         for (int c = 0; c < NC; c++) {
             const __m256 vc = F16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vh + 8 * c))) : _mm256_loadu_ps(vf + 8 * c);
             a[0][c] = _mm256_fmadd_ps(pj0, vc, a[0][c]);
             if (NH > 1) a[1][c] = _mm256_fmadd_ps(pj1, vc, a[1][c]);
             if (NH > 2) a[2][c] = _mm256_fmadd_ps(pj2, vc, a[2][c]);
+            if (NH > 3) a[3][c] = _mm256_fmadd_ps(pj3, vc, a[3][c]);
         }
     }
     for (int h = 0; h < NH; h++)
@@ -520,6 +526,8 @@ static inline __attribute__((always_inline)) void attend_block(
     }
     int c = 0;
     const int n_chunks = hd / 8;
+    if (NH > 3) /* 4 heads x 2 chunks of accumulators fit the registers, 4 x 4 would not */
+        for (; c + 2 <= n_chunks; c += 2) block_values(NH, 2, F16, ah, corr, sc, ATTN_KEY_BLOCK, v, t0, nv, hd, c);
     for (; c + 4 <= n_chunks; c += 4) block_values(NH, 4, F16, ah, corr, sc, ATTN_KEY_BLOCK, v, t0, nv, hd, c);
     switch (n_chunks - c) {
     case 1: block_values(NH, 1, F16, ah, corr, sc, ATTN_KEY_BLOCK, v, t0, nv, hd, c); break;
@@ -571,11 +579,13 @@ void attention_chunk_avx2(float *acc, int lda, float *ml, const float *q, int ld
                     st[h] = ml + 2 * (i * group + h0 + h);
                 }
                 if (kv_f16) {
-                    if (nh == 3) attend_block(3, 1, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
+                    if (nh == 4) attend_block(4, 1, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
+                    else if (nh == 3) attend_block(3, 1, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
                     else if (nh == 2) attend_block(2, 1, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
                     else attend_block(1, 1, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
                 } else {
-                    if (nh == 3) attend_block(3, 0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
+                    if (nh == 4) attend_block(4, 0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
+                    else if (nh == 3) attend_block(3, 0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
                     else if (nh == 2) attend_block(2, 0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
                     else attend_block(1, 0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
                 }

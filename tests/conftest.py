@@ -104,3 +104,34 @@ def shared_fixtures_dir() -> Path:
             f"repository checkout ({REPO_ROOT})"
         )
     return path
+
+
+# ---------------------------------------------------------------------------------------------
+# Soak and fault suite (tests/soak/, marker soak)
+# ---------------------------------------------------------------------------------------------
+
+SOAK_SECONDS_ENV = "SLOTSERVE_SOAK_SECONDS"
+SOAK_SECONDS_DEFAULT = 3.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--soak-seconds",
+        type=float,
+        default=None,
+        help=f"how long each soak test drives its load (default {SOAK_SECONDS_DEFAULT:g}, "
+        f"or ${SOAK_SECONDS_ENV}); every loop stays bounded in requests as well",
+    )
+
+
+@pytest.fixture(scope="session")
+def soak_seconds(pytestconfig: pytest.Config) -> float:
+    """Seconds of load per soak test: --soak-seconds, else $SLOTSERVE_SOAK_SECONDS, else 3."""
+    import os
+
+    value = pytestconfig.getoption("--soak-seconds")
+    if value is None:
+        value = float(os.environ.get(SOAK_SECONDS_ENV, SOAK_SECONDS_DEFAULT))
+    if value <= 0:
+        raise pytest.UsageError("--soak-seconds must be > 0")
+    return float(value)

@@ -97,9 +97,11 @@ def make_runtime(
     metrics: ServerMetrics | None = None,
     timeout_s: float | None = None,
     clock: Callable[[], float] = time.monotonic,
+    **scheduler_config: Any,
 ) -> tuple[Runtime, FakeSlotPool]:
     """A Runtime over FakeSlotPool (segments of 64 tokens); `timeout_s` is the scheduler's
-    default per-request timeout, `clock` its time source."""
+    default per-request timeout, `clock` its time source; other keywords go to SchedulerConfig
+    (e.g. kv_disk_dir)."""
     tok = ByteTokenizer()
     pool = FakeSlotPool(num_slots, ctx_len, n_vocab=tok.n_vocab)
     sched = Scheduler(
@@ -110,6 +112,7 @@ def make_runtime(
             segment_tokens=64,
             step_token_budget=64,
             default_timeout_s=timeout_s,
+            **scheduler_config,
         ),
         token_bytes=tok.token_bytes,
         eos_token_ids=set(tok.eos_token_ids),

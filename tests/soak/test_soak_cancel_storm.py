@@ -1,0 +1,148 @@
+"""Cancel storm: for --soak-seconds, clients abandon streams after a few chunks, give up on
+plain requests, leave in the middle of their bodies, or run to the end, all at once. Afterwards
+every slot is idle, every level gauge reads zero, the cancels were acknowledged and counted, and
+the server answers a greedy request exactly as a cold server does."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from gateway_support import make_runtime, running_app, serve_config
+from slotserve.gateway.app import create_app
+from soak_support import fake_server, scrape, tail, wait_idle
+
+pytestmark = pytest.mark.soak
+
+MAX_REQUESTS = 3000  # the count bound beside the time bound
+CLIENTS = 12
+PROBE = {
+    "messages": [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "probe " * 20},
+    ],
+    "max_tokens": 12,
+    "temperature": 0,
+}
+
+
+def body(rng: random.Random, stream: bool) -> dict:
+    words = " ".join(rng.choice(["alpha", "beta", "gamma", "delta"]) for _ in range(rng.randint(5, 120)))
+    return {
+        "messages": [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": words}],
+        "max_tokens": rng.randint(4, 48),
+        "temperature": rng.choice([0, 0.7]),
+        "seed": rng.randint(0, 1000),
+        "stream": stream,
+    }
+
+
+async def abandon_stream(client: httpx.AsyncClient, rng: random.Random) -> str:
+    chunks = rng.randint(0, 6)
+    async with client.stream("POST", "/v1/chat/completions", json=body(rng, True)) as r:
+        if r.status_code != 200:
+            return f"status {r.status_code}"
+        seen = 0
+        async for _ in r.aiter_lines():
+            seen += 1
+            if seen > chunks:
+                return "abandoned stream"  # leaving the block closes the connection
+    return "finished stream"
+
+
+async def give_up(client: httpx.AsyncClient, rng: random.Random) -> str:
+    try:
+        r = await client.post("/v1/chat/completions", json=body(rng, False), timeout=rng.uniform(0.002, 0.05))
+    except httpx.TimeoutException:
+        return "gave up"
+    return f"status {r.status_code}"
+
+
+async def finish(client: httpx.AsyncClient, rng: random.Random) -> str:
+    async with client.stream("POST", "/v1/chat/completions", json=body(rng, True)) as r:
+        lines = [line async for line in r.aiter_lines() if line]
+    if r.status_code != 200:
+        return f"status {r.status_code}"
+    assert lines[-1] == "data: [DONE]", lines[-3:]
+    return "finished stream"
+
+
+def leave_mid_body(port: int) -> str:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 200\r\n\r\n" + b'{"messages": ['
+        )
+    return "left mid-body"
+
+
+async def storm(url: str, port: int, seconds: float, seed: int) -> collections.Counter:
+    rng = random.Random(seed)
+    deadline = time.monotonic() + seconds
+    seen: collections.Counter = collections.Counter()
+    started = 0
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        nonlocal started
+        while time.monotonic() < deadline and started < MAX_REQUESTS:
+            started += 1
+            action = rng.choices(["abandon", "give_up", "finish", "mid_body"], weights=[5, 3, 2, 1])[0]
+            if action == "abandon":
+                seen[await abandon_stream(client, rng)] += 1
+            elif action == "give_up":
+                seen[await give_up(client, rng)] += 1
+            elif action == "finish":
+                seen[await finish(client, rng)] += 1
+            else:
+                seen[await asyncio.to_thread(leave_mid_body, port)] += 1
+
+    async with httpx.AsyncClient(base_url=url, timeout=30, trust_env=False) as client:
+        await asyncio.gather(*(worker(client) for _ in range(CLIENTS)))
+    return seen
+
+
+async def cold_answer() -> str:
+    runtime, _ = make_runtime(num_slots=1, reuse=False)
+    async with running_app(create_app(runtime, serve_config())) as client:
+        r = await client.post("/v1/chat/completions", json=PROBE)
+    return r.json()["choices"][0]["message"]["content"]
+
+
+async def test_cancel_storm_leaves_every_slot_idle_and_gauges_at_zero(
+    soak_seconds: float, tmp_path: Path
+) -> None:
+    runtime = {"num_slots": 3, "ctx_len": 1024, "max_queue": 16}
+    with fake_server(tmp_path, runtime=runtime, config={"max_tokens_limit": 64}, step_s=0.002) as server:
+        seen = await storm(server.url, server.port, soak_seconds, seed=14)
+        m = wait_idle(server.url)
+        slots = httpx.get(server.url + "/slots", timeout=10).json()["data"]
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            warm = (await client.post("/v1/chat/completions", json=PROBE)).json()["choices"][0]["message"][
+                "content"
+            ]
+        after = scrape(server.url)
+        rc = server.stop()
+    total = sum(seen.values())
+    print(f"\nsoak cancel-storm: {soak_seconds:g} s, {total} requests {dict(seen)}")
+    assert rc == 0, tail(server)
+    assert seen["abandoned stream"] + seen["gave up"] > 0 and seen["finished stream"] > 0
+    assert all(s["request_id"] is None and s["state"] in ("idle", "empty") for s in slots), slots
+    assert m["slotserve_running_requests"] == 0 and m["slotserve_queue_depth"] == 0
+    assert m['slotserve_slots{state="prefill"}'] == 0 and m['slotserve_slots{state="decode"}'] == 0
+    cancels = sum(v for k, v in m.items() if k.startswith("slotserve_cancels_total"))
+    assert cancels > 0
+    scheduler_cancelled = m['slotserve_requests_total{outcome="cancelled",stage="scheduler"}']
+    assert scheduler_cancelled == cancels  # every cancel acknowledged once, and counted once
+    if seen["left mid-body"]:
+        assert m['slotserve_requests_total{outcome="cancelled",stage="gateway"}'] == seen["left mid-body"]
+    assert after['slotserve_requests_total{outcome="error",stage="scheduler"}'] == 0
+    assert after['slotserve_requests_total{outcome="error",stage="gateway"}'] == 0
+    assert warm == await cold_answer()  # no slot was left corrupted
+    text = server.log.read_text()
+    assert "Traceback" not in text and "ERROR" not in text, text[-3000:]

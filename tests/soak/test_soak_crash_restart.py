@@ -1,0 +1,214 @@
+"""kill -9 while checkpoints are being written, then restart on the same --kv-disk-dir: every
+checkpoint file left is whole (or removed), a file damaged on disk is dropped instead of used,
+and the restarted server's greedy answers, restored from disk, equal a cold server's.
+
+The server is the real `slotserve serve` on the tiny fixture model; in the first run its fsync
+sleeps 0.25 s, so writes are slow enough to be caught mid-way (the test asserts it caught one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from slotserve.scheduler.disk_store import _FIXED, _MAGIC, _TAIL
+from soak_support import ServerProcess, scrape, start_serve, tail
+
+pytestmark = pytest.mark.soak
+
+SLOW_DISK = """
+import os, time
+_fsync = os.fsync
+def _slow_fsync(fd):
+    time.sleep(0.25)
+    _fsync(fd)
+os.fsync = _slow_fsync
+"""
+NUM_PROMPTS = 6
+MAX_CYCLES = 8
+
+
+def systems(cycle: int) -> list[str]:
+    """Distinct system prompts (each a `hint` checkpoint of ~150 tokens, written to disk)."""
+    return [
+        f"System {cycle}-{i}: " + f"you answer in the style of voice number {i}. " * 4
+        for i in range(NUM_PROMPTS)
+    ]
+
+
+def chat(server: ServerProcess, system: str) -> dict:
+    body = {
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": "Go on."}],
+        "max_tokens": 6,
+        "temperature": 0,
+    }
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60, trust_env=False)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def check_file(path: Path) -> None:
+    """A checkpoint file is whole: header fields consistent and the checksum right."""
+    raw = path.read_bytes()
+    magic, _version, _fp, n, rule_len = _FIXED.unpack_from(raw, 0)
+    assert magic == _MAGIC
+    off = _FIXED.size + rule_len
+    data_len, checksum = _TAIL.unpack_from(raw, off)
+    off += _TAIL.size
+    tokens, data = raw[off : off + 4 * n], raw[off + 4 * n :]
+    assert len(data) == data_len, f"{path.name}: truncated"
+    assert hashlib.sha256(tokens + data).digest() == checksum, f"{path.name}: checksum"
+
+
+def model_dir(root: Path) -> Path:
+    dirs = [d for d in root.iterdir() if d.is_dir()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def serve_args(model: Path, disk: Path, *extra: str) -> list[str]:
+    return [
+        "--model", str(model), "--parallel", "1", "--ctx-size", "512", "--log-level", "info",
+        "--kv-disk-dir", str(disk), "--kv-disk-space-mb", "64", "--checkpoint-memory-mb", "0", *extra,
+    ]  # fmt: skip
+
+
+def crash_while_writing(model: Path, disk: Path, log: Path, cycle: int) -> tuple[int, int]:
+    """Run a slow-disk server, send the prompts, kill -9 it once >= 3 files are whole and one is
+    being written. Returns (whole files, temporary files) at the moment of the kill."""
+    server = start_serve(log, serve_args(model, disk), python_prelude=SLOW_DISK)
+    seen: dict[str, int] = {}
+
+    def watch() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and server.proc.poll() is None:
+            files = [p.name for d in disk.iterdir() if d.is_dir() for p in d.iterdir()]
+            tmp = sum(n.endswith(".tmp") for n in files)
+            whole = sum(n.endswith(".kvc") for n in files)
+            if tmp and whole >= 3:
+                os.kill(server.proc.pid, signal.SIGKILL)
+                seen.update(whole=whole, tmp=tmp)
+                return
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for system in systems(cycle):
+            if server.proc.poll() is not None:
+                break
+            try:
+                chat(server, system)
+            except httpx.HTTPError:
+                break  # killed mid-request
+        watcher.join(60)
+    finally:
+        if server.proc.poll() is None:
+            server.proc.kill()
+        server.proc.wait()
+    assert server.proc.returncode == -signal.SIGKILL, tail(server)
+    return seen.get("whole", 0), seen.get("tmp", 0)
+
+
+def file_tokens(path: Path) -> list[int]:
+    raw = path.read_bytes()
+    n, rule_len = _FIXED.unpack_from(raw, 0)[3:]
+    off = _FIXED.size + rule_len + _TAIL.size
+    return list(np.frombuffer(raw[off : off + 4 * n], dtype=np.int32))
+
+
+def common_len(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def test_kill_9_during_checkpoint_writes_then_restart_warm_equals_cold(
+    tiny_model_path: Path, tmp_path: Path, soak_seconds: float
+) -> None:
+    disk, log = tmp_path / "kv", tmp_path / "server.log"
+    cycles = max(1, min(MAX_CYCLES, int(soak_seconds // 4)))
+    caught = []
+    for cycle in range(cycles):
+        caught.append(crash_while_writing(tiny_model_path, disk, log, cycle))
+        for path in model_dir(disk).glob("*.kvc"):
+            check_file(path)  # the rename is atomic: a killed write leaves only a temporary file
+    assert all(whole >= 3 and tmp >= 1 for whole, tmp in caught), caught
+
+    # cold answers, and each prompt's token ids (to know which file holds which prompt)
+    prompts = [s for c in range(cycles) for s in systems(c)]
+    cold_server = start_serve(
+        log, ["--model", str(tiny_model_path), "--parallel", "1", "--ctx-size", "512", "--no-reuse"]
+    )
+    try:
+        cold = [chat(cold_server, s) for s in prompts]
+        ids = [
+            httpx.post(
+                cold_server.url + "/tokenize",
+                json={"messages": [{"role": "system", "content": s}, {"role": "user", "content": "Go on."}]},
+                timeout=30,
+                trust_env=False,
+            ).json()["tokens"]
+            for s in prompts
+        ]
+    finally:
+        cold_server.stop()
+
+    # which prompt each whole file serves; damage every file of one prompt (as a bad sector
+    # would): its request must drop them and prefill cold, while the others restore from disk
+    owner: dict[Path, int] = {}
+    file_tokens_of: dict[Path, list[int]] = {}
+    for path in model_dir(disk).glob("*.kvc"):
+        toks = file_tokens_of[path] = file_tokens(path)
+        owner[path] = max(range(len(prompts)), key=lambda i: common_len(toks, ids[i]))
+    damaged_prompt = min(owner.values())
+    assert len(set(owner.values())) >= 2, "need files of two prompts: one damaged, one intact"
+    damaged = [p for p, i in owner.items() if i == damaged_prompt]
+    for path in damaged:
+        raw = bytearray(path.read_bytes())
+        raw[-1] ^= 0xFF
+        path.write_bytes(bytes(raw))
+
+    server = start_serve(log, serve_args(tiny_model_path, disk))
+    try:
+        deadline = time.monotonic() + 30
+        while scrape(server.url)['slotserve_checkpoint_stored_bytes{tier="disk"}'] == 0:
+            assert time.monotonic() < deadline, "the disk index was not rebuilt"
+            time.sleep(0.05)
+        assert not list(model_dir(disk).glob(".*.tmp")), "temporary files of the killed writer remain"
+        order = [damaged_prompt] + [i for i in sorted(set(owner.values())) if i != damaged_prompt]
+        order += [i for i in range(len(prompts)) if i not in order]
+        warm = {i: chat(server, prompts[i]) for i in order}
+        m = scrape(server.url)
+    finally:
+        rc = server.stop()
+    assert rc == 0, tail(server)
+    sources = {i: w["slotserve"]["reuse_source"] for i, w in warm.items()}
+    print(
+        f"\nsoak crash-restart: {cycles} kill -9 cycles, caught (whole, tmp) files {caught}; "
+        f"{len(damaged)} files damaged; warm sources {[sources[i] for i in order]}"
+    )
+    for i, c in enumerate(cold):
+        assert warm[i]["choices"][0]["message"]["content"] == c["choices"][0]["message"]["content"], i
+    assert sources[damaged_prompt] != "checkpoint_disk"
+    assert any(sources[i] == "checkpoint_disk" for i in set(owner.values()) - {damaged_prompt})
+    assert m['slotserve_checkpoints_total{event="drop",rule="unknown",tier="disk"}'] >= 1
+    # the damaged file its request matched (the system-prompt hint, a prefix of its prompt) was
+    # removed, or written again whole by that request's own capture
+    hint = [
+        p for p in damaged if common_len(file_tokens_of[p], ids[damaged_prompt]) == len(file_tokens_of[p])
+    ]
+    assert hint
+    for path in hint:
+        if path.exists():
+            check_file(path)

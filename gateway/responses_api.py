@@ -83,9 +83,10 @@ _PARAMS = {"max_tokens": "max_output_tokens", "messages": "input", "response_for
 
 
 def _rename(err: APIError) -> APIError:
-    base = (err.param or "").split(".")[0].split("[")[0]
+    param = err.param or ""
+    base = param.split(".")[0].split("[")[0]
     if base in _PARAMS:
-        err.param = _PARAMS[base] if base == "messages" else _PARAMS[base] + err.param[len(base) :]
+        err.param = _PARAMS[base] if base == "messages" else _PARAMS[base] + param[len(base) :]
         if base == "max_tokens":
             err.message = err.message.replace("max_tokens", "max_output_tokens", 1)
     return err
@@ -497,9 +498,9 @@ async def create_response(gw: Gateway, request: Request, store: ResponseStore) -
     got = await collect(handle, request.receive)
     if got is None:  # the client left; the request was cancelled and acknowledged
         return error_response(APIError(499, "client closed the request", code="client_closed_request"))
-    err = translate.failure(got.finish)
-    if err is not None:
-        raise err
+    failed = translate.failure(got.finish)
+    if failed is not None:
+        raise failed
     blocks = split_output(got.text, tools)
     status, incomplete = status_of(got.finish)
     answer.keep(blocks)

@@ -391,6 +391,13 @@ async def test_stream_error_after_tokens_is_an_error_event() -> None:
     }
 
 
+async def test_an_engine_failure_is_a_500_api_error() -> None:
+    runtime, _ = scripted_runtime(Reply(("x",), reason=FinishReason.ERROR, error="boom"))
+    async with running_app(create_app(runtime, serve_config())) as client:
+        r = await client.post("/v1/messages", json=body([user("x")]))
+    assert "boom" in assert_anthropic_error(r, 500, "api_error")
+
+
 async def test_count_tokens_counts_the_prompt_the_route_would_prefill() -> None:
     runtime, sched = scripted_runtime(Reply(("x",)))
     req = body([user("how many?")], system=SYSTEM_TEXT, tools=[WEATHER_TOOL])

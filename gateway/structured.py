@@ -102,9 +102,8 @@ class GrammarCompiler:
         """Tool-call syntax of `family` whose JSON is one of `tools` (OpenAI tool dicts) with its
         parameters schema. `parallel`: one or more calls, else exactly one; `allow_text`: a plain
         text reply is allowed instead (tool_choice "auto" with strict schemas)."""
-        call = json.dumps(
-            _call_schema(tools, "parameters" if family is ToolCallFamily.LLAMA3 else "arguments")
-        )
+        call_schema = _call_schema(tools, "parameters" if family is ToolCallFamily.LLAMA3 else "arguments")
+        call = json.dumps({**call_schema, "x-guidance": _JSON_OPTIONS})  # the fixed layout inside %json too
         if family is ToolCallFamily.HERMES:
             one = f'"{HERMES_OPEN}\\n" %json {call} "\\n{HERMES_CLOSE}"'
             calls = 'call ("\\n" call)*' if parallel else "call"
@@ -114,7 +113,7 @@ class GrammarCompiler:
             calls = 'call ("; " call)*' if parallel else "call"
             text = "/[^{<][\\s\\S]*/"
         else:
-            arr = {"type": "array", "items": json.loads(call), "minItems": 1}
+            arr = {"type": "array", "items": call_schema, "minItems": 1, "x-guidance": _JSON_OPTIONS}
             if not parallel:
                 arr["maxItems"] = 1
             one = f'"{MISTRAL_TAG}" %json {json.dumps(arr)}'

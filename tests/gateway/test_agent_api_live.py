@@ -285,3 +285,37 @@ def test_n_4_prefills_the_prompt_once(
         c.message.content for c in r.choices
     ]  # seeds per choice
     assert len({c.message.content for c in r.choices}) > 1
+
+
+def test_strict_tool_under_auto_and_a_named_function(client: openai.OpenAI, model: str) -> None:
+    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+    clock = {
+        "type": "function",
+        # no arguments at all (an open object would let a small model write arguments forever)
+        "function": {
+            "name": "get_time",
+            "parameters": {"type": "object", "properties": {}, "additionalProperties": False},
+        },
+    }
+    messages = [SYSTEM, {"role": "user", "content": "What is the weather in Oslo?"}]
+    for seed in range(4):
+        r = client.chat.completions.create(
+            model=model, messages=messages, tools=[strict, clock], temperature=1.0, seed=seed, max_tokens=64
+        )
+        msg = r.choices[0].message
+        for call in msg.tool_calls or []:  # whatever the model chose, a call is valid
+            if call.function.name == "get_weather":
+                jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+        assert msg.tool_calls or msg.content
+    named = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        tools=[strict, clock],
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=64,
+    )
+    calls = named.choices[0].message.tool_calls
+    assert named.choices[0].finish_reason == "tool_calls", named.choices[0].message
+    assert [c.function.name for c in calls] == ["get_time"]

@@ -98,6 +98,9 @@ def test_tool_call_grammar_per_family_parses_back(compiler, tok, family, text):
     assert len(parse_tool_calls(text, family, tool_names={"get_weather", "get_time"}).tool_calls) == 1
     assert not walk(g, tok, text.replace("get_", "set_"))[0]  # a function not offered
     assert not walk(g, tok, "Sure, here you go")[0]  # text where a call is required
+    # the fixed JSON layout holds inside calls too: no run of blank space, no missing space
+    assert not walk(g, tok, text.replace('": ', '":  ', 1))[0]
+    assert not walk(g, tok, text.replace('": ', '":', 1))[0]
 
 
 def test_hermes_parallel_and_strict_auto(compiler, tok):

@@ -96,8 +96,8 @@ def test_long_context_matches_reference(tiny_model_factory, kv_dtype):
     assert diff <= max_atol, f"largest difference {diff:.4g} > {max_atol}"
 
 
-def _prefill_then_decode(path, tokens, kv_dtype, threads=None):
-    pool = make_pool(path, 2, 64, kv_dtype=kv_dtype, threads=threads)
+def _prefill_then_decode(path, tokens, kv_dtype, threads=None, kernels="auto"):
+    pool = make_pool(path, 2, 64, kv_dtype=kv_dtype, threads=threads, kernels=kernels)
     rows = [pool.forward([(1, tokens[:PREFILL_LEN], 0, True)])[0]]
     for p in range(PREFILL_LEN, len(tokens)):
         rows.append(pool.forward([(1, tokens[p : p + 1], p, True)])[0])
@@ -125,6 +125,18 @@ def test_architectures_match_reference(arch_model_factory, arch, kv_dtype):
         clear = top2[:, 1] - top2[:, 0] > 2 * max_atol
         assert clear.any()
         assert np.array_equal(got[clear].argmax(axis=1), want[clear].argmax(axis=1))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_architectures_on_portable_kernels_match_reference(arch_model_factory, arch):
+    """The scalar kernel table (rope_neox, gelu_tanh_mul, windowed attention: the path a CPU
+    without AVX2 takes) computes each architecture as the reference does."""
+    tokens = random_tokens(PREFILL_LEN + DECODE_LEN, 299, seed=15)
+    path = arch_model_factory(arch, weight_type="F32", tensor_types={})
+    want = ReferenceModel(path).logits(tokens)[PREFILL_LEN - 1 :]
+    got = _prefill_then_decode(path, tokens, "f32", kernels="scalar")
+    diff = np.abs(got - want).max()
+    assert diff <= FLOAT_F32KV_ATOL[0], f"{arch} scalar: largest difference {diff:.4g}"
 
 
 def test_sliding_window_long_context_matches_reference(arch_model_factory):

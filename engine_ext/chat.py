@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import jinja2
 from jinja2.ext import loopcontrols
@@ -118,7 +118,7 @@ def chat_template_for(mf: ModelFile) -> ChatTemplate | None:
     source = mf.metadata.get("tokenizer.chat_template")
     if not isinstance(source, str) or not source:
         return None
-    pieces = mf.metadata.get("tokenizer.ggml.tokens") or []
+    pieces = cast("list[str]", mf.metadata.get("tokenizer.ggml.tokens") or [])
 
     def piece(key: str) -> str:
         i = mf.metadata.get(key)

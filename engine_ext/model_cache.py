@@ -235,6 +235,7 @@ def _download_wheel(requirement: str, dest_dir: Path, progress: bool) -> Path:
         str(dest_dir),
         requirement,
     ]
+    result: subprocess.CompletedProcess[Any]
     if progress:
         print(f"downloading {requirement} with pip", file=sys.stderr)
         returncode = subprocess.run(cmd, stdout=sys.stderr, stderr=sys.stderr).returncode

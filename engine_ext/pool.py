@@ -80,7 +80,7 @@ def _weights_digest(model: ModelFile) -> str:
         data = model.tensors[name].data
         n = data.shape[0]
         for start in (0, max(0, n // 2 - 2048), max(0, n - 4096)):
-            h.update(data[start : start + 4096])
+            h.update(data[start : start + 4096].tobytes())
     return h.hexdigest()
 
 

@@ -299,7 +299,7 @@ def generation_handler(kind: GenerationKind) -> Handler:
     an SSE stream or one JSON body."""
 
     async def generate(gw: Gateway, request: Request) -> Response:
-        req = await gw.read_body(request, kind.body)
+        req: Any = await gw.read_body(request, kind.body)  # kind.body: a protocol.py Struct
         model = gw.check_model(req.model)
         rid = _new_id(kind.id_prefix)
         planned = kind.to_request(req, gw.config, gw.runtime, rid)

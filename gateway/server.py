@@ -157,6 +157,7 @@ def check_tls_files(config: ServeConfig) -> None:
     does not match fails at once with a ValueError naming the flags (not a traceback later)."""
     if not config.is_tls:
         return
+    assert config.ssl_certfile is not None  # is_tls means a certfile was given
     import ssl
 
     try:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +55,8 @@ async def cancel_quietly(handle: Any) -> bool:
     Returns what `handle.cancel()` returns (True when this call stopped the request).
     """
     with anyio.CancelScope(shield=True):
-        return bool(await handle.cancel())
+        stopped = bool(await handle.cancel())
+    return stopped
 
 
 async def wait_for_disconnect(receive: Receive) -> None:
@@ -220,7 +221,7 @@ class EventStream:
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._gen
 
-    async def _events(self) -> AsyncIterator[bytes]:
+    async def _events(self) -> AsyncGenerator[bytes, None]:
         self.is_started = True
         try:
             for chunk in self.fmt.opening():

@@ -21,15 +21,22 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .tool_calls import HERMES_CLOSE, HERMES_OPEN, MISTRAL_TAG, ToolCallFamily
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
 # JSON layout the model is held to: one space after ':' and ',' (what chat models write), no
 # other whitespace, so a constrained reply cannot run on in blank space.
-_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_JSON_OPTIONS: JsonCompileOptions = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
 
 
 class _Vocab:

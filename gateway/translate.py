@@ -333,6 +333,7 @@ def chat_plan(
         ids, hint = runtime.encode_chat(messages, tools)
     except PromptError as exc:
         raise bad_request(str(exc), param="messages") from None
+    max_tokens: int | None
     if req.max_completion_tokens is not None:
         max_tokens, max_tokens_param = req.max_completion_tokens, "max_completion_tokens"
     else:

@@ -43,7 +43,7 @@ class StatsKind(str, enum.Enum):
 
 ENGINE_PHASES = (Phase.PREFILL, Phase.DECODE)  # engine tokens
 CANCEL_PHASES = (Phase.QUEUED, Phase.PREFILL, Phase.DECODE)  # where a request was when cancelled
-REUSED_SOURCES = tuple(s for s in ReuseSource if s is not ReuseSource.NONE)
+REUSED_SOURCES: tuple[ReuseSource, ...] = tuple(s for s in ReuseSource if s is not ReuseSource.NONE)
 UNKNOWN_RULE = "unknown"  # the rule label of an event with rule None (a disk restore or drop)
 
 

@@ -61,7 +61,7 @@ class ServerMetrics:
     ):
         # NOTE: process-wide switch: without it every counter also exports a `*_created` gauge,
         # doubling the series for no use in the text format Prometheus scrapes.
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry() if registry is None else registry
         self.pushed = PushedMetrics(self.registry)
         self._sink = StatsRecorder(self.pushed, strict=strict)

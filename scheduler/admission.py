@@ -89,7 +89,7 @@ class Admission:
         self._emit_route = emit_route
         self._share_by_checkpoint = share_by_checkpoint
         self.num_preemptions = 0
-        self._io_tasks: set[asyncio.Task] = set()  # disk loads in flight
+        self._io_tasks: set[asyncio.Task[None]] = set()  # disk loads in flight
 
     async def aclose(self) -> None:
         """Wait for the disk loads in flight."""

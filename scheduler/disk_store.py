@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -75,7 +76,7 @@ class DiskEntry:
     head: tuple[int, bytes]
 
 
-def _read_header(f, fp_digest: bytes) -> tuple[np.ndarray, str, int, bytes]:
+def _read_header(f: BinaryIO, fp_digest: bytes) -> tuple[np.ndarray, str, int, bytes]:
     """Parse a file's header and tokens; return (tokens, rule, data length, checksum)."""
     raw = f.read(_FIXED.size)
     if len(raw) != _FIXED.size:
@@ -122,7 +123,7 @@ def _is_checkpoint_file(path: Path) -> bool:
 
 
 class DiskCheckpointStore:
-    def __init__(self, root: str | os.PathLike, space_bytes: int, fingerprint: str) -> None:
+    def __init__(self, root: str | os.PathLike[str], space_bytes: int, fingerprint: str) -> None:
         self._fp_digest = hashlib.sha256(fingerprint.encode()).digest()
         self.root = Path(root)
         self.dir = self.root / self._fp_digest.hex()[:16]
@@ -134,7 +135,7 @@ class DiskCheckpointStore:
         self._entries: dict[str, DiskEntry] = {}
         self._by_head: dict[tuple[int, bytes], set[str]] = {}
         self._lock = threading.Lock()  # guards the index; held briefly, never during IO
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._usable = True
         self._warned = False
@@ -184,7 +185,7 @@ class DiskCheckpointStore:
             except Exception:  # noqa: BLE001 - the disk tier must never stop serving
                 log.exception("disk checkpoint job %s failed", job[0])
 
-    def _warn_once(self, msg: str, *args) -> None:
+    def _warn_once(self, msg: str, *args: object) -> None:
         if not self._warned:
             self._warned = True
             log.warning(msg + "; serving continues without it", *args)

@@ -145,7 +145,8 @@ class FakeSlotPool:
             assert first >= self._lo[slot], f"slot {slot}: ring lost row {first} (holds {self._lo[slot]}..)"
             seed = _window_seed(seed, self._wrows[slot, first : pos + 1])
         rng = np.random.default_rng(seed)
-        return rng.standard_normal(self.n_vocab, dtype=np.float32) * np.float32(3.0)
+        logits: np.ndarray = rng.standard_normal(self.n_vocab, dtype=np.float32) * np.float32(3.0)
+        return logits
 
     def _drop_ring_rows(self, slot: int, lo: int) -> None:
         """The ring overwrote every window row below `lo`: forget them (scrambled, not kept)."""
@@ -165,7 +166,7 @@ class FakeSlotPool:
 
     def record(self, slot: int) -> np.ndarray:
         self._check_slot(slot)
-        out = self._tokens[slot, : self._len[slot]].copy()
+        out: np.ndarray = self._tokens[slot, : self._len[slot]].copy()
         out.flags.writeable = False
         return out
 
@@ -376,4 +377,5 @@ class FakeSlotPool:
             p = len(chain) - 1
             h = _window_seed(h, np.array(chain[max(0, p - self._reach) : p + 1], dtype=np.uint64))
         rng = np.random.default_rng(h)
-        return rng.standard_normal(self.n_vocab, dtype=np.float32) * np.float32(3.0)
+        logits: np.ndarray = rng.standard_normal(self.n_vocab, dtype=np.float32) * np.float32(3.0)
+        return logits

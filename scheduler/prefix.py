@@ -25,7 +25,7 @@ def _first_diff(a: np.ndarray, b: np.ndarray) -> int:
 
 def common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
     """Number of leading positions where int32 arrays `a` and `b` agree."""
-    n = min(a.shape[0], b.shape[0])
+    n = min(int(a.shape[0]), int(b.shape[0]))
     start = 0
     for stop in (*_BLOCKS, n):
         stop = min(stop, n)

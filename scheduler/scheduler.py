@@ -126,7 +126,7 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._changed = asyncio.Event()  # set whenever a request finishes
         self._step_lock = asyncio.Lock()
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._worker = EngineWorker()
         self._admission = Admission(
             config,
@@ -156,7 +156,7 @@ class Scheduler:
         await self.start()
         return self
 
-    async def __aexit__(self, *exc) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
     async def start(self) -> None:
@@ -382,11 +382,12 @@ class Scheduler:
                 # NOTE: captures run before prepares in execute_plan, so a slot prepared in this
                 # step still holds its old rows when snapshots are taken: capture next step.
                 continue
-            held = self._slots.lens[seq.slot]
+            slot = _held_slot(seq)
+            held = self._slots.lens[slot]
             while seq.capture_points and seq.capture_points[0][0] <= min(held, seq.num_computed):
                 n, rule = seq.capture_points.pop(0)
-                if n >= self._slots.floors[seq.slot]:  # else the ring no longer holds it
-                    self._plan_capture(plan, seq.slot, n, rule)
+                if n >= self._slots.floors[slot]:  # else the ring no longer holds it
+                    self._plan_capture(plan, slot, n, rule)
 
     # -- batch -----------------------------------------------------------------------------
     def _plan_batch(self, plan: StepPlan) -> None:
@@ -413,7 +414,7 @@ class Scheduler:
             budget -= n
 
     def _add_item(self, plan: StepPlan, seq: Sequence, toks: np.ndarray, want_logits: bool) -> None:
-        slot = seq.slot
+        slot = _held_slot(seq)
         plan.add_item(BatchItem(slot, toks, self._slots.lens[slot], want_logits), seq)
         self._slots.append(slot, toks)
 
@@ -431,8 +432,10 @@ class Scheduler:
             seq, d = plan.prepares[i].owner, plan.prepares[i].decision
             log.warning("preparing slot %d for %s failed (%s); rerouting", d.dest, seq.request_id, err)
             if d.action is RouteAction.RESTORE_MEMORY:
+                assert d.checkpoint is not None
                 self._ckpt.drop_memory(d.checkpoint.key, d.checkpoint.num_tokens)
             elif d.action is RouteAction.RESTORE_DISK:
+                assert d.checkpoint is not None
                 self._ckpt.drop_disk(d.checkpoint.key, err)
             if seq.cancel_requested:
                 # NOTE: requeued, a cancelled request would wait for a free slot before its
@@ -455,6 +458,7 @@ class Scheduler:
         if result.forward_error is not None:
             self._apply_forward_error(ran, result.forward_error, now)
             return
+        assert result.logits is not None  # the forward ran without error
         rows = iter(result.logits)
         for it, seq in ran:
             n = len(it.tokens)
@@ -469,7 +473,9 @@ class Scheduler:
                 seq.pending_token = None
                 self._on_logits(seq, next(rows), now)
 
-    def _apply_forward_error(self, ran, err: BaseException, now: float) -> None:
+    def _apply_forward_error(
+        self, ran: list[tuple[BatchItem, Sequence]], err: BaseException, now: float
+    ) -> None:
         log.error("engine step failed: %s", err)
         for it, seq in ran:
             if seq.phase is Phase.DONE:
@@ -484,7 +490,7 @@ class Scheduler:
         seq.num_generated += 1
         if seq.first_token_at is None:
             seq.first_token_at = now
-        else:
+        elif seq.last_token_at is not None:
             seq.itl_s.append(now - seq.last_token_at)
         seq.last_token_at = now
         p = seq.req.params
@@ -496,7 +502,7 @@ class Scheduler:
         seq.events.put_nowait(TokenEvent((tok,), text, (lp,) if lp is not None else ()))
         if seq.detok.stopped:
             self._finish(seq, FinishReason.STOP, now)
-        elif seq.num_generated >= p.max_tokens or self._slots.lens[seq.slot] >= self._pool.ctx_len:
+        elif seq.num_generated >= p.max_tokens or self._slots.lens[_held_slot(seq)] >= self._pool.ctx_len:
             self._finish(seq, FinishReason.LENGTH, now)
         else:
             seq.pending_token = tok
@@ -537,7 +543,7 @@ class Scheduler:
         self._changed.set()
 
     # -- stats helpers ---------------------------------------------------------------------
-    def _sink_call(self, fn, *args) -> None:
+    def _sink_call(self, fn: Callable[..., None], *args: object) -> None:
         try:
             fn(*args)
         except Exception:  # noqa: BLE001 - a broken metrics sink must not stop serving
@@ -561,3 +567,9 @@ class Scheduler:
         n: int,
     ) -> None:
         self._sink_call(self._sink.on_checkpoint, CheckpointEvent(kind, tier, rule, num_bytes, n))
+
+
+def _held_slot(seq: Sequence) -> int:
+    """The slot of a request that holds one (running: prefill or decode)."""
+    assert seq.slot is not None, f"{seq.request_id} holds no slot"
+    return seq.slot

@@ -17,7 +17,7 @@ import numpy as np
 
 from .checkpoint_store import CaptureRule
 from .detok import Detokenizer
-from .request import FinishEvent, FinishReason, GenerationRequest, ReuseInfo
+from .request import FinishEvent, FinishReason, GenerationRequest, ReuseInfo, TokenEvent
 from .sampling import Sampler
 
 
@@ -37,7 +37,7 @@ class Sequence:
     deadline: float | None  # monotonic, or None
     sampler: Sampler
     detok: Detokenizer
-    events: asyncio.Queue  # TokenEvent ... FinishEvent for the handle
+    events: asyncio.Queue[TokenEvent | FinishEvent]  # TokenEvent ... FinishEvent for the handle
     phase: Phase = Phase.QUEUED
     slot: int | None = None
     num_computed: int = 0  # prompt tokens in the slot (== slot record length during prefill)
@@ -51,7 +51,7 @@ class Sequence:
     cancel_requested: bool = False
     cancel_at: float | None = None  # monotonic time of the first cancel() call
     num_errors: int = 0  # failed engine steps this request's slot survived
-    ack: asyncio.Future | None = None  # resolved when a running request's cancel is done
+    ack: asyncio.Future[bool] | None = None  # resolved when a running request's cancel is done
     finish: FinishEvent | None = None
     assigned_at: float | None = None
     first_token_at: float | None = None

@@ -89,7 +89,7 @@ class StepPlan:
 @dataclass(slots=True)
 class StepResult:
     snapshots: list[bytes | BaseException]  # parallel to plan.captures
-    prepare_errors: dict[int, BaseException]  # prepare index -> error (slot left as the pool says)
+    prepare_errors: dict[int, Exception]  # prepare index -> error (slot left as the pool says)
     ran_items: list[bool]  # parallel to plan.items: False if dropped after a failed prepare
     logits: np.ndarray | None  # float32 [k, n_vocab], rows of want_logits items that ran
     forward_error: BaseException | None
@@ -115,15 +115,17 @@ def execute_plan(pool: SlotPool, plan: StepPlan) -> StepResult:
             snapshots.append(pool.snapshot(c.slot, c.num_tokens))
         except Exception as exc:  # noqa: BLE001 - a failed capture only loses the checkpoint
             snapshots.append(exc)
-    prepare_errors: dict[int, BaseException] = {}
+    prepare_errors: dict[int, Exception] = {}
     for i, planned in enumerate(plan.prepares):
         p = planned.op
         try:
             if p.action is RouteAction.REWIND:
                 pool.truncate(p.dest, p.num_tokens)
             elif p.action is RouteAction.COPY:
+                assert p.src_slot is not None
                 pool.copy_prefix(p.src_slot, p.dest, p.num_tokens)
             elif p.action in (RouteAction.RESTORE_MEMORY, RouteAction.RESTORE_DISK):
+                assert p.snapshot is not None
                 held = pool.restore(p.dest, p.snapshot)
                 if held < p.num_tokens:
                     raise ValueError(f"snapshot holds {held} tokens, {p.num_tokens} expected")

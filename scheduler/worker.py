@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 
-def _settle(fut: asyncio.Future, ok: bool, value: Any) -> None:
+def _settle(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
     if fut.cancelled():
         return
     if ok:
@@ -24,10 +24,14 @@ def _settle(fut: asyncio.Future, ok: bool, value: Any) -> None:
         fut.set_exception(value)
 
 
+_Job = tuple[Callable[..., Any], tuple[Any, ...], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
+
+
 class EngineWorker:
     def __init__(self, name: str = "slotserve-engine") -> None:
         self._name = name
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        # (fn, args, loop, future) per job; None stops the thread
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .driver import DriveConfig
@@ -152,6 +152,7 @@ def _run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     sizes: dict[str, int] = {}
+    conversations: list[Any]  # TraceConversation or Conversation: the driver takes either
     if args.workload == "trace":
         conversations = load_trace(args.trace)
         planned = sum(len(c.specs) for c in conversations)

@@ -54,10 +54,10 @@ class PrefixTrie:
         """Length of the longest common prefix of `ids` with any inserted sequence."""
         node, n = self._root, 0
         for tok in ids:
-            node = node.get(tok)
-            if node is None:
+            child = node.get(tok)
+            if child is None:
                 break
-            n += 1
+            node, n = child, n + 1
         return n
 
 

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 Message = dict[str, Any]  # OpenAI chat message: {"role": ..., "content": ..., ...}
 
 # ~1 token each in SmolLM2's vocabulary (with the leading space).
-_WORDS = (
+_WORD_TEXT = (
     "the of and to in is was for on that with as by at from his an were are which this be "
     "has had one their not but have they first new who been after its two other all also "
     "some time into most only more over may used city many school such three between year "
@@ -39,7 +39,7 @@ _WORDS = (
     "known government named left general original way make them next town island center "
     "built final form land play role field love side will order light paper road song"
 ).split()
-_WORDS = tuple(dict.fromkeys(_WORDS))  # drop repeats: uniform draws
+_WORDS = tuple(dict.fromkeys(_WORD_TEXT))  # drop repeats: uniform draws
 
 _TOOLS = ("search", "read_file", "run_tests", "list_dir", "fetch_url", "grep")
 

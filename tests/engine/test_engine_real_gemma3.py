@@ -22,12 +22,13 @@ pytestmark = pytest.mark.real_model
 # reference (tests/reference.py on the dequantized weights) by 0.25 on average and up to 1.6
 # over the vocabulary (8-bit activations across 18 layers), and llama.cpp's are as far: at
 # "import numpy as np" step 12 it picks " m" by a margin of 0.995, where the float reference
-# rates " m" over our token by only 0.12. A parting step must be one where both engines' top
+# rates " m" over the engine's choice then (another summation order in attention) by only 0.12. A parting step must be one where both engines' top
 # two are this close.
 QUANT_NOISE_MARGIN = 1.0
 # Ours may rate our token over llama.cpp's by at most this much where they part.
 OUR_NOISE_MARGIN = 0.5
-# Over all cases, at least this many tokens agree before the paths part (measured: 80 of 128).
+# Over all cases, at least this many tokens agree before the paths part (measured: 93 of 128;
+# 80 with another float summation order in attention: where the paths part moves with rounding).
 MIN_TOTAL_AGREED = 60
 
 

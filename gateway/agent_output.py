@@ -209,30 +209,57 @@ def breakpoint_offset(
     bp: Breakpoint,
     prompt_ids: Sequence[int],
 ) -> int | None:
-    """The prompt token offset where `bp` ends, or None if it cannot be placed exactly.
+    """The prompt token offset where `bp` ends, or None if it cannot be placed exactly. The
+    offset is always a proper prefix of the prompt (0 < offset < len(prompt_ids)).
 
-    The messages up to the breakpoint are rendered alone (no generation prompt) through the same
-    `encode_chat` as the prompt; the offset is the common token prefix with the prompt, accepted
-    only when what the partial rendering has beyond it is at most an end-of-turn's few tokens
-    (a longer tail means the template renders the conversation differently when cut there).
-    The offset is always a proper prefix of the prompt (0 < offset < len(prompt_ids)).
+    The end of a message: the messages up to it are rendered alone (no generation prompt)
+    through the same `encode_chat` as the prompt; the offset is the common token prefix with
+    the prompt, accepted only when what the partial rendering has beyond it is at most an
+    end-of-turn's few tokens (a longer tail: the template renders a cut conversation otherwise).
+
+    A cut inside a message: a marker is put at the cut and the whole conversation rendered as
+    the prompt was (`render_chat`: the same template and tool rewriting); the text before the
+    marker, tokenized, must be a prefix of the prompt's tokens but for the one token that may
+    merge across the cut.
     """
-    part = [dict(m) for m in messages[: bp.message + 1]]
-    if not part or len(part) <= bp.message:
+    if bp.message >= len(messages):
         return None
-    if bp.cut is not None:
-        last = part[-1]
-        last["content"] = str(last.get("content") or "")[: bp.cut]
-        last.pop("tool_calls", None)
-    try:
-        ids, _ = runtime.encode_chat(part, tools, add_generation_prompt=False)
-    except PromptError:
+    if bp.cut is None:
+        try:
+            ids, _ = runtime.encode_chat(
+                [dict(m) for m in messages[: bp.message + 1]], tools, add_generation_prompt=False
+            )
+        except PromptError:
+            return None
+        n = _common_len(ids, prompt_ids)
+        tail_ok = len(ids) - n <= BREAKPOINT_TAIL_SLACK
+    else:
+        marked = [dict(m) for m in messages]
+        content = str(marked[bp.message].get("content") or "")
+        marked[bp.message]["content"] = content[: bp.cut] + _MARKER + content[bp.cut :]
+        try:
+            text = runtime.render_chat(marked, tools)
+            plain = runtime.render_chat(messages, tools)
+        except ValueError:  # PromptError, or the template's own error
+            return None
+        at = text.find(_MARKER)
+        if at < 0 or text.replace(_MARKER, "", 1) != plain:
+            return None
+        ids = runtime.encode_text(text[:at])
+        n = _common_len(ids, prompt_ids)
+        tail_ok = len(ids) - n <= 1
+    if n == 0 or n >= len(prompt_ids) or not tail_ok:
         return None
+    return n
+
+
+_MARKER = "\ue000slotserve-breakpoint\ue001"  # private-use characters: never in a real prompt
+
+
+def _common_len(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0
-    for a, b in zip(ids, prompt_ids, strict=False):
-        if a != b:
+    for x, y in zip(a, b, strict=False):
+        if x != y:
             break
         n += 1
-    if n == 0 or n >= len(prompt_ids) or len(ids) - n > BREAKPOINT_TAIL_SLACK:
-        return None
     return n

@@ -304,6 +304,8 @@ def to_chat(req: CountTokensRequest) -> ChatPlan:
         fn: dict[str, Any] = {"name": t.name, "parameters": t.input_schema or {"type": "object"}}
         if t.description is not None:
             fn["description"] = t.description
+        if t.strict:  # held to `input_schema` by constrained decoding (the chat route's `strict`)
+            fn["strict"] = True
         tools.append({"type": "function", "function": fn})
     if req.cache_control is not None:  # Anthropic: "the last cacheable block": the last message
         b.mark_last()

@@ -45,6 +45,7 @@ class ToolParam(Struct, kw_only=True):
     description: str | None = None
     input_schema: dict[str, Any] | None = None
     type: str | None = None  # None or "custom": a client tool; anything else is a server tool
+    strict: bool | None = None  # true: calls are held to input_schema
     cache_control: CacheControl | None = None
 
 

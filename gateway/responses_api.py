@@ -223,6 +223,8 @@ def to_chat(req: ResponsesRequest, history: list[dict[str, Any]]) -> ChatPlan:
         fn: dict[str, Any] = {"name": t.name, "parameters": t.parameters or {"type": "object"}}
         if t.description is not None:
             fn["description"] = t.description
+        if t.strict:  # held to `parameters` by constrained decoding (the chat route's `strict`)
+            fn["strict"] = True
         tools.append({"type": "function", "function": fn})
         names.append(t.name)
     tool_choice = _tool_choice(req.tool_choice, names)

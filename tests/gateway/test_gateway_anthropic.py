@@ -537,3 +537,79 @@ async def test_the_hint_is_captured_as_a_checkpoint_on_the_real_scheduler() -> N
     assert first.json()["usage"]["cache_creation_input_tokens"] == offset
     # the slot went to the other conversation: the third request restores a checkpoint
     assert again.json()["usage"]["cache_read_input_tokens"] >= offset
+
+
+async def test_a_claude_code_shaped_request_is_served() -> None:
+    """The shape Claude Code sends: system blocks with cache_control, many tools with full JSON
+    schemas, metadata, a resent history with tool_use / tool_result, streaming, extra fields
+    this server ignores (context_management) and the anthropic-version / -beta headers."""
+    bash_tool = {
+        "name": "Bash",
+        "description": "Executes a given bash command.",
+        "input_schema": {
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "type": "object",
+            "properties": {"command": {"type": "string"}, "timeout": {"type": "number"}},
+            "required": ["command"],
+            "additionalProperties": False,
+        },
+    }
+    req = {
+        "model": MODEL,
+        "max_tokens": 32,
+        "stream": True,
+        "temperature": 1,
+        "metadata": {"user_id": "user_abc_session_1"},
+        "system": [
+            {
+                "type": "text",
+                "text": "You are an interactive CLI tool.",
+                "cache_control": {"type": "ephemeral"},
+            },
+            {"type": "text", "text": "Environment: linux.", "cache_control": {"type": "ephemeral"}},
+        ],
+        "tools": [bash_tool, {**bash_tool, "name": "Read"}],
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "<system-reminder>ctx</system-reminder>"},
+                    {"type": "text", "text": "list files"},
+                ],
+            },
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "tool_use", "id": "toolu_01", "name": "Bash", "input": {"command": "ls"}}
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "toolu_01",
+                        "content": "a.py\nb.py",
+                        "cache_control": {"type": "ephemeral"},
+                    }
+                ],
+            },
+        ],
+        "context_management": {"edits": []},
+    }
+    headers = {"anthropic-version": "2023-06-01", "anthropic-beta": "interleaved-thinking-2025-05-14"}
+    runtime, sched = scripted_runtime(Reply(("Two files: a.py and b.py.",)))
+    async with running_app(create_app(runtime, serve_config())) as client:
+        r = await client.post("/v1/messages", json=req, headers=headers)
+    events = named_sse_events(r.text)
+    assert [n for n, _ in events][-2:] == ["message_delta", "message_stop"]
+    prompt = TOK.decode(sched.submitted[0].prompt_ids)
+    assert "You are an interactive CLI tool.\nEnvironment: linux." in prompt
+    assert '"name": "Bash"' in prompt and '"name": "Read"' in prompt  # the tools reached the prompt
+    assert '{"name": "Bash", "arguments": {"command": "ls"}}' in prompt
+    assert "a.py\nb.py" in prompt
+    # the earliest breakpoint: the end of the first system block
+    hint = sched.submitted[0].prefix_hint
+    assert hint is not None and TOK.decode(sched.submitted[0].prompt_ids[:hint]).endswith(
+        "You are an interactive CLI tool."
+    )

@@ -296,3 +296,61 @@ async def test_reuse_across_turns_on_the_real_scheduler() -> None:
         ).json()
     assert r1["usage"]["input_tokens_details"]["cached_tokens"] == 0
     assert r2["usage"]["input_tokens_details"]["cached_tokens"] >= r1["usage"]["input_tokens"]
+
+
+async def test_a_codex_shaped_request_is_served() -> None:
+    """The shape Codex CLI sends: store false, the whole history each turn (developer and user
+    messages, function_call items with ids, function_call_output), function tools with strict
+    false, reasoning / include / prompt_cache_key this server ignores, streaming."""
+    shell = {
+        "type": "function",
+        "name": "shell",
+        "description": "Runs a shell command.",
+        "strict": False,
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "array", "items": {"type": "string"}}},
+            "required": ["command"],
+            "additionalProperties": False,
+        },
+    }
+    req = {
+        "model": MODEL,
+        "instructions": "You are Codex.",
+        "input": [
+            {
+                "type": "message",
+                "role": "developer",
+                "content": [{"type": "input_text", "text": "<permissions>"}],
+            },
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "list files"}]},
+            {
+                "type": "function_call",
+                "id": "fc_1",
+                "call_id": "call_1",
+                "name": "shell",
+                "arguments": '{"command":["ls"]}',
+            },
+            {"type": "function_call_output", "call_id": "call_1", "output": "a.py"},
+        ],
+        "tools": [shell],
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "reasoning": None,
+        "store": False,
+        "stream": True,
+        "include": [],
+        "prompt_cache_key": "session-1",
+    }
+    call = '<tool_call>\n{"name": "shell", "arguments": {"command": ["cat", "a.py"]}}\n</tool_call>'
+    runtime, sched = scripted_runtime(Reply((call,)))
+    async with running_app(create_app(runtime, serve_config())) as client:
+        r = await client.post("/v1/responses", json=req)
+    events = named_sse_events(r.text)
+    final = events[-1][1]["response"]
+    assert events[-1][0] == "response.completed" and final["store"] is False
+    (item,) = final["output"]
+    assert item["type"] == "function_call" and json.loads(item["arguments"]) == {"command": ["cat", "a.py"]}
+    prompt = TOK.decode(sched.submitted[0].prompt_ids)
+    assert prompt.startswith("<|im_start|>system\nYou are Codex.")
+    assert '{"name": "shell", "arguments": {"command": ["ls"]}}' in prompt and "a.py" in prompt

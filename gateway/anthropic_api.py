@@ -494,7 +494,16 @@ async def create_message(gw: Gateway, request: Request) -> Response:
     model = gw.check_model(req.model)
     rid = f"msg_{uuid.uuid4().hex}"
     gen, tools, hint = _plan_request(gw, req, rid)
-    handle = gw.submit(gen, "messages")
+    try:
+        handle = gw.submit(gen, "messages")
+    except APIError as err:
+        if err.code == "context_length_exceeded":  # Anthropic's spelling, which agents act on
+            limit = gw.runtime.ctx_len - 1
+            err.message = (
+                f"prompt is too long: {len(gen.prompt_ids)} tokens > {limit} maximum ({err.message})"
+            )
+            err.param = None  # the message must start as Anthropic's does
+        raise
     headers = {"X-Request-Id": rid, "request-id": rid}
     if req.stream:
         fmt = MessagesStream(rid, model, len(gen.prompt_ids), tools, hint)

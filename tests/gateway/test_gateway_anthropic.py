@@ -25,7 +25,7 @@ from slotserve.gateway import translate
 from slotserve.gateway.anthropic_api import to_chat
 from slotserve.gateway.anthropic_protocol import MessagesRequest
 from slotserve.gateway.app import create_app
-from slotserve.scheduler.request import Draining, FinishReason, QueueFull
+from slotserve.scheduler.request import Draining, FinishReason, PromptTooLong, QueueFull
 
 TOK = ByteTokenizer()
 SYSTEM_TEXT = "You are terse."
@@ -457,6 +457,8 @@ async def test_auth_model_size_and_admission_errors_use_anthropic_codes() -> Non
         )
         sched.admission_error = QueueFull(2.0)
         busy = await client.post("/v1/messages", json=body([user("x")]), headers=ok_key)
+        sched.admission_error = PromptTooLong("prompt has 600 tokens but a slot holds 512")
+        too_long = await client.post("/v1/messages", json=body([user("x")]), headers=ok_key)
         sched.admission_error = Draining()
         draining = await client.post("/v1/messages", json=body([user("x")]), headers=ok_key)
         counted = await client.post(
@@ -471,6 +473,8 @@ async def test_auth_model_size_and_admission_errors_use_anthropic_codes() -> Non
     assert_anthropic_error(busy, 429, "rate_limit_error")
     assert busy.headers["retry-after"] == "2"
     assert_anthropic_error(draining, 529, "overloaded_error")
+    # Anthropic's spelling of an over-long prompt (the client compacts on it)
+    assert assert_anthropic_error(too_long, 400, "invalid_request_error").startswith("prompt is too long: ")
 
 
 async def test_disable_parallel_tool_use_keeps_the_first_call() -> None:

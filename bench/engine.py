@@ -48,6 +48,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reps", type=int, default=3, help="prefill runs per size (median reported)")
     parser.add_argument("--no-numpy", action="store_true", help="skip the NumPy comparison figures")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--swa-full",
+        action="store_true",
+        help="sliding-window layers keep every row instead of a ring (more KV memory)",
+    )
 
 
 def machine() -> dict[str, Any]:
@@ -196,8 +201,9 @@ def run(args: argparse.Namespace) -> int:
     # exactness checks alone (their float reference is tests/reference.py)
     use_numpy = not args.no_numpy and model.config.arch == "llama"
     ref_factory = (lambda: NumpyLlama(model, 512)) if use_numpy else None
-    pool = SlotPool(model, 4, ctx_len, threads=max(threads))
+    pool = SlotPool(model, 4, ctx_len, threads=max(threads), swa_full=args.swa_full)
     info["kernel_variant"] = pool.kernel_variant
+    info["kv_bytes_per_slot"] = pool.kv_bytes // 4
     info["validation"] = validate(
         model, tokenizer, pool, ref_factory() if ref_factory else None, path.name == DEFAULT_MODEL_NAME
     )
@@ -210,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
 
     info["results"] = {}
     for t in threads:
-        pool = SlotPool(model, 4, ctx_len, threads=t)
+        pool = SlotPool(model, 4, ctx_len, threads=t, swa_full=args.swa_full)
         figures = measure(pool, model.config.n_vocab, args.reps)
         info["results"][f"threads={t}"] = {k: round(v, 1) for k, v in figures.items()}
         del pool

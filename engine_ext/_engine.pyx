@@ -75,12 +75,12 @@ cdef class Engine:
 
     cdef engine *e
     cdef object model_file  # keeps the weights' memory map alive
-    cdef readonly int num_slots, ctx_len, n_vocab, n_threads, max_batch_tokens
+    cdef readonly int num_slots, ctx_len, n_vocab, n_threads, max_batch_tokens, ring_len
     cdef readonly size_t kv_bytes
     cdef readonly str kernel_variant, kv_dtype
 
     def __cinit__(self, model_file, int num_slots, int ctx_len, int threads, str kv_dtype,
-                  int max_batch_tokens, str kernels):
+                  int max_batch_tokens, str kernels, bint swa_ring=False):
         self.e = NULL
         if kv_dtype not in ("f16", "f32"):
             raise ValueError(f"kv_dtype must be 'f16' or 'f32', got {kv_dtype!r}")
@@ -132,7 +132,8 @@ cdef class Engine:
                 layers[i].window = cfg.layer_windows[i]
             m.layers = layers
             with nogil:
-                self.e = engine_create(&m, kt, num_slots, ctx_len, kv_f16, max_batch_tokens, threads, &status)
+                self.e = engine_create(&m, kt, num_slots, ctx_len, kv_f16, max_batch_tokens, threads, swa_ring,
+                                       &status)
         finally:
             free(layers)
         if self.e == NULL:
@@ -149,6 +150,7 @@ cdef class Engine:
         self.n_threads = engine_n_threads(self.e)
         self.max_batch_tokens = max_batch_tokens
         self.kv_bytes = engine_kv_bytes(self.e)
+        self.ring_len = engine_ring_len(self.e)
         self.kernel_variant = kt.name.decode()
         self.kv_dtype = kv_dtype
 

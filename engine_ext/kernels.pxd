@@ -139,7 +139,8 @@ cdef extern from "engine.h" nogil:
         pass
 
     engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots, int ctx_len,
-                          int kv_f16, int max_tokens, int n_threads, int *status)
+                          int kv_f16, int max_tokens, int n_threads, int swa_ring, int *status)
+    int engine_ring_len(const engine *e)
     void engine_destroy(engine *e)
     size_t engine_kv_bytes(const engine *e)
     int engine_n_threads(const engine *e)

@@ -66,11 +66,13 @@ def open_model(
     kv_dtype: str = "f16",
     allow_ctx_over_train: bool = False,
     tokenizer: Tokenizer | None = None,
+    swa_full: bool = False,
 ) -> ModelBundle:
     """`read_model`, its chat template, and a SlotPool of `num_slots` slots of `ctx_len` tokens
     each (all KV memory allocated here). ModelOpenError with the cause for a bad file, a ctx_len
     over the trained context (unless allow_ctx_over_train) or pool parameters it cannot take.
-    `tokenizer`: the one `read_model` already built for this ModelFile (skips building it again)."""
+    `tokenizer`: the one `read_model` already built for this ModelFile (skips building it again).
+    swa_full: keep every row of sliding-window layers (SlotPool; default: rings)."""
     from . import SlotPool  # the compiled engine; imported only when a pool is wanted
 
     if tokenizer is None or not isinstance(path, ModelFile):
@@ -80,7 +82,7 @@ def open_model(
     check_ctx_len(model_file, ctx_len, allow_over_train=allow_ctx_over_train)
     try:
         chat = chat_template_for(model_file)
-        pool = SlotPool(model_file, num_slots, ctx_len, threads=threads, kv_dtype=kv_dtype)
+        pool = SlotPool(model_file, num_slots, ctx_len, threads=threads, kv_dtype=kv_dtype, swa_full=swa_full)
     except ModelOpenError:
         raise
     except ValueError as exc:

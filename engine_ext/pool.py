@@ -15,6 +15,15 @@ Snapshot layout (little-endian):
     | KV per layer: n_kv_heads k planes (blocked keys), n_kv_heads v planes (rows); engine.h |
     | crc32 u32 of everything before it                                                     |
     +---------------------------------------------------------------------------------------+
+
+Rings (models with sliding-window layers, unless swa_full): those layers keep a ring of
+ring_len rows per slot (engine.c), so a slot remembers, per window layer, only the positions
+[ring_lo, slot_len). `_ring_lo[slot]` tracks it: every forward raises it to (new length -
+ring_len), a truncate never lowers it (the rows a cut discards overwrote older ones), a restore
+sets it to n - (window - 1), emptying resets it. A slot can be cut back to n when the ring still
+holds the window - 1 positions before n: min_truncate_len = ring_lo + window - 1 (0 while ring_lo
+is 0). A ring snapshot carries exactly those window - 1 rows per ring layer; the fingerprint
+names the ring, so ring and full-KV snapshots never cross.
 """
 
 from __future__ import annotations
@@ -90,13 +99,13 @@ class SlotPool:
     Arguments: model (a ModelFile or a GGUF path), num_slots >= 1, ctx_len >= 1; threads
     (default: the CPUs this process may use), kv_dtype "f16" (default) or "f32",
     max_batch_tokens (rows of one internal step; longer forwards run in several steps; the
-    results are identical), kernels (None: $SLOTSERVE_KERNELS or auto).
+    results are identical), kernels (None: $SLOTSERVE_KERNELS or auto), swa_full (keep every
+    row of sliding-window layers too: every length rewindable, more memory; default: rings).
     All KV memory is allocated here and reported as kv_bytes.
     """
 
     can_copy = True
     can_snapshot = True
-    kv_window: int | None = None  # every layer keeps a row per position: any cut is exact
 
     def __init__(
         self,
@@ -108,6 +117,7 @@ class SlotPool:
         kv_dtype: str = "f16",
         max_batch_tokens: int = 512,
         kernels: str | None = None,
+        swa_full: bool = False,
     ) -> None:
         if not isinstance(model, ModelFile):
             model = load_model_file(Path(model))
@@ -127,7 +137,13 @@ class SlotPool:
         variant = kernel_variant(kernels)
         self._model = model
         self._cfg = model.config
-        self._engine = _engine.Engine(model, num_slots, ctx_len, threads, kv_dtype, max_batch_tokens, variant)
+        self._engine = _engine.Engine(
+            model, num_slots, ctx_len, threads, kv_dtype, max_batch_tokens, variant, not swa_full
+        )
+        self.ring_len = int(self._engine.ring_len)  # rows of a ring layer's planes; 0: no rings
+        # widest window of the ring layers; None: every layer keeps every row (any cut is exact)
+        self.kv_window: int | None = max(self._cfg.layer_windows) if self.ring_len else None
+        self._reach = self.kv_window - 1 if self.kv_window is not None else 0
         self.num_slots = num_slots
         self.ctx_len = ctx_len
         self.n_vocab = self._cfg.n_vocab
@@ -141,9 +157,11 @@ class SlotPool:
         self.fingerprint = (
             f"{model.fingerprint}-{_weights_digest(model)}"
             f"/kv={kv_dtype}/layout={LAYOUT_VERSION}/kernels={self.kernel_variant}"
+            + (f"/ring={self.kv_window}" if self.kv_window is not None else "")
         )
         self._records = np.zeros((num_slots, ctx_len), np.int32)  # [slot][pos] token ids
         self._lens = [0] * num_slots  # tokens held per slot
+        self._ring_lo = [0] * num_slots  # lowest position every ring of the slot still holds
         self._faults: set[int] = set()  # slots whose next forward fails (test hook)
         self._lock = threading.Lock()
 
@@ -159,12 +177,12 @@ class SlotPool:
         return out
 
     def min_truncate_len(self, slot: int) -> int:
-        """0: full KV keeps every row, so a slot can be cut back to any length."""
-        self._slot(slot)
-        return 0
+        """See the module docstring: 0 for full KV or a ring that has not wrapped."""
+        lo = self._ring_lo[self._slot(slot)]
+        return 0 if lo == 0 else lo + self._reach
 
     def restored_min_truncate_len(self, n: int) -> int:
-        return 0
+        return 0 if self.kv_window is None or n <= self._reach else n
 
     def snapshot_nbytes(self, n: int) -> int:
         fp_len = len(self.fingerprint.encode())
@@ -174,6 +192,8 @@ class SlotPool:
         """Assert the pool's invariants (for tests)."""
         assert len(self._lens) == self.num_slots
         assert all(0 <= n <= self.ctx_len for n in self._lens)
+        assert all(self.min_truncate_len(s) <= self._lens[s] for s in range(self.num_slots))
+        assert all(lo == 0 for lo, n in zip(self._ring_lo, self._lens) if n == 0)
         assert all(0 <= s < self.num_slots for s in self._faults)
 
     # -- compute ---------------------------------------------------------------------------
@@ -202,16 +222,38 @@ class SlotPool:
                     )
             except ComputeError as exc:
                 for s in exc.tainted:  # their KV rows may be half written; the record says "empty"
-                    self._lens[s] = 0
+                    self._empty(s)
+                self._after_failed_rings(items, exc.tainted)
                 raise
             except BaseException:
                 for s in slots:  # not attributable: none of the batch's slots can be vouched for
-                    self._lens[s] = 0
+                    self._empty(s)
                 raise
             for s, t, p, _ in items:
                 self._records[s, p : p + len(t)] = t
                 self._lens[s] = p + len(t)
+                if self.ring_len:
+                    self._ring_lo[s] = max(self._ring_lo[s], p + len(t) - self.ring_len)
         return logits
+
+    def _empty(self, slot: int) -> None:
+        self._lens[slot] = 0
+        self._ring_lo[slot] = 0
+
+    def _after_failed_rings(
+        self, items: list[tuple[int, np.ndarray, int, bool]], tainted: tuple[int, ...]
+    ) -> None:
+        """A failed step may have written ring rows of the items' new positions, overwriting old
+        ones: assume it wrote them all. A slot whose ring then lacks rows its next position needs
+        is emptied (only possible for an item longer than one internal step)."""
+        if not self.ring_len:
+            return
+        for s, t, p, _ in items:
+            if s in tainted:
+                continue
+            self._ring_lo[s] = max(self._ring_lo[s], p + len(t) - self.ring_len)
+            if self.min_truncate_len(s) > self._lens[s]:
+                self._empty(s)
 
     def _parse_batch(self, batch: Sequence[Any]) -> list[tuple[int, np.ndarray, int, bool]]:
         if batch is None or len(batch) == 0:
@@ -270,21 +312,31 @@ class SlotPool:
         slot = self._slot(slot)
         with self._lock:
             self._check_len(n, self._lens[slot], f"truncate: slot {slot}")
+            if n == 0:
+                self._empty(slot)
+                return
+            self._check_cut(slot, n, "truncate")
             self._lens[slot] = n
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         src, dst = self._slot(src), self._slot(dst)
         with self._lock:
             self._check_len(n, self._lens[src], f"copy_prefix: source slot {src}")
+            if n == 0:
+                self._empty(dst)
+                return
+            self._check_cut(src, n, "copy_prefix")
             if src != dst:
                 self._engine.kv_copy(src, dst, n)
                 self._records[dst, :n] = self._records[src, :n]
             self._lens[dst] = n
+            self._ring_lo[dst] = self._ring_lo[src]
 
     def snapshot(self, slot: int, n: int) -> bytes:
         slot = self._slot(slot)
         with self._lock:
             self._check_len(n, self._lens[slot], f"snapshot: slot {slot}")
+            self._check_cut(slot, n, "snapshot")
             fp = self.fingerprint.encode()
             head = HEADER.pack(
                 SNAP_MAGIC,
@@ -308,6 +360,7 @@ class SlotPool:
             self._engine.kv_restore(slot, n, kv)
             self._records[slot, :n] = tokens
             self._lens[slot] = n
+            self._ring_lo[slot] = max(0, n - self._reach) if self.ring_len else 0
         return n
 
     def _parse_snapshot(self, view: memoryview) -> tuple[int, np.ndarray, memoryview]:
@@ -371,6 +424,15 @@ class SlotPool:
         ):
             raise ValueError(f"unknown slot {slot!r}: slots are 0..{self.num_slots - 1}")
         return int(slot)
+
+    def _check_cut(self, slot: int, n: int, what: str) -> None:
+        floor = self.min_truncate_len(slot)
+        if n < floor:
+            raise ValueError(
+                f"{what}: slot {slot} can only be cut back to {floor} tokens (its sliding-window "
+                f"ring of {self.ring_len} rows has overwritten the rows a cut to {n} needs); restore "
+                "a checkpoint instead, or run with swa_full"
+            )
 
     @staticmethod
     def _check_len(n: Any, have: int, what: str) -> None:

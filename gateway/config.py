@@ -47,6 +47,7 @@ class ServeConfig:
     api_key: str | None = field(default=None, repr=False)
     max_queue: int = 64  # requests admitted but waiting for a slot; past it -> 429
     no_reuse: bool = False  # disable every form of prefix reuse (benchmark baseline)
+    swa_full: bool = False  # sliding-window layers keep every row (no rings): more KV memory
     log_level: str = "info"
     no_slots_endpoint: bool = False  # turn GET /slots off
     max_body_bytes: int = 4 * 1024 * 1024  # request bodies past this -> 413
@@ -294,6 +295,14 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "no_reuse", ("--no-reuse",), _parse_bool, "disable all prefix reuse (benchmark baseline)", kind="flag"
+    ),
+    Option(
+        "swa_full",
+        ("--swa-full",),
+        _parse_bool,
+        "sliding-window layers keep every row instead of a ring of the window: every length "
+        "rewindable, more KV memory",
+        kind="flag",
     ),
     Option("log_level", ("--log-level",), str, f"one of {', '.join(LOG_LEVELS)} (default info)", metavar="L"),
     Option("no_slots_endpoint", ("--no-slots-endpoint",), _parse_bool, "turn GET /slots off", kind="flag"),

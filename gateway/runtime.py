@@ -63,6 +63,7 @@ class Runtime:
     num_slots: int
     kv_bytes: int = 0
     kernel_variant: str = "unknown"
+    kv_window: int | None = None  # sliding window kept as a ring (None: full KV on every layer)
     model_path: str = ""
     created: int = 0  # unix time the model was loaded (GET /v1/models)
     extra: dict[str, Any] = field(default_factory=dict)  # owned objects kept alive (model file, pool)
@@ -172,6 +173,7 @@ def open_served_model(config: ServeConfig) -> OpenedModel:
         ctx_len=config.ctx_size,
         threads=config.threads,
         allow_ctx_over_train=config.allow_ctx_over_train,
+        swa_full=config.swa_full,
     )
     pool, closers = with_kv_events(bundle.pool, config)
     names = config.served_model_name or default_model_names(short_name(config.model), path)
@@ -213,6 +215,7 @@ def build_runtime(config: ServeConfig, model: OpenedModel, *, stats_sink: Any = 
         num_slots=config.batched_session,
         kv_bytes=int(getattr(model.bundle.pool, "kv_bytes", 0)),
         kernel_variant=str(getattr(model.bundle.pool, "kernel_variant", "unknown")),
+        kv_window=getattr(model.bundle.pool, "kv_window", None),
         model_path=str(model.path),
         created=int(time.time()),
         extra={"bundle": model.bundle},

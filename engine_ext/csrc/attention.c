@@ -109,6 +109,12 @@ void attention_finish(float *out, int ldo, const float *acc, int lda, const floa
 void attention_rows(const kernel_table *kt, float *out, int ldo, const float *q, int ldq, const void *k,
                     const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim, float scale,
                     int window, float *scratch) {
+    attention_rows_ring(kt, out, ldo, q, ldq, k, v, kv_f16, pos0, n_q, group, head_dim, scale, window, 0, scratch);
+}
+
+void attention_rows_ring(const kernel_table *kt, float *out, int ldo, const float *q, int ldq, const void *k,
+                         const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim, float scale,
+                         int window, int ring, float *scratch) {
     const int lda = group * head_dim;
     float *acc = scratch;                                   /* [n_q][lda] running state */
     float *ml = acc + (size_t)ATTN_MAX_ROWS * head_dim;     /* [n_q * group][2] */
@@ -119,10 +125,12 @@ void attention_rows(const kernel_table *kt, float *out, int ldo, const float *q,
      * comes later starts empty, and folding into an empty state copies exactly (a = 0, b = 1),
      * so the row's result does not depend on its batch mates. */
     const int c0 = attn_first_chunk(pos0, window), n_chunks = (pos0 + n_q + ATTN_CHUNK - 1) / ATTN_CHUNK;
-    kt->attention_chunk(acc, lda, ml, q, ldq, k, v, kv_f16, pos0, n_q, group, head_dim, scale, window, c0, rest);
-    for (int c = c0 + 1; c < n_chunks; c++) {
-        kt->attention_chunk(pacc, lda, pml, q, ldq, k, v, kv_f16, pos0, n_q, group, head_dim, scale, window, c, rest);
-        kt->attention_fold(acc, lda, ml, pacc, lda, pml, n_q, group, head_dim);
+    for (int c = c0; c < n_chunks; c++) {
+        /* in a ring, chunk c's keys sit `shift` positions lower: the same keys, in the same order */
+        const int shift = ring > 0 ? c * ATTN_CHUNK / ring * ring : 0, cs = c - shift / ATTN_CHUNK;
+        float *a = c == c0 ? acc : pacc, *m = c == c0 ? ml : pml;
+        kt->attention_chunk(a, lda, m, q, ldq, k, v, kv_f16, pos0 - shift, n_q, group, head_dim, scale, window, cs, rest);
+        if (c > c0) kt->attention_fold(acc, lda, ml, pacc, lda, pml, n_q, group, head_dim);
     }
     attention_finish(out, ldo, acc, lda, ml, n_q, group, head_dim);
 }

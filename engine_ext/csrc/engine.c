@@ -34,6 +34,22 @@
  * ctx_pad = ctx_len rounded up to KEY_LANES. A slot's first n tokens are the first
  * ceil(n / KEY_LANES) blocks of every k plane and the first n rows of every v plane (what
  * truncate, copy and snapshot rely on).
+ *
+ * Rings (swa_ring): a sliding-window layer needs only the keys of its window, so its planes
+ * hold ring_len rows instead of ctx_pad, and position p lives at row p % ring_len. ring_len is
+ * the widest window + max_tokens - 1 (a step writes up to max_tokens rows before its first row
+ * attends back a window), rounded up to ATTN_CHUNK. Planes therefore differ in size per layer:
+ *
+ *   kv = [slot][layer: ctx_pad or ring_len rows per plane][0 = k, 1 = v][kv head][plane]
+ *
+ *   positions  0 ....... R-1 | R ....... 2R-1 | 2R ...       (R = ring_len, a multiple of
+ *   ring row   0 ....... R-1 | 0 ....... R-1  | 0 ...         ATTN_CHUNK and of KEY_LANES)
+ *
+ * NOTE: attention stays bit-identical to full planes: a chunk of ATTN_CHUNK keys never wraps,
+ * so the chunk kernels run on the same keys in the same order with positions shifted by a
+ * multiple of R (pos0 - S, chunk - S / ATTN_CHUNK); only where the keys are read from changes.
+ * Rows a ring has overwritten are only read inside masked lanes (probability exactly 0).
+ * The scheduler-side contract (how far back a slot can be cut) lives in engine_ext/pool.py.
  */
 #define _GNU_SOURCE /* mmap flags, madvise */
 #include "engine.h"
@@ -99,7 +115,12 @@ struct engine {
     int ctx_pad;              /* ctx_len rounded up to KEY_LANES */
     int q_dim, kv_dim, max_k, group;
     size_t kv_elt;            /* bytes per KV element: 2 (f16) or 4 (f32) */
-    void *kv;                 /* [num_slots][n_layers][2][n_kv_heads][ctx_pad * head_dim] (see top) */
+    int ring_len;             /* rows of a sliding-window layer's planes; 0: no rings (see top) */
+    int ring_reach;           /* widest window - 1: rows before a position a ring must still hold */
+    int *plane_rows;          /* [n_layers] rows per plane: ctx_pad, or ring_len for ring layers */
+    size_t *layer_off;        /* [n_layers] byte offset of each layer in a slot's block */
+    size_t slot_bytes;        /* bytes of one slot's KV block */
+    void *kv;                 /* [num_slots][slot_bytes] per layer [2][n_kv_heads][plane_rows * head_dim] */
     size_t kv_bytes;
     int n_rope;               /* distinct rope tables (one per distinct layer rope_base) */
     int *layer_rope;          /* [n_layers] rope table of each layer */
@@ -258,7 +279,7 @@ static int pack_weights(engine *e) {
 }
 
 engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots, int ctx_len,
-                      int kv_f16, int max_tokens, int n_threads, int *status) {
+                      int kv_f16, int max_tokens, int n_threads, int swa_ring, int *status) {
     *status = ENGINE_EINVAL;
     if (!m || !kt || num_slots < 1 || ctx_len < 1 || max_tokens < 1 || n_threads < 1 || !model_ok(m))
         return NULL;
@@ -283,8 +304,25 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
     int max_k = m->dim > e->q_dim ? m->dim : e->q_dim;
     e->max_k = max_k > m->ffn_dim ? max_k : m->ffn_dim;
     e->kv_elt = e->kv_f16 ? 2 : 4;
-    e->kv_bytes = (size_t)num_slots * m->n_layers * 2 * e->kv_dim * (size_t)e->ctx_pad * e->kv_elt;
-    e->kv = big_alloc(e->kv_bytes, 1);
+    int max_window = 0;
+    for (int l = 0; l < m->n_layers; l++) max_window = m->layers[l].window > max_window ? m->layers[l].window : max_window;
+    if (swa_ring && max_window > 0) {
+        long ring = ((long)max_window + max_tokens - 1 + ATTN_CHUNK - 1) / ATTN_CHUNK * ATTN_CHUNK;
+        if (ring < e->ctx_pad) { /* else a ring saves nothing: full planes */
+            e->ring_len = (int)ring;
+            e->ring_reach = max_window - 1;
+        }
+    }
+    e->plane_rows = xalloc(sizeof(int) * m->n_layers, &ok);
+    e->layer_off = xalloc(sizeof(size_t) * m->n_layers, &ok);
+    if (ok)
+        for (int l = 0; l < m->n_layers; l++) {
+            e->plane_rows[l] = e->ring_len && m->layers[l].window > 0 ? e->ring_len : e->ctx_pad;
+            e->layer_off[l] = e->slot_bytes;
+            e->slot_bytes += 2 * (size_t)e->kv_dim * e->plane_rows[l] * e->kv_elt;
+        }
+    e->kv_bytes = (size_t)num_slots * e->slot_bytes;
+    if (ok) e->kv = big_alloc(e->kv_bytes, 1);
     if (!e->kv) ok = 0;
     /* one rope table per distinct layer base (gemma3: local 10000 and global layers) */
     e->layer_rope = xalloc(sizeof(int) * m->n_layers, &ok);
@@ -350,7 +388,7 @@ void engine_destroy(engine *e) {
     threadpool_destroy(e->tp);
     big_free(e->packed, e->packed_bytes);
     big_free(e->kv, e->kv_bytes);
-    void *bufs[] = {e->layers, e->layer_rope, e->inv_freq, e->x, e->xb, e->q, e->k, e->v, e->gate, e->up, e->proj,
+    void *bufs[] = {e->layers, e->plane_rows, e->layer_off, e->layer_rope, e->inv_freq, e->x, e->xb, e->q, e->k, e->v, e->gate, e->up, e->proj,
                     e->aqs, e->ad, e->as, e->rope_cs, e->tokens, e->row_pos, e->row_slot, e->segs,
                     e->units, e->merges, e->parts, e->logit_src, e->attn_scratch, (void *)e->sync};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free(bufs[i]);
@@ -358,14 +396,20 @@ void engine_destroy(engine *e) {
 }
 
 size_t engine_kv_bytes(const engine *e) { return e->kv_bytes; }
+int engine_ring_len(const engine *e) { return e->ring_len; }
 int engine_n_threads(const engine *e) { return threadpool_size(e->tp); }
 
 /* ---- KV planes --------------------------------------------------------------------------- */
 
+static inline int is_ring(const engine *e, int layer) { return e->plane_rows[layer] != e->ctx_pad; }
+
 static inline char *kv_plane(const engine *e, int slot, int layer, int which, int head) {
-    size_t idx = (((size_t)slot * e->m.n_layers + layer) * 2 + which) * e->m.n_kv_heads + head;
-    return (char *)e->kv + idx * (size_t)e->ctx_pad * e->m.head_dim * e->kv_elt;
+    size_t plane = (size_t)e->plane_rows[layer] * e->m.head_dim * e->kv_elt;
+    return (char *)e->kv + (size_t)slot * e->slot_bytes + e->layer_off[layer] + ((size_t)which * e->m.n_kv_heads + head) * plane;
 }
+
+/* The plane row of position pos in a layer. */
+static inline int kv_row(const engine *e, int layer, int pos) { return pos % e->plane_rows[layer]; }
 
 /* Bytes of a slot's first n tokens in one k plane (whole blocks) and one v plane. */
 static inline size_t k_plane_bytes(const engine *e, int n) {
@@ -374,8 +418,35 @@ static inline size_t k_plane_bytes(const engine *e, int n) {
 
 static inline size_t v_plane_bytes(const engine *e, int n) { return (size_t)n * e->m.head_dim * e->kv_elt; }
 
+/* A ring layer's snapshot of n tokens: the rows of positions ring_lo(n) .. n-1, those a next
+ * position attends to (its window before it), as [rows][head_dim] keys then values per head. */
+static inline int ring_lo(const engine *e, int n) { return n - e->ring_reach > 0 ? n - e->ring_reach : 0; }
+
 size_t engine_kv_snapshot_bytes(const engine *e, int n) {
-    return (size_t)e->m.n_layers * e->m.n_kv_heads * (k_plane_bytes(e, n) + v_plane_bytes(e, n));
+    size_t total = 0;
+    for (int l = 0; l < e->m.n_layers; l++)
+        total += (size_t)e->m.n_kv_heads *
+                 (is_ring(e, l) ? 2 * v_plane_bytes(e, n - ring_lo(e, n)) : k_plane_bytes(e, n) + v_plane_bytes(e, n));
+    return total;
+}
+
+/* Gather (to_ring = 0) or scatter (1) the rows of positions lo .. n-1 of one ring plane pair
+ * and a [n - lo][head_dim] key buffer and value buffer. */
+static void ring_rows(const engine *e, int slot, int l, int h, int lo, int n, char *keys, char *values, int to_ring) {
+    const int hd = e->m.head_dim;
+    const size_t elt = e->kv_elt, row = (size_t)hd * elt;
+    char *kp = kv_plane(e, slot, l, 0, h), *vp = kv_plane(e, slot, l, 1, h);
+    for (int p = lo; p < n; p++) {
+        const int r = kv_row(e, l, p);
+        char *kr = keys + (size_t)(p - lo) * row, *vr = values + (size_t)(p - lo) * row;
+        for (int d = 0; d < hd; d++) {
+            char *ring_elt = kp + key_index(r, d, hd) * elt;
+            if (to_ring) memcpy(ring_elt, kr + d * elt, elt);
+            else memcpy(kr + d * elt, ring_elt, elt);
+        }
+        if (to_ring) memcpy(vp + (size_t)r * row, vr, row);
+        else memcpy(vr, vp + (size_t)r * row, row);
+    }
 }
 
 /* Zero the lanes of key positions n.. in the last (partial) block of a k plane copy. */
@@ -390,6 +461,12 @@ void engine_kv_read(const engine *e, int slot, int n, void *dst) {
     const size_t kb = k_plane_bytes(e, n), vb = v_plane_bytes(e, n);
     char *out = dst;
     for (int l = 0; l < e->m.n_layers; l++) {
+        if (is_ring(e, l)) {
+            const int lo = ring_lo(e, n);
+            const size_t rb = v_plane_bytes(e, n - lo);
+            for (int h = 0; h < e->m.n_kv_heads; h++, out += 2 * rb) ring_rows(e, slot, l, h, lo, n, out, out + rb, 0);
+            continue;
+        }
         for (int h = 0; h < e->m.n_kv_heads; h++, out += kb) {
             memcpy(out, kv_plane(e, slot, l, 0, h), kb);
             clear_tail_lanes(e, out, n); /* stale lanes past n: not part of the snapshot */
@@ -402,6 +479,13 @@ void engine_kv_write(engine *e, int slot, int n, const void *src) {
     const size_t kb = k_plane_bytes(e, n), vb = v_plane_bytes(e, n);
     const char *in = src;
     for (int l = 0; l < e->m.n_layers; l++) {
+        if (is_ring(e, l)) {
+            const int lo = ring_lo(e, n);
+            const size_t rb = v_plane_bytes(e, n - lo);
+            for (int h = 0; h < e->m.n_kv_heads; h++, in += 2 * rb)
+                ring_rows(e, slot, l, h, lo, n, (char *)in, (char *)in + rb, 1);
+            continue;
+        }
         for (int h = 0; h < e->m.n_kv_heads; h++, in += kb) memcpy(kv_plane(e, slot, l, 0, h), in, kb);
         for (int h = 0; h < e->m.n_kv_heads; h++, in += vb) memcpy(kv_plane(e, slot, l, 1, h), in, vb);
     }
@@ -410,16 +494,21 @@ void engine_kv_write(engine *e, int slot, int n, const void *src) {
 void engine_kv_copy(engine *e, int src, int dst, int n) {
     if (src == dst) return;
     const size_t kb = k_plane_bytes(e, n), vb = v_plane_bytes(e, n);
-    for (int l = 0; l < e->m.n_layers; l++)
+    for (int l = 0; l < e->m.n_layers; l++) {
+        /* a ring is copied whole: which of its rows are valid is the pool's bookkeeping */
+        const size_t ck = is_ring(e, l) ? k_plane_bytes(e, e->ring_len) : kb;
+        const size_t cv = is_ring(e, l) ? v_plane_bytes(e, e->ring_len) : vb;
         for (int h = 0; h < e->m.n_kv_heads; h++) {
-            memcpy(kv_plane(e, dst, l, 0, h), kv_plane(e, src, l, 0, h), kb);
-            memcpy(kv_plane(e, dst, l, 1, h), kv_plane(e, src, l, 1, h), vb);
+            memcpy(kv_plane(e, dst, l, 0, h), kv_plane(e, src, l, 0, h), ck);
+            memcpy(kv_plane(e, dst, l, 1, h), kv_plane(e, src, l, 1, h), cv);
         }
+    }
 }
 
 /* Store one row's key and value of kv head h at position pos of a slot's planes. */
 static void store_kv(engine *e, int slot, int layer, int h, int pos, const float *key, const float *value) {
     const int hd = e->m.head_dim;
+    pos = kv_row(e, layer, pos);
     char *kp = kv_plane(e, slot, layer, 0, h), *vd = kv_plane(e, slot, layer, 1, h) + (size_t)pos * hd * e->kv_elt;
     if (e->kv_f16) {
         uint16_t *kh = (uint16_t *)kp;
@@ -516,13 +605,16 @@ static void attention_phase(engine *e, int p, int layer, int ith) {
         int col = au->kv_head * lda;
         const float *q = e->q + (size_t)row * e->q_dim + col;
         const void *k = kv_plane(e, sg->slot, layer, 0, au->kv_head), *v = kv_plane(e, sg->slot, layer, 1, au->kv_head);
+        const int ring = is_ring(e, layer) ? e->ring_len : 0;
         if (au->chunk < 0) {
-            attention_rows(e->kt, e->xb + (size_t)row * e->q_dim + col, e->q_dim, q, e->q_dim, k, v, e->kv_f16,
-                           sg->pos0 + au->q0, au->n_q, e->group, m->head_dim, scale, window, scratch);
+            attention_rows_ring(e->kt, e->xb + (size_t)row * e->q_dim + col, e->q_dim, q, e->q_dim, k, v, e->kv_f16,
+                                sg->pos0 + au->q0, au->n_q, e->group, m->head_dim, scale, window, ring, scratch);
         } else {
+            /* a ring: the chunk's keys sit shift positions lower (see top) */
+            const int shift = ring ? au->chunk * ATTN_CHUNK / ring * ring : 0;
             float *acc = e->parts + au->part, *ml = acc + (size_t)au->n_q * lda;
-            e->kt->attention_chunk(acc, lda, ml, q, e->q_dim, k, v, e->kv_f16, sg->pos0 + au->q0, au->n_q,
-                                   e->group, m->head_dim, scale, window, au->chunk, scratch);
+            e->kt->attention_chunk(acc, lda, ml, q, e->q_dim, k, v, e->kv_f16, sg->pos0 + au->q0 - shift, au->n_q,
+                                   e->group, m->head_dim, scale, window, au->chunk - shift / ATTN_CHUNK, scratch);
         }
     }
     phase_end(e, p, e->n_units);

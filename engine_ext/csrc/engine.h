@@ -84,11 +84,15 @@ typedef struct {
 typedef struct engine engine;
 
 /* Allocates KV for num_slots x ctx_len tokens and all step buffers for max_tokens rows.
+ * swa_ring != 0: sliding-window layers keep a ring of their window + max_tokens - 1 rows
+ * (rounded up to ATTN_CHUNK) instead of ctx_len (engine.c; none if that saves nothing).
  * *status gets ENGINE_OK or the failure; the model's weights must outlive the engine. */
 engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots, int ctx_len,
-                      int kv_f16, int max_tokens, int n_threads, int *status);
+                      int kv_f16, int max_tokens, int n_threads, int swa_ring, int *status);
 void engine_destroy(engine *e);
 size_t engine_kv_bytes(const engine *e);
+/* Rows of a ring layer's planes; 0 when the engine keeps full planes on every layer. */
+int engine_ring_len(const engine *e);
 int engine_n_threads(const engine *e);
 
 /* Runs every item (split into steps of at most max_tokens rows) and writes one logits row per
@@ -97,8 +101,10 @@ int engine_n_threads(const engine *e);
 int engine_forward(engine *e, const engine_item *items, int n_items, float *logits, int fault_layer);
 
 /* The first n tokens' KV of a slot, serialised per layer as its n_kv_heads k planes (the
- * ceil(n / KEY_LANES) blocks, lanes past n zeroed) then its n_kv_heads v planes (n rows):
- * engine_kv_snapshot_bytes(e, n) bytes. */
+ * ceil(n / KEY_LANES) blocks, lanes past n zeroed) then its n_kv_heads v planes (n rows); a
+ * ring layer as, per kv head, the keys then the values of positions max(0, n - window + 1)
+ * .. n-1 ([rows][head_dim] each): engine_kv_snapshot_bytes(e, n) bytes. The caller keeps
+ * those positions in the ring (engine_ext/pool.py). engine_kv_copy copies rings whole. */
 size_t engine_kv_snapshot_bytes(const engine *e, int n);
 void engine_kv_read(const engine *e, int slot, int n, void *dst);
 void engine_kv_write(engine *e, int slot, int n, const void *src);

@@ -136,6 +136,13 @@ typedef struct kernel_table kernel_table;
 void attention_rows(const kernel_table *kt, float *out, int ldo, const float *q, int ldq, const void *k,
                     const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim, float scale,
                     int window, float *scratch);
+/* The same over a ring of `ring` rows (a multiple of ATTN_CHUNK; 0: none): key position t is
+ * stored at row t % ring of k and v. Identical results: each chunk's kernel sees its keys at
+ * positions shifted by a multiple of the ring (kernels never depend on absolute positions
+ * beyond the mask). The ring must still hold every key a row attends to. */
+void attention_rows_ring(const kernel_table *kt, float *out, int ldo, const float *q, int ldq, const void *k,
+                         const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim, float scale,
+                         int window, int ring, float *scratch);
 /* The first chunk holding a key that rows pos0.. need (0 without a window). */
 static inline int attn_first_chunk(int pos0, int window) {
     return window > 0 && pos0 - window + 1 > 0 ? (pos0 - window + 1) / ATTN_CHUNK : 0;

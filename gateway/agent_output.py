@@ -4,9 +4,9 @@ whole or streamed, and the prompt offset of a client's cache breakpoint.
 Design: /v1/messages and /v1/responses both answer with a list of typed blocks (Anthropic's
 `text` / `tool_use` content blocks, the Responses API's `message` / `function_call` output items).
 `ToolSpec.from_plan` takes from the chat path whether a request's output is parsed for tool
-calls at all (tools offered and tool_choice not "none"), in which syntax, and how many; `split_output` turns a whole text into blocks, and
-`BlockAssembler` turns the stream of released texts into block events that each front door
-spells in its own SSE vocabulary:
+calls at all (tools offered and tool_choice not "none"), in which syntax, and how many calls;
+`split_output` turns a whole text into blocks, and `BlockAssembler` turns the stream of released
+texts into block events that each front door spells in its own SSE vocabulary:
 
     BlockStart(i, TEXT)  TextDelta(i, s)...                     BlockStop(i)
     BlockStart(i, TOOL_CALL, call_id, name)  ArgsDelta(i, s)... BlockStop(i)

@@ -13,12 +13,12 @@ sampling checks. The answer is assembled from the generated text by `agent_outpu
     message_delta (stop_reason, usage)  message_stop
 
 `cache_control` on a block (or at the top level: on the last message) is a checkpoint hint: the
-scheduler snapshots the prompt's KV at the end of the marked block (`agent_output.
-breakpoint_offset`). One hint per request: the earliest breakpoint. NOTE: clients mark the
-shared prefix (system, tools) first and the conversation's latest turn last; the shared prefix
-is what other conversations reuse, while the conversation itself stays in its slot (and is saved
-when the slot is given away), so snapshotting it again at every turn would only churn the
-checkpoint memory. Usage follows Anthropic's
+scheduler snapshots the prompt's KV at the breakpoint (`agent_output.breakpoint_offset`). One
+hint per request: the end of the system turn if any system block or tool is marked, else the
+earliest breakpoint in `messages`. NOTE: clients mark the shared prefix (system, tools) and the
+conversation's latest turn; the shared prefix is what other conversations reuse, while the
+conversation itself stays in its slot (and is saved when the slot is given away), so
+snapshotting it again at every turn would only churn the checkpoint memory. Usage follows Anthropic's
 accounting: input_tokens + cache_read_input_tokens + cache_creation_input_tokens is the prompt;
 cache_read counts the tokens reused from a slot or checkpoint, cache_creation the tokens computed
 up to the breakpoint. Errors use Anthropic's shape and status codes (`error_response`).
@@ -153,11 +153,11 @@ class ChatPlan:
     """A Messages request as the chat path takes it, plus what the answer needs."""
 
     chat: p.ChatCompletionRequest
-    breakpoint: Breakpoint | None  # the earliest cache_control, in chat-message terms
+    breakpoint: Breakpoint | None  # the hinted cache_control (module docstring), in chat-message terms
 
 
 class _Builder:
-    """Chat messages built from Anthropic's turns, tracking the earliest cache breakpoint."""
+    """Chat messages built from Anthropic's turns, tracking the first cache breakpoint marked."""
 
     SEP = "\n"  # between text blocks of one message
 
@@ -192,7 +192,7 @@ class _Builder:
             self._mark(Breakpoint(len(self.messages) - 1))
 
     def _mark(self, bp: Breakpoint) -> None:
-        if self.breakpoint is None:  # the earliest breakpoint is the hint (module docstring)
+        if self.breakpoint is None:  # the first one marked is the hint (module docstring)
             self.breakpoint = bp
 
 
@@ -283,8 +283,15 @@ def to_chat(req: CountTokensRequest) -> ChatPlan:
             for j, block in enumerate(req.system):
                 if block.type != "text":
                     raise _refuse_block(block, f"system[{j}]")
-                b.text(_block_text(block, f"system[{j}]"), block.cache_control is not None)
+                b.text(_block_text(block, f"system[{j}]"), False)
         b.flush("system")
+        # a breakpoint anywhere in the system prompt or on a tool: the end of the system turn,
+        # which holds both (a checkpoint there also serves every shorter prefix)
+        system_marks = [] if isinstance(req.system, str) else [x.cache_control for x in req.system]
+        if b.messages and any(
+            m is not None for m in [*system_marks, *(t.cache_control for t in req.tools or ())]
+        ):
+            b.mark_last()
     for i, m in enumerate(req.messages):
         if m.role not in ("user", "assistant"):
             raise bad_request(

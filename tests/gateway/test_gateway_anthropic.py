@@ -158,6 +158,21 @@ async def submitted_hint(req_body: dict[str, Any]) -> tuple[Any, dict[str, Any]]
     return sched.submitted[0], r.json()
 
 
+async def test_a_breakpoint_on_an_inner_system_block_or_a_tool_hints_the_whole_system_turn() -> None:
+    turn = f"<|im_start|>system\nA\n{SYSTEM_TEXT}<|im_end|>\n"
+    marked_first = [
+        {"type": "text", "text": "A", "cache_control": {"type": "ephemeral"}},
+        {"type": "text", "text": SYSTEM_TEXT},
+    ]
+    gen, _ = await submitted_hint(body([user("hi")], system=marked_first))
+    assert gen.prefix_hint == len(ids(turn))
+    tool = {**WEATHER_TOOL, "cache_control": {"type": "ephemeral"}}
+    gen, got = await submitted_hint(body([user("hi")], system=SYSTEM_TEXT, tools=[tool]))
+    system_end = TOK.decode(gen.prompt_ids).index("<|im_end|>\n") + len("<|im_end|>\n")
+    assert gen.prefix_hint == len(ids(TOK.decode(gen.prompt_ids)[:system_end]))  # tools included
+    assert got["usage"]["cache_creation_input_tokens"] == gen.prefix_hint
+
+
 async def test_cache_control_on_the_system_block_hints_the_end_of_the_system_turn() -> None:
     system = [{"type": "text", "text": SYSTEM_TEXT, "cache_control": {"type": "ephemeral"}}]
     gen, got = await submitted_hint(body([user("hi")], system=system))
@@ -207,9 +222,10 @@ async def test_cache_control_inside_a_message_hints_the_end_of_that_block() -> N
     assert TOK.decode(gen.prompt_ids[gen.prefix_hint :]).startswith("\nsecond block")
 
 
-async def test_the_earliest_of_several_breakpoints_is_the_hint() -> None:
+async def test_a_system_breakpoint_wins_over_later_ones_in_messages() -> None:
     """The shared prefix (system) is hinted, not the conversation's latest turn: that stays in
-    its slot, and a snapshot of it at every turn would churn the checkpoint memory."""
+    its slot, and a snapshot of it at every turn would churn the checkpoint memory. Within the
+    messages, the earliest breakpoint is the hint."""
     system = [{"type": "text", "text": SYSTEM_TEXT, "cache_control": {"type": "ephemeral"}}]
     msgs = [
         user("one"),
@@ -612,8 +628,9 @@ async def test_a_claude_code_shaped_request_is_served() -> None:
     assert '"name": "Bash"' in prompt and '"name": "Read"' in prompt  # the tools reached the prompt
     assert '{"name": "Bash", "arguments": {"command": "ls"}}' in prompt
     assert "a.py\nb.py" in prompt
-    # the earliest breakpoint: the end of the first system block
+    # marks in the system prompt: the hint is the end of the system turn, tools included
     hint = sched.submitted[0].prefix_hint
-    assert hint is not None and TOK.decode(sched.submitted[0].prompt_ids[:hint]).endswith(
-        "You are an interactive CLI tool."
-    )
+    assert hint is not None
+    hinted = TOK.decode(sched.submitted[0].prompt_ids[:hint])
+    assert hinted.startswith("<|im_start|>system\n") and hinted.endswith("</tool_call><|im_end|>\n")
+    assert hinted.count("<|im_start|>") == 1 and '"name": "Read"' in hinted

@@ -59,6 +59,8 @@ WEIGHT_MIXES: dict[str, dict[str, str]] = {
         "blk.1.ffn_down": "Q8_0",
         "output": "Q4_K",
     },
+    # the bulk of llama-quantize's Q4_K_M: Q4_K, with Q6_K for attn_v, ffn_down and embeddings
+    "Q4_K_M": {"*": "Q4_K", "attn_v": "Q6_K", "ffn_down": "Q6_K", "token_embd": "Q6_K"},
 }
 
 # Shape arguments of write_tiny_llama for models with K-quant weights (rows of 256 and 512).

@@ -11,7 +11,7 @@ from reference import ReferenceModel
 
 WEIGHT_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "BF16", "Q5_0", "Q5_1")
 # Written as random valid blocks at dim 256 (gguf_fixtures.K_DIMS); K_MIX mixes block types.
-K_WEIGHT_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "K_MIX")
+K_WEIGHT_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "K_MIX", "Q4_K_M")
 
 # Tolerances on the tiny models' logits (std ~2, |max| ~7), as (largest, mean) absolute error.
 # Float weights with f32 KV: only float32 rounding against float64.

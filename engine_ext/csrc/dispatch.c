@@ -19,11 +19,11 @@
     [GGML_TYPE_Q4_K] = gemm_q4_K_generic, [GGML_TYPE_Q5_K] = gemm_q5_K_generic,                     \
     [GGML_TYPE_Q6_K] = gemm_q6_K_generic, [GGML_TYPE_BF16] = gemm_bf16_generic,                     \
     [GGML_TYPE_Q2_K] = gemm_q2_K_generic, [GGML_TYPE_Q3_K] = gemm_q3_K_generic,
-/* Row decoding of the block types is only the embedding lookup (one row per token): portable. */
+/* Row decoding is only the embedding lookup (one row per token): Q2_K and Q3_K stay portable. */
 #define K_DEQUANTIZE_AVX2                                                                          \
-    [GGML_TYPE_Q5_0] = dequantize_row_q5_0_generic, [GGML_TYPE_Q5_1] = dequantize_row_q5_1_generic, \
-    [GGML_TYPE_Q4_K] = dequantize_row_q4_K_generic, [GGML_TYPE_Q5_K] = dequantize_row_q5_K_generic, \
-    [GGML_TYPE_Q6_K] = dequantize_row_q6_K_generic, [GGML_TYPE_BF16] = dequantize_row_bf16_avx2,   \
+    [GGML_TYPE_Q5_0] = dequantize_row_q5_0_avx2, [GGML_TYPE_Q5_1] = dequantize_row_q5_1_avx2,       \
+    [GGML_TYPE_Q4_K] = dequantize_row_q4_K_avx2, [GGML_TYPE_Q5_K] = dequantize_row_q5_K_avx2,       \
+    [GGML_TYPE_Q6_K] = dequantize_row_q6_K_avx2, [GGML_TYPE_BF16] = dequantize_row_bf16_avx2,       \
     [GGML_TYPE_Q2_K] = dequantize_row_q2_K_generic, [GGML_TYPE_Q3_K] = dequantize_row_q3_K_generic,
 #define K_GEMM_AVX2                                                                                \
     [GGML_TYPE_Q5_0] = gemm_q5_0_avx2, [GGML_TYPE_Q5_1] = gemm_q5_1_avx2,                           \

@@ -1,5 +1,5 @@
 /* Portable reference kernels of the types in quant_k.h: row decoding and matmul for Q5_0, Q5_1,
- * Q4_K, Q5_K, Q6_K and BF16, and their row groups (x8 layout, kernels.h).
+ * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and BF16, and their row groups (x8 layout, kernels.h).
  *
  * Design: the matmuls read each weight block through one fetch function per type that returns
  * the block in the file layout, from the file rows or gathered back out of the row groups, so
@@ -8,7 +8,8 @@
  *   Q5_0:        acc += d * (ad * dot - 16 * as)
  *   Q5_1:        acc += d * ad * dot + m * as
  *   Q4_K, Q5_K:  acc += d * ad * float(sc * dot) - dmin * float(m) * as      (per sub-block of 32)
- *   Q6_K:        acc += d * ad * float(sc0 * dot16 + sc1 * dot16')            (per block of 32)
+ *   Q6_K, Q3_K:  acc += d * ad * float(sc0 * dot16 + sc1 * dot16')            (per block of 32)
+ *   Q2_K:        acc += d * ad * float(isum) - dmin * ad * float(m0 * sum16(aq) + m1 * sum16(aq)')
  * with dot the integer dot product of the block's quants and the activation block's int8s.
  */
 #include <string.h>

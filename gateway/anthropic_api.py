@@ -63,7 +63,7 @@ from .anthropic_protocol import (
     ToolUseBlockOut,
     Usage,
 )
-from .errors import APIError, bad_request
+from .errors import APIError, bad_request, json_response
 from .streaming import EventStream, SSEResponse, StreamFormat, collect, sse_event
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ def anthropic_error(err: APIError) -> tuple[int, ErrorEnvelope]:
 def error_response(err: APIError) -> Response:
     """`{"type": "error", "error": {"type", "message"}}` with Anthropic's status code."""
     status, body = anthropic_error(err)
-    return Response(_encode(body), status_code=status, headers=err.headers, media_type="application/json")
+    return json_response(body, status, err.headers)
 
 
 # ------------------------------------------------------------------ request translation
@@ -531,7 +531,7 @@ async def create_message(gw: Gateway, request: Request) -> Response:
         stop_sequence=got.finish.stop_sequence,
         usage=usage(got.finish, hint),
     )
-    return Response(_encode(body), headers=headers, media_type="application/json")
+    return json_response(body, headers=headers)
 
 
 async def count_tokens(gw: Gateway, request: Request) -> Response:
@@ -541,7 +541,7 @@ async def count_tokens(gw: Gateway, request: Request) -> Response:
         gen = translate.chat_request(to_chat(req).chat, gw.config, gw.runtime, "count_tokens")
     except APIError as err:
         raise _rename(err) from None
-    return Response(_encode({"input_tokens": len(gen.prompt_ids)}), media_type="application/json")
+    return json_response({"input_tokens": len(gen.prompt_ids)})
 
 
 def routes(gw: Gateway) -> list[Route]:

@@ -59,6 +59,7 @@ from .errors import (
     error_response,
     from_decode_error,
     internal_error,
+    json_response,
     model_not_found,
     not_ready,
     queue_full,
@@ -80,7 +81,6 @@ from .streaming import (
 log = logging.getLogger("slotserve.gateway")
 
 T = TypeVar("T")
-_encoder = msgspec.json.Encoder()
 
 
 class MetricsExporter(Protocol):
@@ -94,10 +94,6 @@ class MetricsExporter(Protocol):
 
     def on_gateway_request(self, outcome: Outcome) -> None:
         """Count a request that ended in the gateway, before the scheduler (http_guard.py)."""
-
-
-def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(_encoder.encode(body), status_code=status, headers=headers, media_type="application/json")
 
 
 class Gateway:

@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from slotserve.scheduler.config import parse_bool
+
 from .kv_events import KVEventsConfig
 
 ENV_PREFIX = "SLOTSERVE_"
@@ -165,15 +167,6 @@ class ServeConfig:
 # ---------------------------------------------------------------- option registry
 
 
-def _parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError(f"expected one of 1/0/true/false/yes/no/on/off, got {text!r}")
-
-
 def _parse_names(text: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in text.split(",") if n.strip())
 
@@ -222,7 +215,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "allow_ctx_over_train",
         ("--allow-ctx-over-train",),
-        _parse_bool,
+        parse_bool,
         "accept a --ctx-size above the context the model was trained for (its output degrades there)",
         kind="flag",
     ),
@@ -294,7 +287,7 @@ OPTIONS: tuple[Option, ...] = (
         metavar="Q",
     ),
     Option(
-        "no_reuse", ("--no-reuse",), _parse_bool, "disable all prefix reuse (benchmark baseline)", kind="flag"
+        "no_reuse", ("--no-reuse",), parse_bool, "disable all prefix reuse (benchmark baseline)", kind="flag"
     ),
     Option(
         "swa_full",
@@ -305,7 +298,7 @@ OPTIONS: tuple[Option, ...] = (
         kind="flag",
     ),
     Option("log_level", ("--log-level",), str, f"one of {', '.join(LOG_LEVELS)} (default info)", metavar="L"),
-    Option("no_slots_endpoint", ("--no-slots-endpoint",), _parse_bool, "turn GET /slots off", kind="flag"),
+    Option("no_slots_endpoint", ("--no-slots-endpoint",), parse_bool, "turn GET /slots off", kind="flag"),
     Option(
         "max_body_bytes",
         ("--max-body-bytes",),

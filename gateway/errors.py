@@ -1,14 +1,17 @@
 """Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
 
 Every failure a handler can meet becomes an `APIError` with its HTTP status; `error_response`
-renders it. `from_decode_error` maps msgspec's decode/validation messages (which end in
-"- at `$.field`") to a 400 whose `param` names the field. Only a bug in slotserve may produce a
-500; bad input never does.
+renders it. `json_response` is the one way a JSON body (error or not) leaves the gateway.
+`from_decode_error` maps msgspec's decode/validation messages (which end in "- at `$.field`")
+to a 400 whose `param` names the field. Only a bug in slotserve may produce a 500; bad input
+never does.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any
 
 import msgspec
 from starlette.responses import Response
@@ -151,10 +154,10 @@ def from_decode_error(exc: msgspec.DecodeError) -> APIError:
 _encoder = msgspec.json.Encoder()
 
 
+def json_response(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    """`body` (msgspec Structs, dicts, lists, ...) as an application/json response."""
+    return Response(_encoder.encode(body), status_code=status, headers=headers, media_type="application/json")
+
+
 def error_response(err: APIError) -> Response:
-    return Response(
-        _encoder.encode(err.body()),
-        status_code=err.status,
-        headers=err.headers,
-        media_type="application/json",
-    )
+    return json_response(err.body(), err.status, err.headers)

@@ -47,7 +47,7 @@ from .agent_output import (
     ToolSpec,
     split_output,
 )
-from .errors import APIError, bad_request, error_response
+from .errors import APIError, bad_request, error_response, json_response
 from .response_store import ResponseStore
 from .responses_protocol import (
     ErrorInfo,
@@ -507,7 +507,7 @@ async def create_response(gw: Gateway, request: Request, store: ResponseStore) -
     status, incomplete = status_of(got.finish)
     answer.keep(blocks)
     body = answer.response(status, output_items(blocks, status), usage(got.finish), incomplete=incomplete)
-    return Response(_encode(body), headers=headers, media_type="application/json")
+    return json_response(body, headers=headers)
 
 
 def routes(gw: Gateway) -> list[Route]:

@@ -29,20 +29,21 @@ request the generation route would reject is rejected here with the same 4xx.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from slotserve import __version__
+
 from . import protocol as p
 from . import translate
+from .errors import json_response
 
 if TYPE_CHECKING:
     from .app import Gateway
-
-_encoder = msgspec.json.Encoder()
 
 
 class RenderResponse(msgspec.Struct, kw_only=True):
@@ -56,13 +57,9 @@ class RenderResponse(msgspec.Struct, kw_only=True):
     max_model_len: int  # tokens per slot; longer prompts are refused by the generation route
 
 
-def _json(body: Any, status: int = 200) -> Response:
-    return Response(_encoder.encode(body), status_code=status, media_type="application/json")
-
-
 async def model_info(gw: Gateway, request: Request) -> Response:
     rt = gw.runtime
-    return _json(
+    return json_response(
         {
             "served_model_name": rt.model_name,
             "is_generation": True,
@@ -77,14 +74,12 @@ async def model_info(gw: Gateway, request: Request) -> Response:
 
 
 async def server_info(gw: Gateway, request: Request) -> Response:
-    from slotserve.metrics.prom import package_version
-
     rt = gw.runtime
     stats = rt.scheduler.stats()
-    return _json(
+    return json_response(
         {
             "server": "slotserve",
-            "version": package_version(),
+            "version": __version__,
             "served_model_name": rt.model_name,
             "dp_size": 1,
             "tp_size": 1,
@@ -106,7 +101,7 @@ async def server_info(gw: Gateway, request: Request) -> Response:
 
 
 def _render(gw: Gateway, model: str, ids: list[int], text: str) -> Response:
-    return _json(
+    return json_response(
         RenderResponse(
             object="render",
             model=model,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from importlib import metadata
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -29,17 +28,11 @@ from prometheus_client import (
 )
 from slotserve.scheduler.stats import Outcome, SchedulerStats, StatsSink
 
+from slotserve import __version__
+
 from .definitions import PushedMetrics
 from .levels import FamilyMaker, LevelCollector, StatsSource
 from .recorder import StatsRecorder
-
-
-def package_version() -> str:
-    """The installed slotserve version ("unknown" when run from a tree that is not installed)."""
-    try:
-        return metadata.version("slotserve")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 class ServerMetrics:
@@ -74,7 +67,7 @@ class ServerMetrics:
             ["version"],
             registry=self.registry,
         )
-        info.labels(package_version()).set(1)
+        info.labels(__version__).set(1)
         ProcessCollector(namespace="slotserve", registry=self.registry)  # slotserve_process_* (Linux)
 
     @property

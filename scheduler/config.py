@@ -16,17 +16,24 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
-def env_flag(name: str) -> bool:
-    """Parse a boolean environment variable; unset or empty is False.
-
-    Raises ValueError for anything other than 1/0/true/false/yes/no/on/off.
-    """
-    raw = os.environ.get(name, "").strip().lower()
-    if raw in _TRUE:
+def parse_bool(text: str) -> bool:
+    """The one boolean parser for environment values (the gateway's options use it too):
+    1/true/yes/on or 0/false/no/off, any case; empty is False. ValueError otherwise."""
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
         return True
-    if raw in _FALSE:
+    if lowered in _FALSE:
         return False
-    raise ValueError(f"{name}={raw!r} is not a boolean; set it to 1 or 0")
+    raise ValueError(f"expected one of 1/0/true/false/yes/no/on/off, got {text!r}")
+
+
+def env_flag(name: str) -> bool:
+    """Parse a boolean environment variable with `parse_bool`; unset is False."""
+    raw = os.environ.get(name, "")
+    try:
+        return parse_bool(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw.strip().lower()!r} is not a boolean; set it to 1 or 0") from None
 
 
 def reuse_log_from_env() -> bool:

@@ -1,3 +1,8 @@
 """slotserve: an LLM inference server that never recomputes what it already computed."""
 
-__version__ = "0.1.0"
+from importlib import metadata
+
+try:  # the one version is pyproject.toml's, as installed
+    __version__ = metadata.version("slotserve")
+except metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "unknown"

@@ -518,9 +518,9 @@ async def create_message(gw: Gateway, request: Request) -> Response:
     got = await collect(handle, request.receive)
     if got is None:  # the client left; the request was cancelled and acknowledged
         return error_response(APIError(499, "client closed the request"))
-    err = translate.failure(got.finish)
-    if err is not None:
-        raise err
+    failed = translate.failure(got.finish)
+    if failed is not None:
+        raise failed
     blocks = split_output(got.text, tools)
     has_calls = any(b.kind is BlockKind.TOOL_CALL for b in blocks)
     body = Message(

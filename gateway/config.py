@@ -292,7 +292,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "swa_full",
         ("--swa-full",),
-        _parse_bool,
+        parse_bool,
         "sliding-window layers keep every row instead of a ring of the window: every length "
         "rewindable, more KV memory",
         kind="flag",

@@ -60,9 +60,9 @@ def gateway_outcome(status: int) -> Outcome:
         return Outcome.CANCELLED
     if status == 408:
         return Outcome.TIMEOUT
-    if status >= 500 and status != 503:
+    if status >= 500 and status not in (503, 529):
         return Outcome.ERROR
-    return Outcome.REJECTED  # 4xx and 503 (draining, not ready): refused
+    return Outcome.REJECTED  # 4xx, and 503 / Anthropic's 529 (draining, not ready): refused
 
 
 class HTTPGuard:

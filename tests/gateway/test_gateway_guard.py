@@ -167,3 +167,14 @@ async def test_every_refusal_before_the_scheduler_is_counted_once() -> None:
         ("ok", "scheduler"): 1,
         ("rejected", "scheduler"): 1,
     }
+
+
+@pytest.mark.parametrize(
+    "status, outcome",
+    [(499, "cancelled"), (408, "timeout"), (400, "rejected"), (404, "rejected"), (415, "rejected"),
+     (503, "rejected"), (529, "rejected"), (500, "error"), (502, "error")],
+)  # fmt: skip
+def test_the_outcome_of_a_gateway_status(status: int, outcome: str) -> None:
+    from slotserve.gateway.http_guard import gateway_outcome
+
+    assert gateway_outcome(status).value == outcome

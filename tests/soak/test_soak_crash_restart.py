@@ -81,8 +81,9 @@ def serve_args(model: Path, disk: Path, *extra: str) -> list[str]:
 
 
 def crash_while_writing(model: Path, disk: Path, log: Path, cycle: int) -> tuple[int, int]:
-    """Run a slow-disk server, send the prompts, kill -9 it once >= 3 files are whole and one is
-    being written. Returns (whole files, temporary files) at the moment of the kill."""
+    """Run a slow-disk server, send the prompts, kill -9 it once it wrote >= 3 files whole and one
+    is being written. Returns (files it wrote whole, temporary files) at the moment of the kill."""
+    before = len(list(disk.glob("*/*.kvc"))) if disk.exists() else 0  # from earlier cycles
     server = start_serve(log, serve_args(model, disk), python_prelude=SLOW_DISK)
     seen: dict[str, int] = {}
 
@@ -91,7 +92,7 @@ def crash_while_writing(model: Path, disk: Path, log: Path, cycle: int) -> tuple
         while time.monotonic() < deadline and server.proc.poll() is None:
             files = [p.name for d in disk.iterdir() if d.is_dir() for p in d.iterdir()]
             tmp = sum(n.endswith(".tmp") for n in files)
-            whole = sum(n.endswith(".kvc") for n in files)
+            whole = sum(n.endswith(".kvc") for n in files) - before
             if tmp and whole >= 3:
                 os.kill(server.proc.pid, signal.SIGKILL)
                 seen.update(whole=whole, tmp=tmp)
@@ -196,7 +197,7 @@ def test_kill_9_during_checkpoint_writes_then_restart_warm_equals_cold(
     sources = {i: w["slotserve"]["reuse_source"] for i, w in warm.items()}
     print(
         f"\nsoak crash-restart: {cycles} kill -9 cycles, caught (whole, tmp) files {caught}; "
-        f"{len(damaged)} files damaged; warm sources {[sources[i] for i in order]}"
+        f"{len(damaged)} files damaged; prompts with files {sorted(set(owner.values()))}; warm sources {[sources[i] for i in order]}"
     )
     for i, c in enumerate(cold):
         assert warm[i]["choices"][0]["message"]["content"] == c["choices"][0]["message"]["content"], i

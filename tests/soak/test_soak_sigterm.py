@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from soak_support import fake_server, tail
+from soak_support import fake_server, scrape, tail
 
 pytestmark = pytest.mark.soak
 
@@ -20,14 +20,13 @@ SLOTS, STREAMS, MAX_ROUNDS = 2, 6, 10
 BODY = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 40, "ignore_eos": True, "stream": True}
 
 
-def stream(url: str, out: dict, started: threading.Event) -> None:
+def stream(url: str, out: dict) -> None:
     lines = []
     with httpx.stream("POST", url + "/v1/chat/completions", json=BODY, timeout=60, trust_env=False) as r:
         out["status"] = r.status_code
         for line in r.iter_lines():
             if line:
                 lines.append(line)
-                started.set()
     out["lines"] = lines
 
 
@@ -35,25 +34,27 @@ def one_round(tmp_path: Path) -> tuple[int, float]:
     runtime = {"num_slots": SLOTS, "max_queue": 16}
     with fake_server(tmp_path, runtime=runtime, config={"drain_grace_s": 30}, step_s=0.02) as server:
         results = [{} for _ in range(STREAMS)]
-        started = [threading.Event() for _ in range(STREAMS)]
-        threads = [
-            threading.Thread(target=stream, args=(server.url, results[i], started[i])) for i in range(STREAMS)
-        ]
+        threads = [threading.Thread(target=stream, args=(server.url, results[i])) for i in range(STREAMS)]
         for t in threads:
             t.start()
         wait_until = time.monotonic() + 30
-        while sum(e.is_set() for e in started) < SLOTS:  # both slots stream; the rest wait in the queue
-            assert time.monotonic() < wait_until, "the streams did not start"
+        while True:  # every request admitted: both slots stream, the rest wait in the queue
+            m = scrape(server.url)
+            if m["slotserve_running_requests"] + m["slotserve_queue_depth"] == STREAMS:
+                break
+            assert time.monotonic() < wait_until, "the streams were not all admitted"
             time.sleep(0.01)
         sent = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
-        refused = None
         deadline = time.monotonic() + 10
-        while refused is None and time.monotonic() < deadline:  # the drain starts within a tick
-            r = httpx.post(server.url + "/v1/chat/completions", json={**BODY, "stream": False}, timeout=10)
-            if r.status_code == 503:
-                refused = r.json()["error"]["code"]
-            time.sleep(0.02)
+        while (
+            httpx.get(server.url + "/ready", timeout=10).status_code != 503
+        ):  # the drain starts within a tick
+            assert time.monotonic() < deadline, "the drain did not start"
+            time.sleep(0.01)
+        probe = {**BODY, "stream": False, "max_tokens": 1}
+        r = httpx.post(server.url + "/v1/chat/completions", json=probe, timeout=10)  # streams still run
+        refused = r.json()["error"]["code"] if r.status_code == 503 else r.status_code
         for t in threads:
             t.join(60)
         rc = server.proc.wait(60)

@@ -22,9 +22,13 @@ tensors their blocks add (`ARCH_MODELS` names each fixture's shape and type mix)
 
     llama3  llama with rope_freqs.weight (Llama 3.1 frequency factors)
     qwen2   attn_{q,k,v}.bias
-    qwen3   attn_{q,k}_norm, key_length 32 != dim / n_heads
-    gemma3  attn_{q,k}_norm, post_attention_norm, post_ffw_norm, key_length 32, one kv head,
-            6 layers (layer 5 global), sliding window 16 on the others
+    qwen3   attn_{q,k}_norm, key_length 128 != dim / n_heads
+    gemma3  attn_{q,k}_norm, post_attention_norm, post_ffw_norm, key_length 64 != dim / n_heads,
+            one kv head, 6 layers (layer 5 global), sliding window 16 on the others
+
+Each one's weights are the type mix llama-quantize's Q4_K_M gives the real model of that family
+(with its fallbacks where a row is not a multiple of 256); an all-F32 variant
+(weight_type="F32", tensor_types={}) checks the architecture itself at float tolerance.
 """
 
 from __future__ import annotations
@@ -314,25 +318,32 @@ def write_tiny_llama(
 # Each architecture's tiny fixture: write_tiny_llama arguments. Type mixes in the spirit of
 # llama-quantize's (attn_v and ffn_down one step finer than the rest, token_embd Q8_0).
 ARCH_MODELS: dict[str, dict[str, object]] = {
+    # Llama 3.2 1B's Q4_K_M: Q4_K layers, Q6_K attn_v, ffn_down and (tied) embeddings; K-quants
+    # need rows of 256
     "llama3": dict(
         architecture="llama",
         rope_freqs=True,
         rope_base=500000.0,
-        weight_type="Q4_0",
-        tensor_types={"token_embd.weight": "Q8_0", "attn_v": "Q8_0", "ffn_down": "Q4_1"},
+        **K_DIMS,
+        weight_type="Q4_K",
+        tensor_types={"token_embd.weight": "Q6_K", "attn_v": "Q6_K", "ffn_down": "Q6_K"},
     ),
+    # Qwen2.5 0.5B's Q4_K_M: its rows of 896 cannot be K-quants, so Q4_K falls back to Q5_0 and
+    # Q6_K to Q8_0 (here rows of 64 and 128 do the same)
     "qwen2": dict(
         architecture="qwen2",
         rope_base=1000000.0,
-        weight_type="Q8_0",
-        tensor_types={"ffn_gate": "Q4_1", "ffn_up": "Q4_1", "attn_q": "Q4_0"},
+        weight_type="Q5_0",
+        tensor_types={"token_embd.weight": "Q8_0", "attn_v": "Q8_0", "ffn_down": "Q8_0"},
     ),
+    # Qwen3 0.6B's Q4_K_M (rows of 1024, q 2048 wide: q_dim != dim as here)
     "qwen3": dict(
         architecture="qwen3",
-        head_dim=32,
+        head_dim=128,
+        **K_DIMS,
         rope_base=1000000.0,
-        weight_type="Q4_0",
-        tensor_types={"token_embd.weight": "Q8_0", "attn_v": "Q8_0", "ffn_down": "Q8_0"},
+        weight_type="Q4_K",
+        tensor_types={"token_embd.weight": "Q6_K", "attn_v": "Q6_K", "ffn_down": "Q6_K"},
     ),
     # gemma3 as llama-quantize's Q4_K_M writes Gemma 3 270M: rows of dim (64 here, 640 there)
     # cannot be K-quants and fall back to Q5_0 / Q8_0; attn_output (n_in 256) and ffn_down

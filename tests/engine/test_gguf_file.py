@@ -121,8 +121,8 @@ def test_architecture_configs(tmp_path):
     )
     assert q2.rope_base == 1e6 and q2.rms_eps == pytest.approx(1e-6) and q2.layer_windows == (0, 0)
     q3 = load_model_file(write_tiny_model(tmp_path / "q3.gguf", "qwen3")).config
-    assert q3.qk_norm and not q3.qkv_bias and q3.head_dim == 32 and q3.q_dim == 128 != q3.dim
-    assert q3.attn_scale == pytest.approx(32**-0.5)
+    assert q3.qk_norm and not q3.qkv_bias and q3.head_dim == 128 and q3.q_dim == 512 != q3.dim
+    assert q3.attn_scale == pytest.approx(128**-0.5)
     g = load_model_file(write_tiny_model(tmp_path / "g3.gguf", "gemma3")).config
     assert (g.activation, g.qk_norm, g.post_norms, g.n_kv_heads, g.head_dim) == (
         Activation.GELU_TANH,

@@ -15,10 +15,10 @@
  *              | output matmul (+= residual) | [post-norm += residual] | norm+quantize
  *              | gate,up matmuls | act(gate)*up + quantize (rows) | down matmul (+= residual)
  *              | [post-norm += residual]
+ *   logits: final norm+quantize of the requested rows only | output matmul (vocab, dynamic)
  *
  * Every layer walks the same PHASES_PER_LAYER phases (a phase an architecture lacks is an empty
  * slot in the sequence), and a step checks that it walked exactly the phases it counted.
- *   logits: final norm+quantize of the requested rows only | output matmul (vocab, dynamic)
  *
  * Which thread computes a row or an output never changes the arithmetic (kernels.h NOTE), so
  * results do not depend on the thread count or on dynamic scheduling.

@@ -176,7 +176,7 @@ def summary_line(runtime: Any, config: ServeConfig) -> str:
     kv_mib = runtime.kv_bytes / (1024 * 1024)
     reuse = "off (--no-reuse)" if config.no_reuse else "on"
     window = getattr(runtime, "kv_window", None)
-    ring = f" (window layers: ring of {window})" if window is not None else ""
+    ring = f" (sliding window {window} kept in rings)" if window is not None else ""
     return (
         f"slotserve: model {runtime.model_name} ({runtime.model_path}) | {runtime.num_slots} slots x "
         f"{runtime.ctx_len} tokens | KV {kv_mib:.1f} MiB{ring} | kernels {runtime.kernel_variant} | "

@@ -58,7 +58,7 @@ class ServeConfig:
     drain_grace_s: float = 30.0  # on SIGTERM: how long running requests may finish
     shutdown_timeout_s: float = 10.0  # then how long the scheduler may take to stop before exit 1
     request_timeout_s: float = 0.0  # per-request limit from admission (queue included); 0 = none
-    kv_events_endpoint: str | None = None  # ZMQ endpoint for KV events (gateway/kv_events.py); None = off
+    kv_events_endpoint: str | None = None  # ZMQ endpoint for KV events (gateway/kv_events/); None = off
     kv_events_topic: str = ""  # first frame of every KV-event message
     kv_events_block_size: int = 16  # tokens per virtual block; must equal the router's
     # -- connection hardening (gateway/transport.py, gateway/http_guard.py)

@@ -140,14 +140,17 @@ def test_architectures_on_portable_kernels_match_reference(arch_model_factory, a
     assert diff <= FLOAT_F32KV_ATOL[0], f"{arch} scalar: largest difference {diff:.4g}"
 
 
-def test_sliding_window_long_context_matches_reference(arch_model_factory):
+@pytest.mark.parametrize("max_batch", [512, 32])
+def test_sliding_window_long_context_matches_reference(arch_model_factory, max_batch):
     """gemma3 past several attention chunks with window 16 and then 300: whole chunks before
-    the window are skipped, in prefill and in decode split across threads."""
+    the window are skipped, in prefill and in decode split across threads. max_batch 32 keeps
+    the window layers in rings (256 and 512 rows: engine.c "Rings"), wrapped several times."""
     tokens = random_tokens(600, 299, seed=14)
-    for window in (16, 300):
+    for window, ring in ((16, 256), (300, 512)):
         path = arch_model_factory("gemma3", weight_type="F32", tensor_types={}, sliding_window=window)
         want = ReferenceModel(path).logits(tokens)[[579, 599]]
-        pool = make_pool(path, 1, 640, kv_dtype="f32", threads=2)
+        pool = make_pool(path, 1, 640, kv_dtype="f32", threads=2, max_batch_tokens=max_batch)
+        assert pool.ring_len == (ring if max_batch == 32 else 0)
         got = [pool.forward([(0, tokens[:580], 0, True)])[0]]
         for p in range(580, 600):
             last = pool.forward([(0, tokens[p : p + 1], p, True)])[0]

@@ -212,3 +212,57 @@ async def test_gemma3_multi_turn_edit_and_resend_with_rings(gemma3_model_path):
         await s.check_integrity()
     assert b.tokens == await g.cold(turn2, 4)
     assert e.tokens == r.tokens == await g.cold(edited, 4)
+
+
+@pytest.mark.real_model
+async def test_gemma3_abort_shared_prompt_and_disk_restart_with_rings(gemma3_model_path, tmp_path):
+    """Gemma 3 270M with rings of 768 rows: an aborted prefill past the ring resumes; a system
+    prompt longer than the window is restored from its hint checkpoint, not copied from a slot
+    whose ring moved past it; an evicted conversation comes back from disk after a restart."""
+    g = Model(gemma3_model_path, max_batch=64, n_vocab=262144)
+    kw = dict(segment_tokens=64, step_token_budget=64, capture_prompt_end=False)
+    long = g.ids(50, 1000)
+    system = g.ids(51, 600)
+    shared = [system + g.ids(52 + i, 300) for i in range(2)]
+    pool = g.pool(2)
+    async with g.scheduler(pool, **kw) as s:
+        h = s.submit(make_request(long, 4))
+
+        def prefilling_long() -> bool:
+            rec = pool.record(0)
+            return 800 <= len(rec) <= 950 and list(rec[:8]) == long[:8]
+
+        while not prefilling_long():
+            await asyncio.sleep(0.002)
+        assert await h.cancel() is True
+        held = pool.slot_len(0)
+        before = pool.num_computed_tokens
+        a = await run(s, long, 4)
+        assert (a.finish.reuse.source, a.finish.reuse.reused_tokens) == (ReuseSource.REWIND, held)
+        assert pool.num_computed_tokens - before == 1000 - held + 3
+        first = await run(s, shared[0], 4, prefix_hint=600)
+        assert pool.min_truncate_len(first.finish.reuse.slot) > 600  # its ring moved past the prompt
+        before = pool.num_computed_tokens
+        second = await run(s, shared[1], 4, prefix_hint=600)
+        assert (second.finish.reuse.source, second.finish.reuse.reused_tokens) == (
+            ReuseSource.CHECKPOINT_MEMORY,
+            600,
+        )
+        assert pool.num_computed_tokens - before == 300 + 3
+        await s.check_integrity()
+    disk = dict(kw, kv_disk_dir=str(tmp_path), kv_disk_space_mb=256)
+    conv = g.ids(60, 900)
+    async with g.scheduler(g.pool(1), **disk) as s:
+        c = await run(s, conv, 6)
+        await run(s, g.ids(61, 100), 2)  # overwrites the only slot: evict capture, on disk
+    follow = conv + c.tokens + g.ids(62, 50)
+    restarted = g.pool(1)
+    async with g.scheduler(restarted, **disk) as s:
+        await s.wait_ready()
+        d = await run(s, follow, 4)
+        await s.check_integrity()
+    assert (d.finish.reuse.source, d.finish.reuse.reused_tokens) == (ReuseSource.CHECKPOINT_DISK, 905)
+    assert restarted.num_computed_tokens == len(follow) - 905 + 3
+    assert a.tokens == await g.cold(long, 4)
+    assert second.tokens == await g.cold(shared[1], 4)
+    assert d.tokens == await g.cold(follow, 4)

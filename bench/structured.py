@@ -89,6 +89,8 @@ async def _bench(args: argparse.Namespace) -> dict[str, Any]:
     runtime = load_runtime(config)
     ids, _ = runtime.encode_chat(PROMPT)
     grammars = runtime.grammars
+    if grammars is None:
+        raise SystemExit("constrained decoding is unavailable for this model's tokenizer (see the log)")
     async with runtime.scheduler:
         # validate before timing
         small = grammars.json_schema(SMALL_SCHEMA)

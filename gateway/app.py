@@ -45,6 +45,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..scheduler.api import HandleAPI
 from ..scheduler.request import Draining, GenerationRequest, PromptTooLong, QueueFull
 from ..scheduler.stats import Outcome, SchedulerStats, StatsSink
 from . import anthropic_api, responses_api, router_compat, translate
@@ -164,7 +165,7 @@ class Gateway:
                 "Request body is not valid JSON: nested too deeply", code="invalid_json"
             ) from None
 
-    def submit(self, gen: GenerationRequest, prompt_param: str) -> Any:
+    def submit(self, gen: GenerationRequest, prompt_param: str) -> HandleAPI:
         """Hand `gen` to the scheduler; admission errors become 429/400/503 (`prompt_param`
         names the request field that held the prompt)."""
         mark_accounted()  # the scheduler counts every request it sees, admitted or refused...
@@ -188,7 +189,7 @@ class Gateway:
     async def submit_choices(self, gens: list[GenerationRequest], prompt_param: str) -> ChoiceGroup:
         """Submit the n requests of one API request as a ChoiceGroup. If one is refused, those
         already submitted are cancelled (acknowledged) before the error is raised."""
-        handles: list[Any] = []
+        handles: list[HandleAPI] = []
         try:
             for gen in gens:
                 handles.append(self.submit(gen, prompt_param))

@@ -14,10 +14,21 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from ..scheduler.api import SchedulerAPI
+from ..scheduler.config import SchedulerConfig
+from ..scheduler.interface import SlotPool
+from ..scheduler.stats import StatsSink
 from .config import ServeConfig
 from .tool_calls import ToolCallFamily, family_for_template, hermes_shim
+
+if TYPE_CHECKING:  # engine_ext and llguidance load only when a model is opened
+    from slotserve.engine_ext.chat import ChatTemplate
+    from slotserve.engine_ext.loader import ModelBundle
+    from slotserve.engine_ext.tokenizer import Tokenizer
+
+    from .structured import GrammarCompiler
 
 log = logging.getLogger("slotserve.gateway")
 
@@ -25,8 +36,12 @@ log = logging.getLogger("slotserve.gateway")
 class TokenizerLike(Protocol):
     """What the routes need of `engine_ext.tokenizer.Tokenizer`."""
 
-    n_vocab: int
-    add_bos_token: bool  # the model wants BOS in front of a raw (untemplated) prompt
+    @property
+    def n_vocab(self) -> int: ...
+
+    @property
+    def add_bos_token(self) -> bool:
+        """The model wants BOS in front of a raw (untemplated) prompt."""
 
     def encode(self, text: str, *, add_bos: bool = False) -> list[int]: ...
 
@@ -55,7 +70,7 @@ class PromptError(ValueError):
 
 @dataclass
 class Runtime:
-    scheduler: Any  # scheduler.Scheduler (or a test double with the same contract)
+    scheduler: SchedulerAPI  # scheduler.Scheduler, or a test double with the same contract
     tokenizer: TokenizerLike
     chat: ChatTemplateLike | None  # None: the model has no chat template (chat requests -> 400)
     model_names: tuple[str, ...]  # names clients may send; the first is reported in responses
@@ -68,7 +83,7 @@ class Runtime:
     created: int = 0  # unix time the model was loaded (GET /v1/models)
     extra: dict[str, Any] = field(default_factory=dict)  # owned objects kept alive (model file, pool)
     closers: list[Callable[[], None]] = field(default_factory=list)  # run after the scheduler stops
-    grammars: Any = None  # structured.GrammarCompiler (None: response_format / forced tools -> 400)
+    grammars: GrammarCompiler | None = None  # None: response_format / forced tools -> 400
     token_bytes: Sequence[bytes] | None = None  # id -> bytes, for logprobs (None: decode each id)
     # How tools are spelled: the family of the chat template's tool-call syntax, and whether the
     # template renders `tools` itself (else the gateway rewrites messages with `hermes_shim`).
@@ -154,8 +169,8 @@ class OpenedModel:
     """A model opened for serving, before its scheduler exists (`open_served_model`)."""
 
     path: Path
-    bundle: Any  # engine_ext.loader's bundle: model file, tokenizer, chat template, pool
-    pool: Any  # bundle.pool, wrapped to publish KV events when --kv-events-endpoint is set
+    bundle: ModelBundle  # model file, tokenizer, chat template, pool
+    pool: SlotPool  # bundle.pool, wrapped to publish KV events when --kv-events-endpoint is set
     model_names: tuple[str, ...]  # the first is reported (and labels the router gauges)
     closers: list[Callable[[], None]]  # run after the scheduler stops
 
@@ -180,7 +195,7 @@ def open_served_model(config: ServeConfig) -> OpenedModel:
     return OpenedModel(path=path, bundle=bundle, pool=pool, model_names=tuple(names), closers=closers)
 
 
-def build_runtime(config: ServeConfig, model: OpenedModel, *, stats_sink: Any = None) -> Runtime:
+def build_runtime(config: ServeConfig, model: OpenedModel, *, stats_sink: StatsSink | None = None) -> Runtime:
     """The scheduler over `model.pool` (reporting to `stats_sink`) and the Runtime around it.
 
     Split from `open_served_model` so the caller can build its metrics knowing the model name."""
@@ -190,6 +205,7 @@ def build_runtime(config: ServeConfig, model: OpenedModel, *, stats_sink: Any = 
     from .structured import GrammarCompiler
 
     tok = model.bundle.tokenizer
+    grammars: GrammarCompiler | None
     try:
         grammars = GrammarCompiler.for_tokenizer(tok)
         closers = [*model.closers, grammars.close]
@@ -225,7 +241,7 @@ def build_runtime(config: ServeConfig, model: OpenedModel, *, stats_sink: Any = 
     )
 
 
-def load_chat_template(path: str, tok: Any) -> Any:
+def load_chat_template(path: str, tok: Tokenizer) -> ChatTemplate:
     """The jinja template in file `path` (--chat-template), with the tokenizer's bos/eos texts.
     ValueError naming the flag if the file cannot be read or does not compile."""
     from slotserve.engine_ext.chat import ChatTemplate
@@ -244,12 +260,12 @@ def load_chat_template(path: str, tok: Any) -> Any:
         raise ValueError(f"--chat-template {path}: {exc}") from None
 
 
-def load_runtime(config: ServeConfig, *, stats_sink: Any = None) -> Runtime:
+def load_runtime(config: ServeConfig, *, stats_sink: StatsSink | None = None) -> Runtime:
     """`open_served_model` then `build_runtime`: the model opened and its scheduler built."""
     return build_runtime(config, open_served_model(config), stats_sink=stats_sink)
 
 
-def with_kv_events(pool: Any, config: ServeConfig) -> tuple[Any, list[Callable[[], None]]]:
+def with_kv_events(pool: SlotPool, config: ServeConfig) -> tuple[SlotPool, list[Callable[[], None]]]:
     """`pool` wrapped to publish KV events when --kv-events-endpoint is set (else unchanged),
     and what to close at shutdown. Raises ValueError for a bad endpoint or missing pyzmq."""
     events_config = config.kv_events_config()
@@ -261,10 +277,8 @@ def with_kv_events(pool: Any, config: ServeConfig) -> tuple[Any, list[Callable[[
     return wrapped, [publisher.close]
 
 
-def scheduler_config(config: ServeConfig) -> Any:
+def scheduler_config(config: ServeConfig) -> SchedulerConfig:
     """The SchedulerConfig for `config`: only the knobs the operator set override its defaults."""
-    from ..scheduler.config import SchedulerConfig
-
     kwargs: dict[str, Any] = {"max_queue": config.max_queue, "reuse_enabled": not config.no_reuse}
     if config.segment_tokens is not None:
         kwargs["segment_tokens"] = config.segment_tokens

@@ -27,12 +27,18 @@ import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
 from .config import ServeConfig
 from .transport import protocol_class
+
+if TYPE_CHECKING:  # imported where used: `slotserve serve --help` loads none of them
+    from slotserve.metrics import ServerMetrics
+    from slotserve.scheduler.api import SchedulerAPI
+
+    from .runtime import Runtime
 
 log = logging.getLogger("slotserve.gateway")
 
@@ -58,7 +64,7 @@ class DrainingServer(uvicorn.Server):
     def __init__(
         self,
         config: uvicorn.Config,
-        scheduler: Any,
+        scheduler: SchedulerAPI,
         grace_s: float,
         banner: str | None = None,
         *,
@@ -171,11 +177,11 @@ def check_tls_files(config: ServeConfig) -> None:
         ) from None
 
 
-def summary_line(runtime: Any, config: ServeConfig) -> str:
+def summary_line(runtime: Runtime, config: ServeConfig) -> str:
     """The one line printed at start: model, slots, context per slot, KV memory, kernels, URL."""
     kv_mib = runtime.kv_bytes / (1024 * 1024)
     reuse = "off (--no-reuse)" if config.no_reuse else "on"
-    window = getattr(runtime, "kv_window", None)
+    window = runtime.kv_window
     ring = f" (sliding window {window} kept in rings)" if window is not None else ""
     return (
         f"slotserve: model {runtime.model_name} ({runtime.model_path}) | {runtime.num_slots} slots x "
@@ -184,7 +190,7 @@ def summary_line(runtime: Any, config: ServeConfig) -> str:
     )
 
 
-def server_metrics(model_name: str) -> Any:
+def server_metrics(model_name: str) -> ServerMetrics:
     """The server's `ServerMetrics`: slotserve's series plus the vllm:-named router gauges
     labelled `model_name`, both made from the one stats snapshot each scrape takes."""
     from slotserve.metrics import ServerMetrics

@@ -25,13 +25,13 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from ..scheduler.request import FinishEvent, TokenEvent
+from ..scheduler.api import HandleAPI
+from ..scheduler.request import FinishEvent, TokenEvent, TokenLogprob
 
 log = logging.getLogger("slotserve.gateway")
 
@@ -49,7 +49,7 @@ def sse_event(name: str, payload: bytes) -> bytes:
     return b"event: " + name.encode() + b"\ndata: " + payload + b"\n\n"
 
 
-async def cancel_quietly(handle: Any) -> bool:
+async def cancel_quietly(handle: HandleAPI | ChoiceGroup) -> bool:
     """Cancel `handle` and wait for the scheduler's acknowledgement, even inside a cancelled scope.
 
     Returns what `handle.cancel()` returns (True when this call stopped the request).
@@ -74,7 +74,7 @@ class ChoiceGroup:
     in order; TokenEvents then one FinishEvent each) until all have finished. `cancel()` cancels
     every choice and returns True if any was stopped by it."""
 
-    def __init__(self, handles: Sequence[Any]) -> None:
+    def __init__(self, handles: Sequence[HandleAPI]) -> None:
         self.handles = list(handles)
 
     def __len__(self) -> int:
@@ -85,9 +85,9 @@ class ChoiceGroup:
             async for event in self.handles[0]:
                 yield 0, event
             return
-        queue: asyncio.Queue = asyncio.Queue()
+        queue: asyncio.Queue[tuple[int, TokenEvent | FinishEvent]] = asyncio.Queue()
 
-        async def pump(i: int, handle: Any) -> None:
+        async def pump(i: int, handle: HandleAPI) -> None:
             async for event in handle:
                 queue.put_nowait((i, event))
 
@@ -108,7 +108,7 @@ class ChoiceGroup:
         return any(stopped)
 
 
-def as_group(handle: Any) -> ChoiceGroup:
+def as_group(handle: HandleAPI | ChoiceGroup) -> ChoiceGroup:
     return handle if isinstance(handle, ChoiceGroup) else ChoiceGroup([handle])
 
 
@@ -119,15 +119,15 @@ class Collected:
 
     text: str
     finish: FinishEvent
-    logprobs: tuple[Any, ...] = ()  # scheduler.request.TokenLogprob, one per emitted token
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per emitted token (empty unless requested)
 
 
-async def collect_choices(handle: Any, receive: Receive) -> list[Collected] | None:
+async def collect_choices(handle: HandleAPI | ChoiceGroup, receive: Receive) -> list[Collected] | None:
     """Gather every choice's events (a handle or a ChoiceGroup); None if the client left first
     (then every choice was cancelled and acknowledged before this returns)."""
     group = as_group(handle)
     parts: list[list[str]] = [[] for _ in range(len(group))]
-    lps: list[list[Any]] = [[] for _ in range(len(group))]
+    lps: list[list[TokenLogprob]] = [[] for _ in range(len(group))]
     results: list[Collected | None] = [None] * len(group)
 
     async def gather() -> None:
@@ -160,7 +160,7 @@ async def collect_choices(handle: Any, receive: Receive) -> list[Collected] | No
     return results  # type: ignore[return-value]
 
 
-async def collect(handle: Any, receive: Receive) -> Collected | None:
+async def collect(handle: HandleAPI | ChoiceGroup, receive: Receive) -> Collected | None:
     """Gather a one-choice request's events; None if the client left first (then the request was
     cancelled and the scheduler acknowledged before this returns)."""
     got = await collect_choices(handle, receive)
@@ -211,7 +211,7 @@ class EventStream:
     started (the client left before the first chunk was asked for).
     """
 
-    def __init__(self, handle: Any, fmt: StreamFormat):
+    def __init__(self, handle: HandleAPI | ChoiceGroup, fmt: StreamFormat):
         self.handle = as_group(handle)
         self.fmt = fmt
         self.is_started = False

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from slotserve.scheduler.interface import SlotPool
 
 from .publisher import KVEventsConfig, ZmqPublisher
 from .wire import DEFAULT_BLOCK_SIZE, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, chain_hashes
@@ -24,7 +25,7 @@ class KVEventPool:
 
     def __init__(
         self,
-        pool: Any,
+        pool: SlotPool,
         publish: Callable[[list[KVEvent]], None],
         *,
         block_size: int = DEFAULT_BLOCK_SIZE,
@@ -58,7 +59,7 @@ class KVEventPool:
         return getattr(self._pool, name)
 
     @property
-    def wrapped(self) -> Any:
+    def wrapped(self) -> SlotPool:
         return self._pool
 
     def slot_len(self, slot: int) -> int:
@@ -229,7 +230,7 @@ class KVEventPool:
             self._publish(events)
 
 
-def wrap_pool(pool: Any, config: KVEventsConfig) -> tuple[KVEventPool, ZmqPublisher]:
+def wrap_pool(pool: SlotPool, config: KVEventsConfig) -> tuple[KVEventPool, ZmqPublisher]:
     """Production wiring: a started publisher and the pool that feeds it. Close the publisher
     after the scheduler stops."""
     publisher = ZmqPublisher(config)

@@ -143,6 +143,20 @@ async def wait_until(pred, timeout: float = 5.0) -> None:
         await asyncio.sleep(0.001)
 
 
+class ManualClock:
+    """A scheduler clock (`Scheduler(clock=...)`) that moves only when told: time-based rules
+    (timeouts, idle times) are tested without waiting for real time to pass."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 class StepGate:
     """A fake-engine forward hook that holds the `pause_at`-th forward call (1-based) until
     `release` is set, so a test can act while that step is in flight."""

@@ -11,6 +11,7 @@ import time
 import pytest
 from sched_support import (
     EOS,
+    ManualClock,
     RecordingSink,
     StepGate,
     assert_warm_run,
@@ -129,11 +130,12 @@ async def test_admission_errors_are_raised_at_once():
 async def test_timeouts_finish_queued_and_running_requests():
     pool = make_pool(1, 512)
     gate = StepGate(pool, pause_at=2)
-    async with make_scheduler(pool, make_config(default_timeout_s=0.2)) as sched:
+    clock = ManualClock()
+    async with make_scheduler(pool, make_config(default_timeout_s=0.2), clock=clock) as sched:
         running = sched.submit(make_request(prompt_of(1, 10), 50, timeout_s=0.1))
         queued = sched.submit(make_request(prompt_of(2, 10), 5))
         await gate.wait_reached()
-        await asyncio.sleep(0.3)
+        clock.advance(0.3)  # past both deadlines while the second step computes
         gate.release.set()
         r = await collect(running)
         q = await collect(queued)

@@ -120,6 +120,21 @@ def test_half_a_head_is_closed_within_the_header_timeout(served: Served) -> None
     assert error_code(data) == (408, "request_timeout")
 
 
+def test_the_header_deadline_applies_again_on_a_kept_alive_connection(served: Served) -> None:
+    with served.connect() as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = b""
+        while not first.endswith(b'"ok"}'):
+            chunk = sock.recv(65536)
+            assert chunk, first
+            first += chunk
+        sock.sendall(b"GET /health HTTP/1.1\r\nHo")  # the next request stalls mid-head
+        data, closed_after = read_until_closed(sock, HEADER_TIMEOUT_S + 5)
+    assert first.startswith(b"HTTP/1.1 200")
+    assert closed_after <= HEADER_TIMEOUT_S + 3
+    assert error_code(data) == (408, "request_timeout")
+
+
 HEAD = (
     b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
     b"Content-Length: 100\r\n\r\n"

@@ -267,7 +267,7 @@ class GenerationKind:
     body: type  # the request Struct (protocol.py)
     id_prefix: str  # response ids: f"{id_prefix}-<hex>"
     prompt_param: str  # the body field that holds the prompt (named by admission errors)
-    to_request: Callable[[Any, ServeConfig, Any, str], translate.Planned]  # (req, config, runtime, id)
+    to_request: Callable[[Any, ServeConfig, Runtime, str], translate.Planned]  # (req, config, runtime, id)
     stream_format: Callable[[str, str, bool, translate.OutputSpec], StreamFormat]  # (id, model, usage, spec)
     # (id, model, created, collected choices, spec) -> the response Struct
     to_response: Callable[[str, str, int, list[Collected], translate.OutputSpec], Any]

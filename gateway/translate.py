@@ -18,6 +18,7 @@ from ..scheduler.request import (
     FinishEvent,
     FinishReason,
     GenerationRequest,
+    Grammar,
     SamplingParams,
     TokenEvent,
     TokenLogprob,
@@ -27,7 +28,7 @@ from .config import ServeConfig
 from .errors import APIError, bad_request
 from .runtime import PromptError, Runtime
 from .streaming import Collected, StreamFormat, sse_data
-from .structured import GrammarError
+from .structured import GrammarCompiler, GrammarError
 from .tool_calls import ParsedOutput, StreamingToolParser, ToolCallFamily, parse_tool_calls
 
 SEED_MOD = 2**63
@@ -103,13 +104,15 @@ def _logit_bias(req: Any, runtime: Runtime) -> tuple[tuple[int, float], ...]:
     return tuple(out)
 
 
-def _grammars(runtime: Runtime, param: str) -> Any:
+def _grammars(runtime: Runtime, param: str) -> GrammarCompiler:
     if runtime.grammars is None:
         raise bad_request("constrained decoding is not available on this server", param=param)
     return runtime.grammars
 
 
-def _response_format_grammar(req: Any, runtime: Runtime) -> Any:
+def _response_format_grammar(
+    req: p.ChatCompletionRequest | p.CompletionRequest, runtime: Runtime
+) -> Grammar | None:
     """The Grammar for response_format (None for text)."""
     rf = req.response_format
     if rf is None or rf.type == "text":
@@ -144,7 +147,7 @@ def sampling_params(
     default_max_tokens: int,
     max_tokens_param: str = "max_tokens",
     logprobs: int | None = None,
-    grammar: Any = None,
+    grammar: Grammar | None = None,
 ) -> SamplingParams:
     """Map the sampling fields, enforcing --max-tokens-limit, the slot count for n and the
     unsupported options (`max_tokens_param`: the body field `max_tokens` came from, named by its

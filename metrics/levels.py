@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from slotserve.scheduler.stats import SchedulerStats, SlotState
+from slotserve.scheduler.stats import CheckpointTier, SchedulerStats, SlotState
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ def level_families(s: SchedulerStats) -> Iterator[Metric]:
         "Bytes of KV checkpoints currently stored, by tier.",
         labels=["tier"],
     )
-    stored.add_metric(["memory"], s.checkpoint_memory_bytes)
-    stored.add_metric(["disk"], s.checkpoint_disk_bytes)
+    stored.add_metric([CheckpointTier.MEMORY.value], s.checkpoint_memory_bytes)
+    stored.add_metric([CheckpointTier.DISK.value], s.checkpoint_disk_bytes)
     yield stored
     yield GaugeMetricFamily(
         "slotserve_draining", "1 while the server drains (admits nothing new).", value=int(s.draining)

@@ -20,6 +20,7 @@ from sched_support import (
     N_VOCAB,
     RecordingSink,
     StepGate,
+    collect,
     make_config,
     make_request,
     make_scheduler,
@@ -365,3 +366,31 @@ def test_routing_around_the_ring_reuses_what_the_oracle_says_and_stays_exact(
     assert computed == len(second) - want + 3
     assert a.tokens == reference_greedy(pool, first, 4)
     assert b.tokens == reference_greedy(pool, second, 4)
+
+
+async def test_a_shared_prefix_still_being_prefilled_is_captured_for_its_waiter():
+    """Two prompts with one system prompt arrive together. The second waits for the first's
+    prefill (WAIT_SHARED); with a ring of 4 rows beyond the window and 64-token segments, the
+    leader's ring would be past the shared 100 tokens before the waiter could copy them, so the
+    leader gets a capture point there and the waiter reuses all 100."""
+    pool = ring_pool(2, step=4)
+    sink = RecordingSink()
+    system = prompt_of(70, 100)
+    a, b = system + prompt_of(71, 300), system + prompt_of(72, 40)
+    shared = common_prefix_len(np.asarray(a, np.int32), np.asarray(b, np.int32))
+    assert shared >= 100
+    config = ring_config(segment_tokens=64, step_token_budget=64, capture_prompt_end=False)
+    async with make_scheduler(pool, config, stats_sink=sink) as sched:
+        first = sched.submit(make_request(a, 4))
+        second = sched.submit(make_request(b, 4))
+        outs = await asyncio.gather(collect(first), collect(second))
+        await sched.check_integrity()
+    assert outs[0].finish.reuse.reused_tokens == 0
+    assert outs[1].finish.reuse.source in (ReuseSource.COPY, ReuseSource.CHECKPOINT_MEMORY)
+    assert outs[1].finish.reuse.reused_tokens == shared
+    assert outs[1].finish.reuse.prefilled_tokens == len(b) - shared
+    assert [e.num_tokens for e in sink.checkpoints if e.kind == "capture" and e.rule == "common_prefix"] == [
+        shared
+    ]
+    assert outs[0].tokens == reference_greedy(pool, a, 4)
+    assert outs[1].tokens == reference_greedy(pool, b, 4)

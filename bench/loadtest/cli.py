@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from .driver import DriveConfig
 
 API_KEY_ENV = "SLOTSERVE_LOADTEST_API_KEY"  # the --api-key default
-WORKLOADS = ("multi-turn", "agent", "abort-resend", "shared-prefix", "oversubscribed", "trace")
+WORKLOADS = ("multi-turn", "agent", "abort-resend", "shared-prefix", "oversubscribed", "edit-turn", "trace")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -4,7 +4,8 @@ Design: a workload is a list of `Conversation`s. The driver asks a ready convers
 next `RequestSpec`, sends it, and hands the outcome back through `record_reply`; the
 conversation then builds its next request from it (a chat client appends the reply and a new
 user message; an agent re-renders the reply as a tool call and appends the tool's result; an
-impatient client resends what it aborted). All text is drawn up front from one
+impatient client resends what it aborted; an editing client goes back and rewrites its first
+question). All text is drawn up front from one
 `random.Random` per conversation, seeded from (seed, workload, conversation index), so a run is
 reproducible whatever order the driver serves the conversations in; only the model's replies
 (greedy by default) enter the prompts at run time.
@@ -108,9 +109,11 @@ class WorkloadConfig:
 
 
 def num_planned_requests(workload: str, cfg: WorkloadConfig) -> int:
-    """Requests the workload sends if every one succeeds (abort-resend sends each turn twice)."""
+    """Requests the workload sends if every one succeeds (abort-resend sends each turn twice;
+    edit-turn adds the edited first turn)."""
     per_turn = 2 if workload == "abort-resend" else 1
-    return cfg.num_conversations * cfg.num_turns * per_turn
+    extra = 1 if workload == "edit-turn" else 0
+    return cfg.num_conversations * (cfg.num_turns * per_turn + extra)
 
 
 def _words(rng: random.Random, n: int) -> str:
@@ -126,13 +129,16 @@ class ChatConversation:
     """Multi-turn chat: system prompt, then user turns; each reply is appended verbatim.
 
     With `abort_after`, the first send of every turn disconnects after that many tokens and the
-    identical request is sent again (attempt 1)."""
+    identical request is sent again (attempt 1). With `edited_first`, after the last turn the
+    client goes back to the start: the system prompt and an edited first question (turn index
+    len(user_turns)), a prompt that leaves the conversation right after its system turn."""
 
     conversation_id: str
     system: str
     user_turns: list[str]
     reply_len: int
     abort_after: int | None = None
+    edited_first: str | None = None
     _history: list[Message] = field(default_factory=list)  # system + completed turns
     _turn: int = 0
     _attempt: int = 0
@@ -142,8 +148,18 @@ class ChatConversation:
         self._history = [{"role": "system", "content": self.system}]
 
     def next_request(self) -> RequestSpec | None:
-        if self._is_over or self._turn >= len(self.user_turns):
+        if self._is_over or self._turn > len(self.user_turns):
             return None
+        if self._turn == len(self.user_turns):
+            if self.edited_first is None:
+                return None
+            edit = [self._history[0], {"role": "user", "content": self.edited_first}]
+            return RequestSpec(
+                conversation_id=self.conversation_id,
+                turn_index=self._turn,
+                max_tokens=self.reply_len,
+                messages=tuple(edit),
+            )
         user = {"role": "user", "content": self.user_turns[self._turn]}
         is_abort = self.abort_after is not None and self._attempt == 0
         return RequestSpec(
@@ -163,7 +179,8 @@ class ChatConversation:
             self._is_over = True  # a failed turn ends the conversation: no reply to build on
             return
         assert spec.messages is not None
-        self._history = list(spec.messages) + [{"role": "assistant", "content": text}]
+        if spec.turn_index < len(self.user_turns):
+            self._history = list(spec.messages) + [{"role": "assistant", "content": text}]
         self._turn += 1
         self._attempt = 0
 
@@ -217,7 +234,7 @@ class AgentConversation:
         self._round += 1
 
 
-SYNTHETIC_WORKLOADS = ("multi-turn", "agent", "abort-resend", "shared-prefix", "oversubscribed")
+SYNTHETIC_WORKLOADS = ("multi-turn", "agent", "abort-resend", "shared-prefix", "oversubscribed", "edit-turn")
 
 
 def build_conversations(workload: str, cfg: WorkloadConfig) -> list[Conversation]:
@@ -258,6 +275,7 @@ def build_conversations(workload: str, cfg: WorkloadConfig) -> list[Conversation
             else _system_prompt(rng, cfg.system_len, f"You are assistant {i}. Background notes:")
         )
         turns = [f"Question {t}: {_words(rng, cfg.turn_len)}" for t in range(cfg.num_turns)]
+        edited = f"Question 0, rewritten: {_words(rng, cfg.turn_len)}" if workload == "edit-turn" else None
         conversations.append(
             ChatConversation(
                 conversation_id=cid,
@@ -265,6 +283,7 @@ def build_conversations(workload: str, cfg: WorkloadConfig) -> list[Conversation
                 user_turns=turns,
                 reply_len=cfg.reply_len,
                 abort_after=cfg.abort_after if workload == "abort-resend" else None,
+                edited_first=edited,
             )
         )
     return conversations

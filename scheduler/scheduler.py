@@ -362,7 +362,7 @@ class Scheduler:
                 self._finish(seq, FinishReason.CANCELLED, now, cancel_phase=seq.phase)
         if not self._closing:
             self._admission.admit(plan, now)
-        self._plan_capture_points(plan)
+        self._plan_due_captures(plan)
         self._plan_batch(plan)
         return None if plan.is_empty() else plan
 
@@ -376,7 +376,8 @@ class Scheduler:
             return
         plan.captures.append(Capture(slot, tokens, rule))
 
-    def _plan_capture_points(self, plan: StepPlan) -> None:
+    def _plan_due_captures(self, plan: StepPlan) -> None:
+        """Plan the captures whose prompt offset (from `record_routed`) each slot now holds."""
         for seq in self._running.values():
             if plan.prepares_slot_for(seq):
                 # NOTE: captures run before prepares in execute_plan, so a slot prepared in this

@@ -74,3 +74,27 @@ def test_every_exported_metric_is_documented():
     for fam in families:
         name = fam.name + ("_total" if fam.type == "counter" else "")
         assert f"`{name}`" in text, f"{name} is exported but not documented in docs/operations.md"
+
+
+def test_every_label_value_is_documented():
+    """Each label value a series exists for (every one is created at start-up from the enums of
+    scheduler/stats.py) is named in its metric's row of docs/operations.md."""
+    rows = {}
+    for line in OPERATIONS.read_text().splitlines():
+        if line.startswith("| `slotserve_"):
+            rows[line.split("`")[1]] = line
+    m = ServerMetrics()
+    m.bind(lambda: SchedulerStats(0, 64, 0, (SlotLevel(0, SlotState.IDLE, 5),), 4096, 0, 0, 0, False))
+    checked = 0
+    for fam in text_string_to_metric_families(m.render()[0].decode()):
+        name = fam.name + ("_total" if fam.type == "counter" else "")
+        for sample in fam.samples:
+            for label, value in sample.labels.items():
+                if label in ("le", "slot", "version") or not name.startswith("slotserve_"):
+                    continue  # buckets, slot numbers, the build version: not enumerations
+                assert name in rows, f"{name} has no row in docs/operations.md"
+                assert re.search(rf"\b{re.escape(value)}\b", rows[name]), (
+                    f"{name}{{{label}={value!r}}} is exported but its row in docs/operations.md does not name {value}"
+                )
+                checked += 1
+    assert checked > 100  # the checkpoint event x tier x rule grid alone is 2 x 4 x 6

@@ -183,9 +183,11 @@ def parse_tool_calls(
         return ParsedOutput(_content(parts), tuple(calls))
     if family is ToolCallFamily.LLAMA3:
         body = text.strip()
-        if body.startswith(LLAMA3_TAG):
+        tagged = body.startswith(LLAMA3_TAG)
+        if tagged:
             body = body[len(LLAMA3_TAG) :]
-        if body.lstrip().startswith("{"):
+        # after the tag anything may be a call list (as the streaming parser decides at the tag)
+        if tagged or body.lstrip().startswith("{"):
             got = _calls_from_json(body, tool_names, new_id)
             if got is not None:
                 return ParsedOutput(None, tuple(got))

@@ -176,3 +176,19 @@ def test_streaming_equals_whole_parse_on_random_texts(family, parts, cuts):
     out.append(parser.finish()[0])
     assert ("".join(out).strip() or None) == whole.content
     assert tuple(parser.tool_calls) == whole.tool_calls
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<|python_tag|>[{"name": "f", "arguments": {}}]',
+        ' <|python_tag|>; {"name": "g", "parameters": {}}',
+    ],
+)
+def test_llama3_text_after_the_tag_parses_alike_whole_and_streamed(text):
+    # the streaming parser commits to calls at the tag; the whole-text parse must agree
+    whole = parse_tool_calls(text, ToolCallFamily.LLAMA3, tool_names={"f", "g"}, new_id=ids())
+    parser = StreamingToolParser(ToolCallFamily.LLAMA3, tool_names={"f", "g"}, new_id=ids())
+    streamed = "".join(parser.feed(text[i : i + 4])[0] for i in range(0, len(text), 4)) + parser.finish()[0]
+    assert whole.content is None and streamed.strip() == ""
+    assert [c.name for c in whole.tool_calls] == [c.name for c in parser.tool_calls] != []

@@ -9,6 +9,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "engine": ("slotserve.bench.engine", "prefill/decode tokens/s of the C engine"),
     "kernels": ("slotserve.bench.kernels", "single-thread matmul GB/s of weights per tensor type"),
     "routing": ("slotserve.bench.routing", "prefix routing cost against N slots"),
+    "serve": (
+        "slotserve.bench.serve",
+        "served decode tokens/s at 1/4/8 streams and TTFT vs the engine and a bandwidth bound",
+    ),
     "structured": ("slotserve.bench.structured", "decode tokens/s under a json_schema constraint vs none"),
     "replica-sim": (
         "slotserve.bench.replica_sim",

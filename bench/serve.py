@@ -1,0 +1,323 @@
+"""`slotserve bench serve`: what a user of the server gets, next to what the engine can do.
+
+Design: one run, three parts, on the same machine one after the other (never overlapping):
+
+1. served: `slotserve serve --parallel P` as a subprocess on a free loopback port. After /ready,
+   the TTFT of a short chat prompt (median of TTFT_REPS requests, each a different question,
+   so the template prefix may be reused but the question is not), then for each stream count
+   S (default 1, 4, 8) S concurrent greedy streamed chat requests of --tokens tokens with
+   `ignore_eos`, so every stream runs to `max_tokens` (checked: finish_reason "length" and
+   usage.completion_tokens == --tokens). Aggregate decode tokens/s of a round is
+   sum over streams of (completion_tokens - 1) / (last text chunk of any stream - first text
+   chunk of any stream): the tokens after each stream's first, over the time after the first.
+   The server is stopped (SIGTERM) before part 2.
+2. engine: the same model in-process, S slots decoding --tokens steps in one batch per step
+   (bench/engine.py's `decode_rate`; no HTTP, no scheduler, no tokenizer).
+3. bandwidth: a triad a = b + s*c over float64 arrays far larger than any cache, in chunks so
+   the two NumPy passes of each chunk meet in cache and memory sees 3 arrays (read b, read c,
+   write a; the write-allocate read of a is not counted, as in STREAM). Best of BANDWIDTH_REPS.
+   The one-slot decode bound is that bandwidth / the weight bytes one decode step reads
+   (every tensor but the embedding table, which a step reads one row of, unless it is tied to
+   the output).
+
+NOTE: the triad runs on one thread; the engine may use more. On a machine whose one core
+cannot saturate memory the bound is then conservative (too low).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .engine import decode_rate, machine
+
+DEFAULT_STREAMS = (1, 4, 8)
+DEFAULT_TOKENS = 256
+DEFAULT_PARALLEL = 8
+TTFT_REPS = 3
+BANDWIDTH_REPS = 5
+BANDWIDTH_CHUNK = 1 << 15  # float64 elements per triad chunk (256 KiB: three fit in L2)
+READY_TIMEOUT_S = 180.0
+TTFT_QUESTIONS = ("What is 2 + 2?", "Name a colour.", "Say hello.", "What day follows Monday?")
+STREAM_PROMPT = "Write a long story about a lighthouse keeper and the sea."
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        metavar="NAME|PATH",
+        help="a known model's short name or a GGUF path (default: the default model, pulled if missing)",
+    )
+    parser.add_argument(
+        "--tokens", type=int, default=DEFAULT_TOKENS, help=f"tokens per stream (default {DEFAULT_TOKENS})"
+    )
+    parser.add_argument(
+        "--streams",
+        type=int,
+        action="append",
+        help="concurrent streams to measure (repeatable; default 1, 4 and 8)",
+    )
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        default=DEFAULT_PARALLEL,
+        help=f"the server's slots, --parallel (default {DEFAULT_PARALLEL})",
+    )
+    parser.add_argument(
+        "--threads", type=int, help="engine threads, server and in-process (default: engine's)"
+    )
+    parser.add_argument("--ctx-size", type=int, help="the server's --ctx-size (default: the server's)")
+    parser.add_argument(
+        "--bandwidth-mib",
+        type=int,
+        default=256,
+        help="MiB per triad array (default 256; three are allocated)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+# --- part 1: the served figures ---
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(model: Path, args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen[bytes]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "slotserve",
+        "serve",
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--parallel",
+        str(args.parallel),
+        "--log-level",
+        "warning",
+    ]
+    if args.threads is not None:
+        cmd += ["--threads", str(args.threads)]
+    if args.ctx_size is not None:
+        cmd += ["--ctx-size", str(args.ctx_size)]
+    with open(log, "wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+
+
+def wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
+    """Poll GET /ready; SystemExit with the log's tail if the server exits or times out."""
+    import httpx
+
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/ready", timeout=1.0, trust_env=False).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    state = f"exited with {proc.returncode}" if proc.poll() is not None else "not ready in time"
+    raise SystemExit(f"slotserve bench serve: the server {state}:\n{log.read_text(errors='replace')[-2000:]}")
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def measure_served(url: str, tokens: int, streams: list[int]) -> dict[str, Any]:
+    """TTFT of a short prompt and aggregate decode tokens/s per stream count (module docstring).
+    SystemExit if a stream fails or does not run to `tokens`."""
+    import httpx
+
+    from .loadtest.client import SendParams, send
+    from .loadtest.workloads import RequestSpec
+
+    async with httpx.AsyncClient(timeout=None, trust_env=False) as client:
+        model_name = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
+        params = SendParams(model=model_name, temperature=0.0, ignore_eos=True, timeout_s=600.0)
+
+        async def round_of(specs: list[RequestSpec]) -> list[Any]:
+            exchanges = await asyncio.gather(*(send(client, url, s, i, params) for i, s in enumerate(specs)))
+            for ex in exchanges:
+                if ex.error is not None or not ex.token_times:
+                    raise SystemExit(f"slotserve bench serve: a request failed: {ex.error}")
+            return list(exchanges)
+
+        ttfts = []
+        for i in range(TTFT_REPS):
+            question = TTFT_QUESTIONS[i % len(TTFT_QUESTIONS)]
+            spec = RequestSpec(f"ttft{i}", 0, 1, messages=({"role": "user", "content": question},))
+            (ex,) = await round_of([spec])
+            ttfts.append(ex.token_times[0] - ex.t_send)
+        out: dict[str, Any] = {"model_name": model_name, "ttft_s": statistics.median(ttfts), "decode": {}}
+        for n in streams:
+            specs = [
+                RequestSpec(
+                    f"s{n}.{i}", 0, tokens, messages=({"role": "user", "content": f"{STREAM_PROMPT} ({i})"},)
+                )
+                for i in range(n)
+            ]
+            exchanges = await round_of(specs)
+            for ex in exchanges:
+                if ex.completion_tokens != tokens or ex.finish_reason != "length":
+                    raise SystemExit(
+                        f"slotserve bench serve: a stream ended after {ex.completion_tokens} of {tokens} "
+                        f"tokens (finish_reason {ex.finish_reason!r})"
+                    )
+            first = min(ex.token_times[0] for ex in exchanges)
+            last = max(ex.token_times[-1] for ex in exchanges)
+            after_first = sum(ex.completion_tokens - 1 for ex in exchanges)
+            out["decode"][n] = {
+                "tokens_per_s": after_first / (last - first) if last > first else float("nan"),
+                "completion_tokens": [ex.completion_tokens for ex in exchanges],
+            }
+    return out
+
+
+# --- parts 2 and 3: the engine and the machine ---
+
+
+def measure_engine(model: Any, tokens: int, streams: list[int], threads: int | None) -> dict[int, float]:
+    """Aggregate decode tokens/s of n slots in one batch per step, for each n in `streams`."""
+    import numpy as np
+    from slotserve.engine_ext import SlotPool
+
+    pool = SlotPool(model, max(streams), tokens + 16, threads=threads)
+    rng = np.random.default_rng(0)
+    out = {}
+    for n in streams:
+        slots = list(range(n))
+        for s in slots:
+            pool.truncate(s, 0)
+        out[n] = decode_rate(pool, slots, tokens, rng, model.config.n_vocab)
+    return out
+
+
+def triad_bandwidth(mib: int, reps: int = BANDWIDTH_REPS) -> float:
+    """Best-of-`reps` bytes/s of a = b + s*c over three float64 arrays of `mib` MiB each,
+    counting 3 arrays of traffic per pass (module docstring)."""
+    import numpy as np
+
+    n = mib * 1024 * 1024 // 8
+    a, b, c = np.zeros(n), np.ones(n), np.full(n, 2.0)  # touched now: no page faults while timed
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        for i in range(0, n, BANDWIDTH_CHUNK):
+            ai = a[i : i + BANDWIDTH_CHUNK]
+            np.multiply(c[i : i + BANDWIDTH_CHUNK], 3.0, out=ai)
+            np.add(ai, b[i : i + BANDWIDTH_CHUNK], out=ai)
+        best = min(best, time.perf_counter() - t)
+    if a[n - 1] != 7.0:  # 1 + 3 * 2: the loop covered the arrays
+        raise AssertionError("triad produced a wrong value")
+    return 3 * n * 8 / best
+
+
+def decode_weight_bytes(model: Any) -> int:
+    """Bytes of weights one decode step reads: every tensor but token_embd, which a step reads
+    one row of, unless the output matrix is tied to it."""
+    total = sum(t.data.nbytes for t in model.tensors.values())
+    if not model.config.tied_output:
+        total -= model.tensors["token_embd.weight"].data.nbytes
+    return int(total)
+
+
+def run(args: argparse.Namespace) -> int:
+    from slotserve.engine_ext.loader import read_model
+    from slotserve.engine_ext.model_cache import resolve_model
+
+    streams = sorted(set(args.streams or DEFAULT_STREAMS))
+    if args.tokens < 2 or min(streams) < 1 or args.bandwidth_mib < 1:
+        raise SystemExit("--tokens must be >= 2, --streams and --bandwidth-mib >= 1")
+    if max(streams) > args.parallel:
+        raise SystemExit(f"--streams {max(streams)} exceeds --parallel {args.parallel}")
+    path = Path(resolve_model(args.model, progress=False))
+    info: dict[str, Any] = {
+        "command": "slotserve bench serve",
+        "model": str(path),
+        "tokens": args.tokens,
+        "parallel": args.parallel,
+        "machine": machine(),
+    }
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryDirectory(prefix="slotserve-bench-serve-") as tmp:
+        log = Path(tmp) / "serve.log"
+        proc = start_server(path, args, port, log)
+        try:
+            wait_ready(proc, url, log)
+            served = asyncio.run(measure_served(url, args.tokens, streams))
+        finally:
+            stop_server(proc)
+
+    model, _ = read_model(path)
+    engine = measure_engine(model, args.tokens, streams, args.threads)
+    bandwidth = triad_bandwidth(args.bandwidth_mib)
+    weight_bytes = decode_weight_bytes(model)
+    bound = bandwidth / weight_bytes
+    info["ttft_s"] = served["ttft_s"]
+    info["bandwidth_gb_s"] = bandwidth / 1e9
+    info["decode_weight_bytes"] = weight_bytes
+    info["one_slot_bound_tokens_per_s"] = bound
+    info["streams"] = {}
+    for n in streams:
+        s, e = served["decode"][n]["tokens_per_s"], engine[n]
+        info["streams"][str(n)] = {
+            "served_tokens_per_s": s,
+            "engine_tokens_per_s": e,
+            "served_over_engine": s / e,
+            "completion_tokens": served["decode"][n]["completion_tokens"],
+        }
+    one = info["streams"].get("1")
+    if one is not None:
+        info["engine_one_slot_over_bound"] = one["engine_tokens_per_s"] / bound
+        info["served_one_slot_over_bound"] = one["served_tokens_per_s"] / bound
+    info["machine"]["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    m = info["machine"]
+    print(f"model {path.name} | {m['cpu']}, {m['cpus']} CPUs | {args.tokens} tokens per stream")
+    print(f"TTFT (short chat prompt, median of {TTFT_REPS}): {served['ttft_s'] * 1000:.1f} ms")
+    print(f"{'streams':>8} {'served tok/s':>13} {'engine tok/s':>13} {'served/engine':>14}")
+    for n in streams:
+        r = info["streams"][str(n)]
+        print(
+            f"{n:>8} {r['served_tokens_per_s']:>13.1f} {r['engine_tokens_per_s']:>13.1f} "
+            f"{r['served_over_engine']:>14.3f}"
+        )
+    print(
+        f"triad bandwidth {info['bandwidth_gb_s']:.2f} GB/s (1 thread) | decode reads "
+        f"{weight_bytes / 1e6:.1f} MB of weights | one-slot bound {bound:.1f} tok/s"
+    )
+    if one is not None:
+        print(
+            f"one-slot decode / bound: engine {info['engine_one_slot_over_bound']:.3f}, "
+            f"served {info['served_one_slot_over_bound']:.3f}"
+        )
+    return 0

@@ -13,6 +13,12 @@ exactly. Then, per thread count:
     tg128_x4               4 slots decoding in one batch per step (aggregate tokens/s)
 
 Prefill figures are the median of --reps runs; decode figures time all 128 steps.
+
+`--synthetic NAME` benchmarks a real architecture's shape instead (bench/synthetic.py: qwen2-0.5b,
+qwen2-1.5b, llama3-8b with random Q4_K_M weights), written once into --synthetic-dir and kept
+there for llama.cpp (the llama-bench command is printed). Random weights have no right answer:
+only the exactness checks run (on a 40-token prompt), and the sizes are the preset's
+(`synthetic.BENCH_SIZES`, e.g. pp64, tg16, tg16_d64 and tg16_x4 at 8B).
 """
 
 from __future__ import annotations
@@ -49,6 +55,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-numpy", action="store_true", help="skip the NumPy comparison figures")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument(
+        "--synthetic",
+        metavar="NAME",
+        help="benchmark a random-weight Q4_K_M model of a real shape instead of --model "
+        "(qwen2-0.5b, qwen2-1.5b, llama3-8b); written once and kept for llama.cpp",
+    )
+    parser.add_argument(
+        "--synthetic-dir",
+        metavar="DIR",
+        help="where --synthetic files are written and reused (default: $TMPDIR/slotserve-synthetic)",
+    )
+    parser.add_argument(
         "--swa-full",
         action="store_true",
         help="sliding-window layers keep every row instead of a ring (more KV memory)",
@@ -83,8 +100,11 @@ def _greedy(pool: Any, slot: int, prompt: list[int], n: int) -> list[int]:
     return out
 
 
-def validate(model: Any, tokenizer: Any, pool: Any, reference: Any, is_default: bool) -> dict[str, Any]:
-    """Raise SystemExit with the reason if the engine's outputs are wrong."""
+def validate(
+    model: Any, tokenizer: Any, pool: Any, reference: Any, is_default: bool, long_len: int = 300
+) -> dict[str, Any]:
+    """Raise SystemExit with the reason if the engine's outputs are wrong (chunked prefill is
+    checked on a random prompt of long_len >= 10 tokens, in three chunks)."""
     import numpy as np
 
     prompt = tokenizer.encode(PROMPT, add_bos=tokenizer.add_bos_token)
@@ -106,11 +126,12 @@ def validate(model: Any, tokenizer: Any, pool: Any, reference: Any, is_default: 
     if is_default and not result["engine"].startswith(" Paris"):
         raise SystemExit(f"validation failed: {PROMPT!r} continued as {result['engine']!r}, not ' Paris'")
     # exactness: chunked prefill and a batch of 4 reproduce single-chunk, single-slot results
-    long_prompt = np.random.default_rng(1).integers(0, model.config.n_vocab, 300).astype(np.int32)
+    long_prompt = np.random.default_rng(1).integers(0, model.config.n_vocab, long_len).astype(np.int32)
     pool.truncate(0, 0)
     one = pool.forward([(0, long_prompt, 0, True)])[0]
     pool.truncate(1, 0)
-    for at, size in ((0, 7), (7, 200), (207, 93)):
+    cut = 7 + 2 * (long_len - 7) // 3  # 300 -> chunks of 7, 200, 93
+    for at, size in ((0, 7), (7, cut - 7), (cut, long_len - cut)):
         chunked = pool.forward([(1, long_prompt[at : at + size], at, True)])[0]
     if not np.array_equal(one, chunked):
         raise SystemExit("validation failed: chunked prefill differs from one-chunk prefill")
@@ -143,12 +164,19 @@ def decode_rate(pool: Any, slots: list[int], steps: int, rng: Any, n_vocab: int)
     return len(slots) * steps / (time.perf_counter() - t)
 
 
-def measure(pool: Any, n_vocab: int, reps: int) -> dict[str, float]:
+def measure(
+    pool: Any,
+    n_vocab: int,
+    reps: int,
+    prefill_sizes: tuple[int, ...] = PREFILL_SIZES,
+    steps: int = DECODE_STEPS,
+    depth: int = DEPTH,
+) -> dict[str, float]:
     import numpy as np
 
     rng = np.random.default_rng(0)
     out: dict[str, float] = {}
-    for n in PREFILL_SIZES:
+    for n in prefill_sizes:
         rates = []
         for _ in range(reps):
             prompt = rng.integers(0, n_vocab, n).astype(np.int32)
@@ -159,16 +187,16 @@ def measure(pool: Any, n_vocab: int, reps: int) -> dict[str, float]:
         out[f"pp{n}"] = statistics.median(rates)
 
     def decode(slots: list[int]) -> float:
-        return decode_rate(pool, slots, DECODE_STEPS, rng, n_vocab)
+        return decode_rate(pool, slots, steps, rng, n_vocab)
 
     pool.truncate(0, 0)
-    out["tg128"] = decode([0])
+    out[f"tg{steps}"] = decode([0])
     pool.truncate(0, 0)
-    pool.forward([(0, rng.integers(0, n_vocab, DEPTH).astype(np.int32), 0, False)])
-    out[f"tg128_d{DEPTH}"] = decode([0])
+    pool.forward([(0, rng.integers(0, n_vocab, depth).astype(np.int32), 0, False)])
+    out[f"tg{steps}_d{depth}"] = decode([0])
     for s in range(4):
         pool.truncate(s, 0)
-    out["tg128_x4"] = decode([0, 1, 2, 3])
+    out[f"tg{steps}_x4"] = decode([0, 1, 2, 3])
     return out
 
 
@@ -195,26 +223,54 @@ def run(args: argparse.Namespace) -> int:
     from slotserve.engine_ext.loader import read_model
     from slotserve.engine_ext.model_cache import resolve_model
 
+    from . import synthetic
     from .engine_numpy import NumpyLlama
 
-    # a model that cannot be opened raises ModelOpenError: one line and exit 2 from the CLI
-    path = Path(resolve_model(args.model, progress=False))
     threads = args.threads or [1, 2]
     if any(t < 1 for t in threads) or args.reps < 1:
         raise SystemExit("--threads and --reps must be >= 1")
+    sizes = synthetic.BenchSizes(PREFILL_SIZES, DECODE_STEPS, DEPTH)
+    long_len = 300
+    if args.synthetic:
+        if args.model:
+            raise SystemExit("--synthetic and --model are exclusive")
+        sizes = synthetic.BENCH_SIZES[args.synthetic] if args.synthetic in synthetic.BENCH_SIZES else sizes
+        if not args.json:
+            print(f"synthetic {args.synthetic}: writing or reusing its file ...", flush=True)
+        path, written = synthetic.ensure_synthetic(args.synthetic, args.synthetic_dir)
+        long_len = 40
+        if not args.json:
+            print(
+                f"{'wrote' if written else 'reusing'} {path} ({path.stat().st_size / 1e9:.2f} GB; kept: "
+                f"delete it when done)\nllama.cpp on the same file: "
+                f"{synthetic.llama_bench_command(path, max(threads), sizes)}",
+                flush=True,
+            )
+    else:
+        # a model that cannot be opened raises ModelOpenError: one line and exit 2 from the CLI
+        path = Path(resolve_model(args.model, progress=False))
     model, tokenizer = read_model(path)
-    ctx_len = DEPTH + DECODE_STEPS + 16
+    ctx_len = max(*sizes.prefill, sizes.depth + sizes.decode_steps, long_len) + 16
     info: dict[str, Any] = {"model": str(path), "machine": machine(), "command": "slotserve bench engine"}
+    if args.synthetic:
+        info["synthetic"] = args.synthetic
+        info["llama_bench"] = synthetic.llama_bench_command(path, max(threads), sizes)
 
     # NOTE: the NumPy implementation is llama's; other architectures are validated by the
-    # exactness checks alone (their float reference is tests/reference.py)
-    use_numpy = not args.no_numpy and model.config.arch == "llama"
+    # exactness checks alone (their float reference is tests/reference.py); random weights have
+    # no float answer worth the time (the NumPy model dequantizes every weight to float32)
+    use_numpy = not args.no_numpy and model.config.arch == "llama" and not args.synthetic
     ref_factory = (lambda: NumpyLlama(model, 512)) if use_numpy else None
     pool = SlotPool(model, 4, ctx_len, threads=max(threads), swa_full=args.swa_full)
     info["kernel_variant"] = pool.kernel_variant
     info["kv_bytes_per_slot"] = pool.kv_bytes // 4
     info["validation"] = validate(
-        model, tokenizer, pool, ref_factory() if ref_factory else None, path.name == DEFAULT_MODEL_NAME
+        model,
+        tokenizer,
+        pool,
+        ref_factory() if ref_factory else None,
+        path.name == DEFAULT_MODEL_NAME,
+        long_len,
     )
     del pool
     if not args.json:
@@ -226,7 +282,9 @@ def run(args: argparse.Namespace) -> int:
     info["results"] = {}
     for t in threads:
         pool = SlotPool(model, 4, ctx_len, threads=t, swa_full=args.swa_full)
-        figures = measure(pool, model.config.n_vocab, args.reps)
+        figures = measure(
+            pool, model.config.n_vocab, args.reps, sizes.prefill, sizes.decode_steps, sizes.depth
+        )
         info["results"][f"threads={t}"] = {k: round(v, 1) for k, v in figures.items()}
         del pool
         if not args.json:

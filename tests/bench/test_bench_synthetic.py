@@ -1,0 +1,144 @@
+"""bench/synthetic.py: real shapes at random Q4_K_M weights, for `bench engine --synthetic`.
+
+The presets' files are 0.5-4.9 GB, so the tests write them with fewer layers and a smaller
+vocabulary (every per-layer tensor keeps its real shape and type), check that the engine loads
+them and computes finite logits, that the type of every tensor follows the stated llama-quantize
+rule, and run the benchmark command end to end on a tiny preset.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+import numpy as np
+import pytest
+from gguf import GGUFReader
+from slotserve.bench import engine as bench_engine
+from slotserve.bench import synthetic
+from slotserve.bench.synthetic import PRESETS, shrunk, tensor_plan, use_more_bits
+from slotserve.engine_ext import SlotPool
+from slotserve.engine_ext.loader import read_model
+
+
+def test_use_more_bits_is_llama_cpps_layer_choice() -> None:
+    # 28 layers: n/8 = 3, 7n/8 = 24: layers 0-2, 24-27 and every third from 5
+    assert [i for i in range(28) if use_more_bits(i, 28)] == [
+        0,
+        1,
+        2,
+        5,
+        8,
+        11,
+        14,
+        17,
+        20,
+        23,
+        24,
+        25,
+        26,
+        27,
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_q4_k_m_types_follow_the_rule(name: str) -> None:
+    p = PRESETS[name]
+    plan = {t.name: t for t in tensor_plan(p)}
+    fallback = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}
+    for t in plan.values():
+        if t.rows == 1:
+            assert t.type_name == "F32", t.name
+            continue
+        more_bits = t.name.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(
+            int(t.name.split(".")[1]), p.n_layers
+        )
+        is_output = t.name == "output.weight" or (p.tied and t.name == "token_embd.weight")
+        wanted = "Q6_K" if more_bits or is_output else "Q4_K"
+        assert t.type_name == (wanted if t.cols % 256 == 0 else fallback[wanted]), t.name
+    # the file sizes llama-quantize's Q4_K_M gives these models, within a few percent
+    total = sum(t.nbytes for t in plan.values())
+    expected = {"qwen2-0.5b": 0.40e9, "qwen2-1.5b": 0.99e9, "llama3-8b": 4.92e9}[name]
+    assert abs(total / expected - 1) < 0.05, total
+    if name == "qwen2-0.5b":  # rows of 896 fall back; ffn_down (rows of 4864) does not
+        assert plan["blk.0.attn_q.weight"].type_name == "Q5_0"
+        assert plan["blk.0.attn_v.weight"].type_name == "Q8_0"
+        assert plan["blk.0.ffn_down.weight"].type_name == "Q6_K"
+        assert plan["blk.3.ffn_down.weight"].type_name == "Q4_K"
+        assert plan["token_embd.weight"].type_name == "Q8_0"
+    if name == "llama3-8b":  # untied: token_embd is a plain Q4_K weight, output Q6_K
+        assert plan["token_embd.weight"].type_name == "Q4_K"
+        assert plan["output.weight"].type_name == "Q6_K"
+        assert "rope_freqs.weight" in plan
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_engine_loads_the_file_and_logits_are_finite(tmp_path, name: str) -> None:
+    p = shrunk(PRESETS[name], n_layers=2, n_vocab=600)
+    path = synthetic.write_synthetic(tmp_path / "m.gguf", p)
+    reader = GGUFReader(path)
+    written = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert written == {t.name: t.type_name for t in tensor_plan(p)}
+    model, tokenizer = read_model(path)
+    c = model.config
+    assert (c.arch, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim) == (
+        p.arch,
+        p.dim,
+        p.n_heads,
+        p.n_kv_heads,
+        p.head_dim,
+        p.ffn_dim,
+    )
+    assert (c.tied_output, c.rope_freqs, c.qkv_bias, c.n_vocab) == (
+        p.tied,
+        p.rope_freqs,
+        p.arch == "qwen2",
+        600,
+    )
+    pool = SlotPool(model, 1, 64, threads=1)
+    prompt = np.array(tokenizer.encode("The capital of France is"), np.int32)
+    logits = pool.forward([(0, prompt, 0, True)])[0]
+    assert logits.shape == (600,) and np.isfinite(logits).all()
+    assert 0.5 < float(logits.std()) < 100.0  # random weights at the stated spread: not flat, not blown up
+
+
+def test_bench_engine_synthetic_writes_keeps_and_reuses_the_file(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setitem(
+        PRESETS, "tiny", shrunk(PRESETS["qwen2-1.5b"], n_layers=1, dim=256, ffn_dim=512, n_vocab=400)
+    )
+    monkeypatch.setitem(synthetic.BENCH_SIZES, "tiny", synthetic.BenchSizes((16,), 4, 8))
+    parser = argparse.ArgumentParser()
+    bench_engine.configure(parser)
+    argv = ["--synthetic", "tiny", "--synthetic-dir", str(tmp_path), "--threads", "1", "--reps", "1"]
+    assert bench_engine.run(parser.parse_args(argv)) == 0
+    out = capsys.readouterr().out
+    path = tmp_path / "synthetic-tiny-Q4_K_M.gguf"
+    assert path.is_file() and f"wrote {path}" in out
+    assert f"llama-bench -m {path} -t 1 -p 16 -n 4 -d 0,8" in out
+    assert "pp16" in out and "tg4_d8" in out and "tg4_x4" in out
+    mtime = path.stat().st_mtime_ns
+    assert bench_engine.run(parser.parse_args([*argv, "--json"])) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert path.stat().st_mtime_ns == mtime  # reused, not rewritten
+    assert info["synthetic"] == "tiny" and info["validation"]["exact_chunking_and_batching"]
+    assert set(info["results"]["threads=1"]) == {"pp16", "tg4", "tg4_d8", "tg4_x4"}
+    assert "numpy" not in info
+    with pytest.raises(SystemExit, match="unknown preset"):
+        bench_engine.run(parser.parse_args(["--synthetic", "nope", "--synthetic-dir", str(tmp_path)]))
+
+
+def test_every_bench_engine_flag_is_in_docs_benchmarks() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md").read_text()
+    parser = argparse.ArgumentParser()
+    bench_engine.configure(parser)
+    flags = [s for a in parser._actions for s in a.option_strings if s.startswith("--") and s != "--help"]
+    assert "--synthetic-dir" in flags
+    for flag in flags:
+        assert re.search(rf"(?<![\w-]){flag}(?![\w-])", text), (
+            f"bench engine {flag} is not in docs/benchmarks.md"
+        )
+    for name in PRESETS:
+        assert f"`{name}`" in text, f"preset {name} is not in docs/benchmarks.md"

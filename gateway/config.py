@@ -41,7 +41,9 @@ class ServeConfig:
     served_model_name: tuple[str, ...] = ()  # names clients may send; () = the short name or file stem
     chat_template: str | None = None  # jinja chat template file replacing the GGUF's; None = the GGUF's
     segment_tokens: int | None = None  # prefill segment length; None = the scheduler's default
-    checkpoint_memory_mb: int | None = None  # in-memory checkpoint budget; None = scheduler default
+    checkpoint_memory_mb: int | None = (
+        None  # in-memory checkpoint budget; None = sized (checkpoint_budget.py)
+    )
     checkpoint_interval_tokens: int | None = None  # checkpoint every K prefill tokens; None = auto, 0 = off
     kv_disk_dir: str | None = None  # disk tier for checkpoints; None = no disk writes
     kv_disk_space_mb: int | None = None  # disk tier budget; None = the scheduler's default
@@ -240,7 +242,8 @@ OPTIONS: tuple[Option, ...] = (
         "checkpoint_memory_mb",
         ("--checkpoint-memory-mb",),
         int,
-        "memory for KV checkpoints, MB (default: the scheduler's)",
+        "memory for KV checkpoints, MB (default: 1/8 of the memory available at start, "
+        "at least 256, at most 4096)",
         metavar="M",
     ),
     Option(

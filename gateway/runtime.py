@@ -20,6 +20,7 @@ from ..scheduler.api import SchedulerAPI
 from ..scheduler.config import SchedulerConfig
 from ..scheduler.interface import SlotPool
 from ..scheduler.stats import StatsSink
+from .checkpoint_budget import CheckpointBudget, checkpoint_budget
 from .config import ServeConfig
 from .tool_calls import ToolCallFamily, family_for_template, hermes_shim
 
@@ -89,6 +90,7 @@ class Runtime:
     # template renders `tools` itself (else the gateway rewrites messages with `hermes_shim`).
     tool_family: ToolCallFamily | None = None  # None: from `chat.source` (hermes without one)
     renders_tools: bool | None = None
+    checkpoint_budget: CheckpointBudget | None = None  # None: a test double's scheduler; not printed
 
     def __post_init__(self) -> None:
         family, renders = family_for_template(getattr(self.chat, "source", None))
@@ -212,9 +214,10 @@ def build_runtime(config: ServeConfig, model: OpenedModel, *, stats_sink: StatsS
     except Exception:  # noqa: BLE001 - serve without constraints rather than not at all
         log.exception("constrained decoding is unavailable for this tokenizer")
         grammars, closers = None, model.closers
+    budget = checkpoint_budget(config.checkpoint_memory_mb)
     sched = Scheduler(
         model.pool,
-        scheduler_config(config),
+        scheduler_config(config, budget),
         token_bytes=tok.token_bytes,
         eos_token_ids=tok.eos_token_ids,
         stats_sink=stats_sink,
@@ -238,6 +241,7 @@ def build_runtime(config: ServeConfig, model: OpenedModel, *, stats_sink: StatsS
         closers=closers,
         grammars=grammars,
         token_bytes=tok.token_bytes,
+        checkpoint_budget=budget,
     )
 
 
@@ -277,14 +281,16 @@ def with_kv_events(pool: SlotPool, config: ServeConfig) -> tuple[SlotPool, list[
     return wrapped, [publisher.close]
 
 
-def scheduler_config(config: ServeConfig) -> SchedulerConfig:
-    """The SchedulerConfig for `config`: only the knobs the operator set override its defaults."""
+def scheduler_config(config: ServeConfig, budget: CheckpointBudget | None = None) -> SchedulerConfig:
+    """The SchedulerConfig for `config`: only the knobs the operator set override its defaults,
+    except the checkpoint budget: `budget`, else `checkpoint_budget(--checkpoint-memory-mb)`
+    (that flag, or a share of the machine's available memory: checkpoint_budget.py)."""
     kwargs: dict[str, Any] = {"max_queue": config.max_queue, "reuse_enabled": not config.no_reuse}
     if config.segment_tokens is not None:
         kwargs["segment_tokens"] = config.segment_tokens
         kwargs["step_token_budget"] = max(SchedulerConfig().step_token_budget, config.segment_tokens)
-    if config.checkpoint_memory_mb is not None:
-        kwargs["checkpoint_memory_mb"] = float(config.checkpoint_memory_mb)
+    budget = budget if budget is not None else checkpoint_budget(config.checkpoint_memory_mb)
+    kwargs["checkpoint_memory_mb"] = float(budget.memory_mb)
     if config.checkpoint_interval_tokens is not None:
         kwargs["checkpoint_interval_tokens"] = config.checkpoint_interval_tokens
     if config.kv_disk_dir is not None:

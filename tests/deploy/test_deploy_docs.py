@@ -7,6 +7,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
+from slotserve.gateway import checkpoint_budget as cb
 from slotserve.gateway.config import OPTIONS, ServeConfig
 from slotserve.metrics import ServerMetrics
 from slotserve.scheduler.config import SchedulerConfig
@@ -59,6 +60,10 @@ def test_documented_defaults_match_the_code():
     for f in fields(ServeConfig):
         opt = next(o for o in OPTIONS if o.field == f.name)
         default = f.default if f.default is not None else scheduler_defaults.get(f.name)
+        if f.name == "checkpoint_memory_mb":  # sized from the machine at start, not the scheduler's
+            default = (
+                f"1/{cb.CHECKPOINT_SHARE} of available memory, {cb.CHECKPOINT_MIN_MB}..{cb.CHECKPOINT_MAX_MB}"
+            )
         if default is None or f.name in ("served_model_name", "kv_disk_space_mb"):  # no default shown
             continue
         cell = rows[opt.flags[0]][2].strip("`")

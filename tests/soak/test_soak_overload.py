@@ -54,7 +54,7 @@ async def overload(url: str, seconds: float, seed: int) -> collections.Counter:
 
 
 async def test_overload_is_answered_429_and_memory_stays_flat(soak_seconds: float, tmp_path: Path) -> None:
-    # NOTE: the checkpoint store grows until its budget is full (default 256 MB) and is flat
+    # NOTE: the checkpoint store grows until its budget is full (256 MB or more by default) and is flat
     # from then on; a small budget makes "after warm-up" a few seconds, not minutes.
     runtime = {"num_slots": SLOTS, "ctx_len": 2048, "max_queue": QUEUE, "checkpoint_memory_mb": CHECKPOINT_MB}
     with fake_server(tmp_path, runtime=runtime, config={"max_tokens_limit": 64}, step_s=0.001) as server:

@@ -36,7 +36,15 @@ def test_bench_serve_report(
         for key in ("served_tokens_per_s", "engine_tokens_per_s", "served_over_engine"):
             assert math.isfinite(row[key]) and row[key] > 0, (n, key, row[key])
     assert report["bandwidth_threads"] >= 1
-    for key in ("ttft_s", "bandwidth_gb_s", "one_slot_bound_tokens_per_s", "engine_one_slot_over_bound"):
+    for key in (
+        "ttft_s",
+        "bandwidth_gb_s",
+        "one_slot_bound_tokens_per_s",
+        "engine_one_slot_over_bound",
+        "read_bandwidth_gb_s",
+        "one_slot_read_bound_tokens_per_s",
+        "engine_one_slot_over_read_bound",
+    ):
         assert math.isfinite(report[key]) and report[key] > 0, (key, report[key])
     assert report["decode_weight_bytes"] > 0
 
@@ -59,3 +67,11 @@ def test_triad_counts_three_arrays(monkeypatch: pytest.MonkeyPatch, threads: int
     # 1 MiB is not a multiple of 3 threads x the chunk: the shares' tails are covered too
     # (triad_bandwidth checks every element of the result)
     assert serve.triad_bandwidth(1, reps=2, threads=threads) == 3 * 1024 * 1024 / 0.5
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_read_pass_counts_one_array(monkeypatch: pytest.MonkeyPatch, threads: int):
+    clock = iter(np.arange(0.0, 100.0, 0.25))  # every timed pass takes 0.25 s
+    monkeypatch.setattr(serve.time, "perf_counter", lambda: float(next(clock)))
+    # read_bandwidth checks that the pass summed every element once
+    assert serve.read_bandwidth(1, reps=2, threads=threads) == 1024 * 1024 / 0.25

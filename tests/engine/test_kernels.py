@@ -14,6 +14,7 @@ import pytest
 from engine_support import make_pool, random_tokens
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
+from kernel_support import assert_close, dequantized_activations
 from slotserve.engine_ext import _engine
 
 needs_avx2 = pytest.mark.skipif(not _engine.avx2_supported(), reason="this CPU has no AVX2/FMA/F16C")
@@ -44,18 +45,6 @@ def rng(seed: int = 0) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
-def assert_close(
-    got: np.ndarray, want: np.ndarray, scale: np.ndarray | float, rtol: float, what: str
-) -> None:
-    """|got - want| <= rtol * scale elementwise; the message names the largest difference."""
-    diff = np.abs(np.asarray(got, np.float64) - np.asarray(want, np.float64))
-    bound = rtol * np.asarray(scale, np.float64) + 1e-30
-    worst = np.unravel_index(np.argmax(diff / bound), diff.shape) if diff.ndim else ()
-    assert np.all(diff <= bound), (
-        f"{what}: largest difference {diff.max():.3g} (at {worst}: {diff[worst]:.3g} > bound {bound[worst] if np.ndim(bound) else bound:.3g})"
-    )
-
-
 def weight_bytes(type_name: str, n_out: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(raw file-layout bytes of a random [n_out, k] weight, its dequantized float64 values)."""
     w = rng(seed).standard_normal((n_out, k)).astype(np.float32)
@@ -69,12 +58,6 @@ def weight_bytes(type_name: str, n_out: int, k: int, seed: int = 0) -> tuple[np.
     raw = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
     values = dequantize(raw.reshape(n_out, -1), qtype).reshape(n_out, k).astype(np.float64)
     return raw, values
-
-
-def dequantized_activations(q: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.ndarray:
-    qs, d, _ = q
-    n, k = qs.shape
-    return (qs.reshape(n, k // 32, 32).astype(np.float64) * d[:, :, None]).reshape(n, k)
 
 
 # ---- quantization and decoding ----------------------------------------------------------------

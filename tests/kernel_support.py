@@ -23,3 +23,21 @@ def dequantized_activations(q: tuple[np.ndarray, np.ndarray, np.ndarray]) -> np.
     qs, d, _ = q
     n, k = qs.shape
     return (qs.reshape(n, k // 32, 32).astype(np.float64) * d[:, :, None]).reshape(n, k)
+
+
+def assert_gemm_rows_independent(kt, t: int, raw: np.ndarray, n_out: int, x: np.ndarray, q) -> None:
+    """Row independence (kernels.h NOTE) of kt.gemm on weight `raw` [n_out, k] (n_out > 40) and
+    float32 rows x [n, k] with their quantize_q8a blocks q (None for a float weight): each row's
+    outputs equal, bit for bit, the same row computed alone, the output sub-ranges 0..16, 16..40,
+    40..n_out computed apart, and an accumulate into ones minus one."""
+    together = kt.gemm(t, raw, n_out, x, quantized=q)
+    for r in range(x.shape[0]):
+        one = None if q is None else (q[0][r : r + 1], q[1][r : r + 1], q[2][r : r + 1])
+        alone = kt.gemm(t, raw, n_out, x[r : r + 1].copy(), quantized=one)
+        assert np.array_equal(alone[0], together[r]), f"row {r}"
+    parts = np.zeros_like(together)
+    for o0, o1 in ((0, 16), (16, 40), (40, n_out)):
+        kt.gemm(t, raw, n_out, x, quantized=q, y=parts, o0=o0, o1=o1)
+    assert np.array_equal(parts, together)
+    acc = kt.gemm(t, raw, n_out, x, quantized=q, y=np.ones_like(together))
+    assert np.array_equal(acc, together + np.float32(1.0))

@@ -14,7 +14,7 @@ import pytest
 from engine_support import make_pool, random_tokens
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
-from kernel_support import assert_close, dequantized_activations
+from kernel_support import assert_close, assert_gemm_rows_independent, dequantized_activations
 from slotserve.engine_ext import _engine
 
 needs_avx2 = pytest.mark.skipif(not _engine.avx2_supported(), reason="this CPU has no AVX2/FMA/F16C")
@@ -200,17 +200,7 @@ def test_gemm_rows_independent_of_grouping(variant, type_name):
     x = rng(3).standard_normal((7, k)).astype(np.float32)
     q = kt.quantize_q8a(x)
     t = int(GGMLQuantizationType[type_name])
-    together = kt.gemm(t, raw, n_out, x, quantized=q)
-    for r in range(7):
-        one = (q[0][r : r + 1], q[1][r : r + 1], q[2][r : r + 1])
-        alone = kt.gemm(t, raw, n_out, x[r : r + 1].copy(), quantized=one)
-        assert np.array_equal(alone[0], together[r]), f"row {r}"
-    parts = np.zeros_like(together)
-    for o0, o1 in ((0, 16), (16, 40), (40, 43)):
-        kt.gemm(t, raw, n_out, x, quantized=q, y=parts, o0=o0, o1=o1)
-    assert np.array_equal(parts, together)
-    acc = kt.gemm(t, raw, n_out, x, quantized=q, y=np.ones_like(together))
-    assert np.array_equal(acc, together + np.float32(1.0))
+    assert_gemm_rows_independent(kt, t, raw, n_out, x, q)
 
 
 # ---- attention -----------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 from gguf_fixtures import random_blocks
-from kernel_support import assert_close, dequantized_activations
+from kernel_support import assert_close, assert_gemm_rows_independent, dequantized_activations
 from slotserve.engine_ext import _engine
 
 K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
@@ -132,17 +132,7 @@ def test_gemm_rows_independent_of_grouping(variant, type_name):
     x = rng(3).standard_normal((7, k)).astype(np.float32)
     q = None if type_name == "BF16" else kt.quantize_q8a(x)
     t = type_id(type_name)
-    together = kt.gemm(t, raw, n_out, x, quantized=q)
-    for r in range(7):
-        one = None if q is None else (q[0][r : r + 1], q[1][r : r + 1], q[2][r : r + 1])
-        alone = kt.gemm(t, raw, n_out, x[r : r + 1].copy(), quantized=one)
-        assert np.array_equal(alone[0], together[r]), f"row {r}"
-    parts = np.zeros_like(together)
-    for o0, o1 in ((0, 16), (16, 40), (40, 43)):
-        kt.gemm(t, raw, n_out, x, quantized=q, y=parts, o0=o0, o1=o1)
-    assert np.array_equal(parts, together)
-    acc = kt.gemm(t, raw, n_out, x, quantized=q, y=np.ones_like(together))
-    assert np.array_equal(acc, together + np.float32(1.0))
+    assert_gemm_rows_independent(kt, t, raw, n_out, x, q)
 
 
 def test_gemm_refuses_partial_super_blocks():

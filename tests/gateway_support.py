@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import json
 import re
-import socket
 import threading
 import time
 import types
@@ -22,6 +21,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 import httpx
+from process_support import free_port as free_port  # re-exported: the gateway tests import it from here
 from slotserve.gateway.config import ServeConfig
 from slotserve.gateway.runtime import Runtime
 from slotserve.metrics import ServerMetrics
@@ -207,12 +207,6 @@ class ASGIDriver:
         }
         task = asyncio.ensure_future(self.app(scope, receive, send))
         return sent, task
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LiveServer:

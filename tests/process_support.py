@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
 import pytest
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def log_tail(log: Path | None, num_chars: int = 3000) -> str:

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from process_support import wait_http_ready
+from process_support import free_port, wait_http_ready
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,12 +71,6 @@ def ensure_prometheus() -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def prometheus_bins() -> tuple[str, str]:
     return ensure_prometheus()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Prometheus:

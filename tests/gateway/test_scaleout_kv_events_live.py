@@ -14,7 +14,6 @@ import collections
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,18 +23,12 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import msgpack
 import pytest
-from process_support import wait_http_ready
+from process_support import free_port, wait_http_ready
 
 pytestmark = pytest.mark.slow
 
 BLOCK = 4
 SLOTS = 3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Forest:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from process_support import free_port
 
 pytestmark = [pytest.mark.router, pytest.mark.slow]
 
@@ -34,12 +34,6 @@ SLOTS = 6  # more than the conversations: a replica never evicts one, whatever t
 OPENERS = ("Amsterdam", "Budapest", "Copenhagen", "Dubrovnik", "Edinburgh")
 TURNS = 3
 MAX_TOKENS = 6
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -355,6 +355,15 @@ void pack_x8_k(void *dst, const void *rows, int type, int n_in, int n_out) {
                        type, n_in, ROW_GROUP, 0, nb);
 }
 
+/* One switch case of pack_x8_k_part: block b of file row i (src) into row slot i of x8 block `at`
+ * (copied first: convert_* takes a mutable block for the other direction). */
+#define PACK_ONE_BLOCK(TYPE, T)                                                                     \
+    case TYPE: {                                                                                    \
+        block_##T t = ((const block_##T *)src)[b];                                                  \
+        convert_##T((block_##T##x8 *)dst + at, &t, i, 1);                                           \
+        break;                                                                                      \
+    }
+
 void pack_x8_k_part(void *dst, const void *rows, int type, int n_in, int n_rows, int b0, int b1) {
     const size_t row_bytes = ggml_row_bytes(type, n_in);
     memset(dst, 0, x8_bytes_k(type, n_in, ROW_GROUP) / (size_t)(n_in / ggml_block_elems(type)) * (size_t)(b1 - b0));
@@ -363,41 +372,13 @@ void pack_x8_k_part(void *dst, const void *rows, int type, int n_in, int n_rows,
             const char *src = (const char *)rows + (size_t)i * row_bytes;
             const int at = b - b0;
             switch (type) {
-            case GGML_TYPE_Q5_0: {
-                block_q5_0 t = ((const block_q5_0 *)src)[b];
-                convert_q5_0((block_q5_0x8 *)dst + at, &t, i, 1);
-                break;
-            }
-            case GGML_TYPE_Q5_1: {
-                block_q5_1 t = ((const block_q5_1 *)src)[b];
-                convert_q5_1((block_q5_1x8 *)dst + at, &t, i, 1);
-                break;
-            }
-            case GGML_TYPE_Q2_K: {
-                block_q2_K t = ((const block_q2_K *)src)[b];
-                convert_q2_K((block_q2_Kx8 *)dst + at, &t, i, 1);
-                break;
-            }
-            case GGML_TYPE_Q3_K: {
-                block_q3_K t = ((const block_q3_K *)src)[b];
-                convert_q3_K((block_q3_Kx8 *)dst + at, &t, i, 1);
-                break;
-            }
-            case GGML_TYPE_Q4_K: {
-                block_q4_K t = ((const block_q4_K *)src)[b];
-                convert_q4_K((block_q4_Kx8 *)dst + at, &t, i, 1);
-                break;
-            }
-            case GGML_TYPE_Q5_K: {
-                block_q5_K t = ((const block_q5_K *)src)[b];
-                convert_q5_K((block_q5_Kx8 *)dst + at, &t, i, 1);
-                break;
-            }
-            case GGML_TYPE_Q6_K: {
-                block_q6_K t = ((const block_q6_K *)src)[b];
-                convert_q6_K((block_q6_Kx8 *)dst + at, &t, i, 1);
-                break;
-            }
+            PACK_ONE_BLOCK(GGML_TYPE_Q5_0, q5_0)
+            PACK_ONE_BLOCK(GGML_TYPE_Q5_1, q5_1)
+            PACK_ONE_BLOCK(GGML_TYPE_Q2_K, q2_K)
+            PACK_ONE_BLOCK(GGML_TYPE_Q3_K, q3_K)
+            PACK_ONE_BLOCK(GGML_TYPE_Q4_K, q4_K)
+            PACK_ONE_BLOCK(GGML_TYPE_Q5_K, q5_K)
+            PACK_ONE_BLOCK(GGML_TYPE_Q6_K, q6_K)
             default: return;
             }
         }

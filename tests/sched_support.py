@@ -209,3 +209,18 @@ class RecordingSink:
 
     def on_preemption(self) -> None:
         self.preemptions += 1
+
+
+class CountingPool:
+    """Delegates to a real SlotPool and counts the tokens fed to forward."""
+
+    def __init__(self, pool) -> None:
+        self._pool = pool
+        self.num_computed_tokens = 0
+
+    def __getattr__(self, name):
+        return getattr(self._pool, name)
+
+    def forward(self, batch):
+        self.num_computed_tokens += sum(len(it.tokens) for it in batch)
+        return self._pool.forward(batch)

@@ -7,25 +7,10 @@ import asyncio
 
 import numpy as np
 import pytest
-from sched_support import collect, make_config, make_request
+from sched_support import CountingPool, collect, make_config, make_request
 from slotserve.scheduler.config import SchedulerConfig
 from slotserve.scheduler.request import FinishReason, ReuseSource, TokenEvent
 from slotserve.scheduler.scheduler import Scheduler
-
-
-class CountingPool:
-    """Delegates to a real SlotPool and counts the tokens fed to forward."""
-
-    def __init__(self, pool) -> None:
-        self._pool = pool
-        self.num_computed_tokens = 0
-
-    def __getattr__(self, name):
-        return getattr(self._pool, name)
-
-    def forward(self, batch):
-        self.num_computed_tokens += sum(len(it.tokens) for it in batch)
-        return self._pool.forward(batch)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from slotserve.bench.loadtest.oracle import common_prefix_len
 from slotserve.scheduler.disk_store import _FIXED, _MAGIC, _TAIL
 from soak_support import ServerProcess, scrape, start_serve, tail
 
@@ -125,15 +126,6 @@ def file_tokens(path: Path) -> list[int]:
     return list(np.frombuffer(raw[off : off + 4 * n], dtype=np.int32))
 
 
-def common_len(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def test_kill_9_during_checkpoint_writes_then_restart_warm_equals_cold(
     tiny_model_path: Path, tmp_path: Path, soak_seconds: float
 ) -> None:
@@ -171,7 +163,7 @@ def test_kill_9_during_checkpoint_writes_then_restart_warm_equals_cold(
     file_tokens_of: dict[Path, list[int]] = {}
     for path in model_dir(disk).glob("*.kvc"):
         toks = file_tokens_of[path] = file_tokens(path)
-        owner[path] = max(range(len(prompts)), key=lambda i: common_len(toks, ids[i]))
+        owner[path] = max(range(len(prompts)), key=lambda i: common_prefix_len(toks, ids[i]))
     damaged_prompt = min(owner.values())
     assert len(set(owner.values())) >= 2, "need files of two prompts: one damaged, one intact"
     damaged = [p for p, i in owner.items() if i == damaged_prompt]
@@ -207,7 +199,9 @@ def test_kill_9_during_checkpoint_writes_then_restart_warm_equals_cold(
     # the damaged file its request matched (the system-prompt hint, a prefix of its prompt) was
     # removed, or written again whole by that request's own capture
     hint = [
-        p for p in damaged if common_len(file_tokens_of[p], ids[damaged_prompt]) == len(file_tokens_of[p])
+        p
+        for p in damaged
+        if common_prefix_len(file_tokens_of[p], ids[damaged_prompt]) == len(file_tokens_of[p])
     ]
     assert hint
     for path in hint:

@@ -1,6 +1,6 @@
 """`slotserve bench serve`: what a user of the server gets, next to what the engine can do.
 
-Design: one run, three parts, on the same machine one after the other (never overlapping):
+Design: one run, three parts, never overlapping:
 
 1. served: `slotserve serve --parallel P` as a subprocess on a free loopback port. After /ready,
    the TTFT of a short chat prompt (median of TTFT_REPS requests, each a different question,
@@ -10,9 +10,12 @@ Design: one run, three parts, on the same machine one after the other (never ove
    usage.completion_tokens == --tokens). Aggregate decode tokens/s of a round is
    sum over streams of (completion_tokens - 1) / (last text chunk of any stream - first text
    chunk of any stream): the tokens after each stream's first, over the time after the first.
-   The server is stopped (SIGTERM) before part 2.
-2. engine: the same model in-process, S slots decoding --tokens steps in one batch per step
-   (bench/engine.py's `decode_rate`; no HTTP, no scheduler, no tokenizer).
+2. engine: right after each served round, while the server idles, the same model in this
+   process: S slots decoding --tokens steps in one batch per step (bench/engine.py's
+   `decode_rate`; no HTTP, no scheduler, no tokenizer). Served and engine rounds alternate
+   --rounds times per stream count, so each ratio pairs figures taken seconds apart on a
+   shared, noisy machine; the report gives the medians and the median of the per-round ratios.
+   The server is stopped (SIGTERM) before part 3.
 3. bandwidth: a triad a = b + s*c over float64 arrays far larger than any cache, in chunks so
    the two NumPy passes of each chunk meet in cache and memory sees 3 arrays (read b, read c,
    write a; the write-allocate read of a is not counted, as in STREAM). Best of BANDWIDTH_REPS,
@@ -42,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +54,7 @@ from .engine import decode_rate, machine
 DEFAULT_STREAMS = (1, 4, 8)
 DEFAULT_TOKENS = 256
 DEFAULT_PARALLEL = 8
+DEFAULT_ROUNDS = 3
 TTFT_REPS = 3
 BANDWIDTH_REPS = 5
 BANDWIDTH_CHUNK = 1 << 15  # float64 elements per triad chunk (256 KiB: three fit in L2)
@@ -88,6 +93,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=256,
         help="MiB per triad array (default 256; three are allocated)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=DEFAULT_ROUNDS,
+        help=f"served + engine pairs per stream count, medians reported (default {DEFAULT_ROUNDS})",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -152,9 +163,13 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-async def measure_served(url: str, tokens: int, streams: list[int]) -> dict[str, Any]:
-    """TTFT of a short prompt and aggregate decode tokens/s per stream count (module docstring).
-    SystemExit if a stream fails or does not run to `tokens`."""
+async def measure_served(
+    url: str, tokens: int, streams: list[int], rounds: int, engine_decode: Callable[[int], float]
+) -> dict[str, Any]:
+    """TTFT of a short prompt, then for each stream count n, `rounds` times: a served round of
+    n streams, then `engine_decode(n)` (blocking the loop: nothing else runs on it), so each
+    served figure has an engine figure measured seconds apart. SystemExit if a stream fails or
+    does not run to `tokens`."""
     import httpx
 
     from .loadtest.client import SendParams, send
@@ -179,49 +194,61 @@ async def measure_served(url: str, tokens: int, streams: list[int]) -> dict[str,
             ttfts.append(ex.token_times[0] - ex.t_send)
         out: dict[str, Any] = {"model_name": model_name, "ttft_s": statistics.median(ttfts), "decode": {}}
         for n in streams:
-            specs = [
-                RequestSpec(
-                    f"s{n}.{i}", 0, tokens, messages=({"role": "user", "content": f"{STREAM_PROMPT} ({i})"},)
-                )
-                for i in range(n)
-            ]
-            exchanges = await round_of(specs)
-            for ex in exchanges:
-                if ex.completion_tokens != tokens or ex.finish_reason != "length":
-                    raise SystemExit(
-                        f"slotserve bench serve: a stream ended after {ex.completion_tokens} of {tokens} "
-                        f"tokens (finish_reason {ex.finish_reason!r})"
-                    )
-            first = min(ex.token_times[0] for ex in exchanges)
-            last = max(ex.token_times[-1] for ex in exchanges)
-            after_first = sum(ex.completion_tokens - 1 for ex in exchanges)
-            out["decode"][n] = {
-                "tokens_per_s": after_first / (last - first) if last > first else float("nan"),
-                "completion_tokens": [ex.completion_tokens for ex in exchanges],
-            }
+            served, engine = [], []
+            for r in range(rounds):
+                rate, completion_tokens = await served_round(round_of, tokens, n, r)
+                served.append(rate)
+                engine.append(engine_decode(n))
+            out["decode"][n] = {"served": served, "engine": engine, "completion_tokens": completion_tokens}
     return out
+
+
+async def served_round(round_of: Any, tokens: int, n: int, r: int) -> tuple[float, list[int]]:
+    """Aggregate decode tokens/s of n concurrent streams of `tokens` tokens (module docstring)
+    and each stream's completion tokens; `round_of` sends the specs and checks for errors."""
+    from .loadtest.workloads import RequestSpec
+
+    specs = [
+        RequestSpec(
+            f"s{n}.{r}.{i}", 0, tokens, messages=({"role": "user", "content": f"{STREAM_PROMPT} ({r}.{i})"},)
+        )
+        for i in range(n)
+    ]
+    exchanges = await round_of(specs)
+    for ex in exchanges:
+        if ex.completion_tokens != tokens or ex.finish_reason != "length":
+            raise SystemExit(
+                f"slotserve bench serve: a stream ended after {ex.completion_tokens} of {tokens} "
+                f"tokens (finish_reason {ex.finish_reason!r})"
+            )
+    first = min(ex.token_times[0] for ex in exchanges)
+    last = max(ex.token_times[-1] for ex in exchanges)
+    after_first = sum(ex.completion_tokens - 1 for ex in exchanges)
+    rate = after_first / (last - first) if last > first else float("nan")
+    return rate, [ex.completion_tokens for ex in exchanges]
 
 
 # --- parts 2 and 3: the engine and the machine ---
 
 
-def measure_engine(
-    model: Any, tokens: int, streams: list[int], threads: int | None
-) -> tuple[dict[int, float], int]:
-    """Aggregate decode tokens/s of n slots in one batch per step, for each n in `streams`,
-    and the number of threads the engine used."""
+def engine_decoder(
+    model: Any, tokens: int, max_slots: int, threads: int | None
+) -> tuple[Callable[[int], float], int]:
+    """A function n -> aggregate decode tokens/s of n slots decoding `tokens` steps in one
+    batch per step from empty slots (one pool, allocated here), and the engine's thread count."""
     import numpy as np
     from slotserve.engine_ext import SlotPool
 
-    pool = SlotPool(model, max(streams), tokens + 16, threads=threads)
+    pool = SlotPool(model, max_slots, tokens + 16, threads=threads)
     rng = np.random.default_rng(0)
-    out = {}
-    for n in streams:
+
+    def decode(n: int) -> float:
         slots = list(range(n))
         for s in slots:
             pool.truncate(s, 0)
-        out[n] = decode_rate(pool, slots, tokens, rng, model.config.n_vocab)
-    return out, int(pool.n_threads)
+        return decode_rate(pool, slots, tokens, rng, model.config.n_vocab)
+
+    return decode, int(pool.n_threads)
 
 
 def triad_bandwidth(mib: int, reps: int = BANDWIDTH_REPS, threads: int = 1) -> float:
@@ -296,8 +323,8 @@ def run(args: argparse.Namespace) -> int:
     from slotserve.engine_ext.model_cache import resolve_model
 
     streams = sorted(set(args.streams or DEFAULT_STREAMS))
-    if args.tokens < 2 or min(streams) < 1 or args.bandwidth_mib < 1:
-        raise SystemExit("--tokens must be >= 2, --streams and --bandwidth-mib >= 1")
+    if args.tokens < 2 or min(streams) < 1 or args.bandwidth_mib < 1 or args.rounds < 1:
+        raise SystemExit("--tokens must be >= 2, --streams, --rounds and --bandwidth-mib >= 1")
     if max(streams) > args.parallel:
         raise SystemExit(f"--streams {max(streams)} exceeds --parallel {args.parallel}")
     path = Path(resolve_model(args.model, progress=False))
@@ -306,9 +333,12 @@ def run(args: argparse.Namespace) -> int:
         "model": str(path),
         "tokens": args.tokens,
         "parallel": args.parallel,
+        "rounds": args.rounds,
         "machine": machine(),
     }
 
+    model, _ = read_model(path)
+    engine_decode, engine_threads = engine_decoder(model, args.tokens, max(streams), args.threads)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="slotserve-bench-serve-") as tmp:
@@ -316,12 +346,11 @@ def run(args: argparse.Namespace) -> int:
         proc = start_server(path, args, port, log)
         try:
             wait_ready(proc, url, log)
-            served = asyncio.run(measure_served(url, args.tokens, streams))
+            served = asyncio.run(measure_served(url, args.tokens, streams, args.rounds, engine_decode))
         finally:
             stop_server(proc)
+    del engine_decode  # frees the in-process pool before the bandwidth passes
 
-    model, _ = read_model(path)
-    engine, engine_threads = measure_engine(model, args.tokens, streams, args.threads)
     bandwidth = triad_bandwidth(args.bandwidth_mib, threads=engine_threads)
     read_bw = read_bandwidth(args.bandwidth_mib, threads=engine_threads)
     weight_bytes = decode_weight_bytes(model)
@@ -335,12 +364,14 @@ def run(args: argparse.Namespace) -> int:
     info["one_slot_bound_tokens_per_s"] = bound
     info["streams"] = {}
     for n in streams:
-        s, e = served["decode"][n]["tokens_per_s"], engine[n]
+        d = served["decode"][n]
+        ratios = [s / e for s, e in zip(d["served"], d["engine"])]
         info["streams"][str(n)] = {
-            "served_tokens_per_s": s,
-            "engine_tokens_per_s": e,
-            "served_over_engine": s / e,
-            "completion_tokens": served["decode"][n]["completion_tokens"],
+            "served_tokens_per_s": statistics.median(d["served"]),
+            "engine_tokens_per_s": statistics.median(d["engine"]),
+            "served_over_engine": statistics.median(ratios),  # of each round's pair
+            "served_over_engine_rounds": ratios,
+            "completion_tokens": d["completion_tokens"],
         }
     one = info["streams"].get("1")
     if one is not None:
@@ -357,12 +388,14 @@ def run(args: argparse.Namespace) -> int:
     m = info["machine"]
     print(f"model {path.name} | {m['cpu']}, {m['cpus']} CPUs | {args.tokens} tokens per stream")
     print(f"TTFT (short chat prompt, median of {TTFT_REPS}): {served['ttft_s'] * 1000:.1f} ms")
-    print(f"{'streams':>8} {'served tok/s':>13} {'engine tok/s':>13} {'served/engine':>14}")
+    print(f"medians of {args.rounds} rounds, each a served round then an engine round:")
+    print(f"{'streams':>8} {'served tok/s':>13} {'engine tok/s':>13} {'served/engine':>14}  per round")
     for n in streams:
         r = info["streams"][str(n)]
         print(
             f"{n:>8} {r['served_tokens_per_s']:>13.1f} {r['engine_tokens_per_s']:>13.1f} "
-            f"{r['served_over_engine']:>14.3f}"
+            f"{r['served_over_engine']:>14.3f}  "
+            + " ".join(f"{x:.2f}" for x in r["served_over_engine_rounds"])
         )
     print(
         f"triad bandwidth {info['bandwidth_gb_s']:.2f} GB/s ({engine_threads} threads) | decode reads "

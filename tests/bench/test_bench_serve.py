@@ -25,14 +25,20 @@ def test_bench_serve_report(
     serve.configure(parser)
     args = parser.parse_args(
         ["--model", str(tiny_model_path), "--tokens", "5", "--streams", "1", "--streams", "2"]
-        + ["--parallel", "2", "--ctx-size", "2048", "--bandwidth-mib", "4", "--json"]
+        + ["--parallel", "2", "--ctx-size", "2048", "--bandwidth-mib", "4", "--rounds", "2", "--json"]
     )
     assert serve.run(args) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["tokens"] == 5 and report["parallel"] == 2
+    assert report["tokens"] == 5 and report["parallel"] == 2 and report["rounds"] == 2
     assert set(report["streams"]) == {"1", "2"}
     for n, row in report["streams"].items():
         assert row["completion_tokens"] == [5] * int(n)  # every stream ran to max_tokens (ignore_eos)
+        assert len(row["served_over_engine_rounds"]) == 2  # one ratio per served + engine pair
+        assert (
+            min(row["served_over_engine_rounds"])
+            <= row["served_over_engine"]
+            <= max(row["served_over_engine_rounds"])
+        )
         for key in ("served_tokens_per_s", "engine_tokens_per_s", "served_over_engine"):
             assert math.isfinite(row[key]) and row[key] > 0, (n, key, row[key])
     assert report["bandwidth_threads"] >= 1

@@ -264,6 +264,13 @@ class Subscriber:
         self.sock.close()
 
 
+def _wait_sent(publisher: ZmqPublisher, n: int) -> None:
+    deadline = time.monotonic() + 5.0
+    while publisher.num_sent < n:
+        assert time.monotonic() < deadline, f"the publisher sent {publisher.num_sent} of {n} batches"
+        time.sleep(0.005)
+
+
 def _wait_joined(publisher: ZmqPublisher) -> None:
     deadline = time.monotonic() + 5.0
     while not publisher.resync_requested.is_set():
@@ -310,9 +317,18 @@ def test_zmq_publisher_binds_ipc_and_late_subscribers_get_the_state(tmp_path):
     subs: list[Subscriber] = []
     try:
         pool = FakeSlotPool(2, 32, n_vocab=16)
-        wrapped = KVEventPool(pool, publisher.publish, block_size=BS, resync=publisher.resync_requested)
+        published = [1]  # start() publishes one AllBlocksCleared
+
+        def publish(events):
+            published[0] += bool(events)
+            publisher.publish(events)
+
+        wrapped = KVEventPool(pool, publish, block_size=BS, resync=publisher.resync_requested)
         feed(wrapped, 0, [1, 2, 3, 4, 5, 6, 7, 8])  # published before anyone listens: lost
         for _ in range(2):
+            # Let the publisher thread send what is queued before the next subscriber joins, or a
+            # slow thread hands that subscriber an older batch ahead of its resync.
+            _wait_sent(publisher, published[0])
             subs.append(Subscriber(ctx, bind=False, endpoint=endpoint))
             _wait_joined(publisher)
             feed(wrapped, 1, [pool.slot_len(1) % 8])  # any pool call delivers the full state

@@ -1,7 +1,10 @@
 """Admission: which queued requests get a slot this step, where their prefix comes from, and how
 their slot is prepared.
 
-Design: `Admission` walks the queue by priority. Each request is routed (`policy.route`) against
+Design: `Admission` walks the queue by priority, and within a priority in the configured
+`PrefillOrder` (prefill_order.py): with COST, before routing it sorts the queue by virtual
+deadline (admission time + estimated prompt tokens left to prefill / aging rate), so a
+request whose prompt is mostly reused overtakes cold ones for a free slot. Each request is routed (`policy.route`) against
 every slot and the checkpoint stores, then its slot is prepared (rewind / copy / restore / clear)
 in the same step that starts its first prefill segment: a `Prepare` goes into the step plan and
 the slot mirror is updated at once, in the order the plan will execute. A request that would
@@ -38,6 +41,7 @@ from .policy import (
     SlotCandidate,
     route,
 )
+from .prefill_order import PrefillOrder, estimate_tokens_left, order_key
 from .request import ReuseInfo
 from .sequence import Phase, Sequence
 from .slot_table import SlotTable
@@ -77,7 +81,7 @@ class Admission:
         self._caps = caps
         self._slots = slots
         self._ckpt = checkpoints
-        self._queue = queue  # waiting, sorted by (-priority, order)
+        self._queue = queue  # waiting, by (-priority, order); by prefill order when admitting
         self._running = running  # slot -> request holding it
         self._release_slot = release_slot
         self._plan_capture = plan_capture
@@ -106,7 +110,9 @@ class Admission:
         self._queue.insert(i, seq)
 
     def admit(self, plan: StepPlan, now: float) -> None:
-        """Give slots to queued requests, in queue order, until one must wait for a slot."""
+        """Give slots to queued requests, in prefill order, until one must wait for a slot."""
+        if len(self._queue) > 1 and len(self._running) < self._slots.num_slots:
+            self._sort_queue()
         i = 0
         while i < len(self._queue):
             seq = self._queue[i]
@@ -133,6 +139,31 @@ class Admission:
                 continue
             self._queue.pop(i)
             self._assign(seq, decision, plan, now)
+
+    def _sort_queue(self) -> None:
+        """Sort the queue by prefill order (stable: equal keys keep admission order). With COST
+        each request's tokens left are estimated against the slots and checkpoints as they are
+        now; FIFO keeps the (-priority, order) the queue is already in."""
+        cfg = self._config
+        if cfg.prefill_order is PrefillOrder.FIFO:
+            return
+        slots = [(self._slots.record(s), self._slots.floors[s]) for s in range(self._slots.num_slots)]
+        for seq in self._queue:
+            if cfg.reuse_enabled:
+                matches = self._ckpt.matches(seq.prompt, seq.staged_snapshot)
+                seq.est_tokens_left = estimate_tokens_left(seq.prompt, slots, matches)
+            else:
+                seq.est_tokens_left = seq.prompt_len
+        self._queue.sort(
+            key=lambda q: order_key(
+                cfg.prefill_order,
+                priority=q.priority,
+                admitted_at=q.admitted_at,
+                admission_order=q.order,
+                tokens_left=q.est_tokens_left,
+                aging_tokens_per_s=cfg.prefill_aging_tokens_per_s,
+            )
+        )
 
     def _route(self, seq: Sequence, now: float) -> RouteDecision:
         cands = []

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .prefill_order import PrefillOrder
+
 REUSE_LOG_ENV = "SLOTSERVE_REUSE_LOG"
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -58,6 +60,12 @@ class SchedulerConfig:
     checkpoint_interval_tokens: int | None = None
     idle_half_life_s: float = 600.0  # victim choice: an idle slot's value halves this often
     retry_after_s: float = 1.0  # hint carried by QueueFull
+    # which waiting request gets a slot, and which running prefill the segment budget, first
+    # (within a priority): COST = least prompt left to prefill, aged (prefill_order.py); FIFO
+    prefill_order: PrefillOrder = PrefillOrder.COST
+    # COST aging: a request with C tokens left is overtaken only by requests admitted less than
+    # C / this many seconds after it
+    prefill_aging_tokens_per_s: float = 512.0
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -96,6 +104,14 @@ class SchedulerConfig:
         )
         need(self.idle_half_life_s > 0, f"idle_half_life_s={self.idle_half_life_s} must be > 0")
         need(self.retry_after_s >= 0, f"retry_after_s={self.retry_after_s} must be >= 0")
+        need(
+            isinstance(self.prefill_order, PrefillOrder),
+            f"prefill_order={self.prefill_order!r} must be a PrefillOrder ({', '.join(o.value for o in PrefillOrder)})",
+        )
+        need(
+            self.prefill_aging_tokens_per_s > 0,
+            f"prefill_aging_tokens_per_s={self.prefill_aging_tokens_per_s} must be > 0",
+        )
 
     @property
     def checkpoint_memory_bytes(self) -> int:

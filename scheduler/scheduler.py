@@ -11,7 +11,9 @@ boundary, which is at most one prefill segment away. The slot mirror (`SlotTable
 as pool operations are planned; the plan executes them in the same order, and a failure
 resynchronises the mirror from the pool.
 
-Admission walks the queue by priority: each request is routed (`policy.route`) against every
+Admission walks the queue by priority, then by prefill order (`prefill_order.py`: least prompt
+left to prefill first, aged by waiting time, or FIFO), and the step's prefill budget goes to
+running prefills in the same order: each request is routed (`policy.route`) against every
 slot and the checkpoint store, then its slot is prepared (rewind / copy / restore / clear) in
 the same step that starts its first prefill segment. A request that would overwrite valuable
 content first has it captured into the checkpoint store.
@@ -37,6 +39,7 @@ from .finish import finish_records, rejected_stats
 from .handle import RequestHandle
 from .interface import BatchItem, SlotPool
 from .policy import Capabilities, CheckpointTier, RouteAction, RouteDecision
+from .prefill_order import order_key
 from .request import (
     Draining,
     FinishReason,
@@ -117,7 +120,7 @@ class Scheduler:
             restored_floor=pool.restored_min_truncate_len,
             interval_tokens=interval,
         )
-        self._queue: list[Sequence] = []  # waiting, sorted by (-priority, order)
+        self._queue: list[Sequence] = []  # waiting, by priority (admission sorts by prefill order)
         self._running: dict[int, Sequence] = {}  # slot -> request holding it
         self._order = itertools.count()
         self._ids = itertools.count(1)
@@ -396,10 +399,20 @@ class Scheduler:
             if seq.phase is Phase.DECODE and seq.pending_token is not None:
                 toks = np.array([seq.pending_token], dtype=np.int32)
                 self._add_item(plan, seq, toks, want_logits=True)
-        budget = self._config.step_token_budget
+        cfg = self._config
+        budget = cfg.step_token_budget
+        # Prefill order (prefill_order.py): with COST the least prompt left, aged, goes first,
+        # so a mostly reused prompt's short tail runs beside, not after, long cold prefills.
         prefilling = sorted(
             (s for s in self._running.values() if s.phase is Phase.PREFILL),
-            key=lambda s: (-s.priority, s.order),
+            key=lambda s: order_key(
+                cfg.prefill_order,
+                priority=s.priority,
+                admitted_at=s.admitted_at,
+                admission_order=s.order,
+                tokens_left=s.prompt_len - s.num_computed,
+                aging_tokens_per_s=cfg.prefill_aging_tokens_per_s,
+            ),
         )
         for seq in prefilling:
             n = min(seq.prompt_len - seq.num_computed, self._config.segment_tokens, budget)

@@ -45,6 +45,7 @@ class Sequence:
     num_generated: int = 0  # tokens sampled
     pending_token: int | None = None  # sampled, not yet fed
     reuse: ReuseInfo | None = None
+    est_tokens_left: int = 0  # queued: prompt tokens it would prefill if routed now (estimate)
     capture_points: list[tuple[int, CaptureRule]] = field(default_factory=list)
     staged_snapshot: tuple[np.ndarray, bytes] | None = None  # disk checkpoint loaded for us
     loading: bool = False  # a disk load for this request is in flight

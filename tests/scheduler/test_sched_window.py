@@ -31,6 +31,7 @@ from sched_support import (
 from slotserve.scheduler.checkpoint_store import HEAD_TOKENS
 from slotserve.scheduler.fake_engine import FakeSlotPool
 from slotserve.scheduler.interface import BatchItem
+from slotserve.scheduler.prefill_order import PrefillOrder
 from slotserve.scheduler.prefix import common_prefix_len
 from slotserve.scheduler.request import ReuseSource
 
@@ -372,14 +373,17 @@ async def test_a_shared_prefix_still_being_prefilled_is_captured_for_its_waiter(
     """Two prompts with one system prompt arrive together. The second waits for the first's
     prefill (WAIT_SHARED); with a ring of 4 rows beyond the window and 64-token segments, the
     leader's ring would be past the shared 100 tokens before the waiter could copy them, so the
-    leader gets a capture point there and the waiter reuses all 100."""
+    leader gets a capture point there and the waiter reuses all 100. (FIFO: by cost the short
+    second prompt would lead and the first would wait for it.)"""
     pool = ring_pool(2, step=4)
     sink = RecordingSink()
     system = prompt_of(70, 100)
     a, b = system + prompt_of(71, 300), system + prompt_of(72, 40)
     shared = common_prefix_len(np.asarray(a, np.int32), np.asarray(b, np.int32))
     assert shared >= 100
-    config = ring_config(segment_tokens=64, step_token_budget=64, capture_prompt_end=False)
+    config = ring_config(
+        segment_tokens=64, step_token_budget=64, capture_prompt_end=False, prefill_order=PrefillOrder.FIFO
+    )
     async with make_scheduler(pool, config, stats_sink=sink) as sched:
         first = sched.submit(make_request(a, 4))
         second = sched.submit(make_request(b, 4))

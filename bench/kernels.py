@@ -48,7 +48,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=16384,
         help="rows of the weight matrix (default: Q4_K 38 MB, past a 32 MB L3)",
     )
-    parser.add_argument("--kernels", default="auto", help="kernel variant: auto, scalar, avx2")
+    parser.add_argument("--kernels", default="auto", help="kernel variant: auto, scalar, avx2, avx512vnni")
     parser.add_argument("--min-time", type=float, default=0.5, help="CPU seconds of timed calls per figure")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 

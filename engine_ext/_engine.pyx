@@ -15,7 +15,7 @@ import numpy as np
 
 from kernels cimport *
 
-KERNEL_NAMES = ("auto", "scalar", "avx2")
+KERNEL_NAMES = ("auto", "scalar", "avx2", "avx512vnni")
 
 
 cdef const kernel_table *_select(str name) except NULL:
@@ -29,12 +29,16 @@ cdef const kernel_table *_select(str name) except NULL:
 
 
 def resolve_variant(str name) -> str:
-    """The kernel variant `name` ('auto', 'scalar', 'avx2') selects on this CPU."""
+    """The kernel variant `name` ('auto', 'scalar', 'avx2', 'avx512vnni') selects on this CPU."""
     return _select(name).name.decode()
 
 
 def avx2_supported() -> bool:
     return bool(kernels_avx2_supported())
+
+
+def avx512vnni_supported() -> bool:
+    return bool(kernels_avx512vnni_supported())
 
 
 def row_bytes(int ggml_type, int k) -> int:

@@ -46,7 +46,11 @@ LAYOUT_VERSION = 2  # bump whenever the KV layout or the snapshot format changes
 SNAP_MAGIC = b"SSKVSNAP"
 HEADER = struct.Struct("<8s8I")
 KV_DTYPE_CODES = {"f16": 1, "f32": 2}
-KERNELS_ENV = "SLOTSERVE_KERNELS"  # auto | scalar | avx2: which kernel variant pools use
+KERNELS_ENV = "SLOTSERVE_KERNELS"  # auto | scalar | avx2 | avx512vnni: which kernel variant pools use
+# Variants whose results are bit-identical share one name in the fingerprint (avx512vnni is
+# avx2 with the same integer sums on other instructions; tests/engine/test_kernels.py holds
+# them to ==), so snapshots move between them.
+NUMERICS = {"avx512vnni": "avx2"}
 MAX_DIM = 1 << 30  # bound on num_slots, ctx_len, max_batch_tokens: positions stay C ints with room
 
 _ENGINE_FAULT = -3  # engine.h ENGINE_EFAULT
@@ -64,7 +68,7 @@ class ComputeError(RuntimeError):
 
 def kernel_variant(kernels: str | None = None) -> str:
     """The kernel variant pools use: `kernels` if given, else $SLOTSERVE_KERNELS, else "auto",
-    resolved against this CPU ("avx2" or "scalar"). ValueError for an unknown or unsupported
+    resolved against this CPU ("avx512vnni", "avx2" or "scalar"). ValueError for an unknown or unsupported
     name (the message lists the valid ones)."""
     name = kernels if kernels is not None else os.environ.get(KERNELS_ENV, "auto") or "auto"
     try:
@@ -154,9 +158,10 @@ class SlotPool:
         self.max_batch_tokens = max_batch_tokens
         # NOTE: the kernel variant is part of the identity: scalar and AVX2 kernels sum in other
         # orders, so KV from one continued by the other would not match a cold run bit for bit.
+        numerics = NUMERICS.get(self.kernel_variant, self.kernel_variant)
         self.fingerprint = (
             f"{model.fingerprint}-{_weights_digest(model)}"
-            f"/kv={kv_dtype}/layout={LAYOUT_VERSION}/kernels={self.kernel_variant}"
+            f"/kv={kv_dtype}/layout={LAYOUT_VERSION}/kernels={numerics}"
             + (f"/ring={self.kv_window}" if self.kv_window is not None else "")
         )
         self._records = np.zeros((num_slots, ctx_len), np.int32)  # [slot][pos] token ids

@@ -2,7 +2,7 @@
  *
  * `kernels_select(NULL)` returns the best table this CPU runs; a name forces one ("scalar" is
  * the portable reference, also called "generic"). The engine resolves the SLOTSERVE_KERNELS
- * environment variable (auto | scalar | avx2) in Python and passes the name here.
+ * environment variable (auto | scalar | avx2 | avx512vnni) in Python and passes the name here.
  */
 #include <string.h>
 
@@ -93,7 +93,50 @@ static const kernel_table avx2_table = {
     .f32_to_f16 = f32_to_f16_avx2,
     .f16_to_f32 = f16_to_f32_avx2,
 };
+
+
+/* avx2 with the Q8_0/Q4_0/Q4_1 row-group matmuls on AVX512-VNNI (arch/x86_vnni.c) */
+static const kernel_table avx512vnni_table = {
+    .name = "avx512vnni",
+    .quantize_q8a = quantize_q8a_avx2,
+    .dequantize_row = {
+        [GGML_TYPE_F32] = dequantize_row_f32_generic,
+        [GGML_TYPE_F16] = dequantize_row_f16_avx2,
+        [GGML_TYPE_Q8_0] = dequantize_row_q8_0_avx2,
+        [GGML_TYPE_Q4_0] = dequantize_row_q4_0_avx2,
+        [GGML_TYPE_Q4_1] = dequantize_row_q4_1_avx2,
+        K_DEQUANTIZE_AVX2
+    },
+    .gemm = {
+        [GGML_TYPE_F32] = gemm_f32_avx2,
+        [GGML_TYPE_F16] = gemm_f16_avx2,
+        [GGML_TYPE_Q8_0] = gemm_q8_0_vnni,
+        [GGML_TYPE_Q4_0] = gemm_q4_0_vnni,
+        [GGML_TYPE_Q4_1] = gemm_q4_1_vnni,
+        K_GEMM_AVX2
+    },
+    .attention_chunk = attention_chunk_avx2,
+    .attention_fold = attention_fold_avx2,
+    .rmsnorm = rmsnorm_avx2,
+    .rope = rope_avx2,
+    .rope_neox = rope_neox_avx2,
+    .silu_mul = silu_mul_avx2,
+    .gelu_tanh_mul = gelu_tanh_mul_avx2,
+    .exp = exp_avx2,
+    .f32_to_f16 = f32_to_f16_avx2,
+    .f16_to_f32 = f16_to_f32_avx2,
+};
 #endif
+
+/* NOTE: __builtin_cpu_supports also checks that the OS saves the AVX-512 register state. */
+int kernels_avx512vnni_supported(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    return kernels_avx2_supported() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+#else
+    return 0;
+#endif
+}
 
 int kernels_avx2_supported(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -109,6 +152,7 @@ const kernel_table *kernels_select(const char *name) {
     int want_auto = name == NULL || strcmp(name, "auto") == 0;
     if (!want_auto && (strcmp(name, "scalar") == 0 || strcmp(name, "generic") == 0)) return &generic_table;
 #if defined(__x86_64__) || defined(__i386__)
+    if ((want_auto || strcmp(name, "avx512vnni") == 0) && kernels_avx512vnni_supported()) return &avx512vnni_table;
     if ((want_auto || strcmp(name, "avx2") == 0) && kernels_avx2_supported()) return &avx2_table;
 #endif
     return want_auto ? &generic_table : NULL;

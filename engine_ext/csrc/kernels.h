@@ -181,10 +181,12 @@ struct kernel_table {
     void (*f16_to_f32)(float *y, const uint16_t *x, int n);
 };
 
-/* dispatch.c: the table called `name` ("generic"/"scalar", "avx2") or, for NULL/"auto", the
- * best the CPU supports. NULL if unknown or not supported by this CPU. */
+/* dispatch.c: the table called `name` ("generic"/"scalar", "avx2", "avx512vnni") or, for
+ * NULL/"auto", the best the CPU supports. NULL if unknown or not supported by this CPU.
+ * avx512vnni is the avx2 table with the Q8_0/Q4_0/Q4_1 matmuls on VNNI (bit-identical results). */
 const kernel_table *kernels_select(const char *name);
 int kernels_avx2_supported(void);
+int kernels_avx512vnni_supported(void);
 
 /* Bytes of one row of k elements in a weight type; 0 for an unsupported type. */
 size_t ggml_row_bytes(int type, int k);
@@ -239,5 +241,10 @@ void gelu_tanh_mul_avx2(float *out, const float *g, const float *u, int n);
 void exp_avx2(float *y, const float *x, int n);
 void f32_to_f16_avx2(uint16_t *y, const float *x, int n);
 void f16_to_f32_avx2(float *y, const uint16_t *x, int n);
+
+/* AVX512-VNNI matmuls (arch/x86_vnni.c); only called when the CPU has AVX512F/VL/BW/VNNI. */
+void gemm_q8_0_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q4_0_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q4_1_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
 
 #endif

@@ -224,7 +224,7 @@ def test_pool_reports_itself(path):
     assert len(pool.snapshot(0, 20)) == pool.snapshot_nbytes(20)
     assert pool.kv_bytes == 3 * 48 * cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * 2  # f16
     assert make_pool(path, 3, 48, kv_dtype="f32").kv_bytes == 2 * pool.kv_bytes
-    assert pool.kernel_variant in ("avx2", "scalar")
+    assert pool.kernel_variant in ("avx512vnni", "avx2", "scalar")
     assert f"layout={LAYOUT_VERSION}" in pool.fingerprint and "kv=f16" in pool.fingerprint
     assert make_pool(path, 1, 8, kv_dtype="f32").fingerprint != pool.fingerprint
 

@@ -18,6 +18,7 @@ from kernel_support import assert_close, assert_gemm_rows_independent, dequantiz
 from slotserve.engine_ext import _engine
 
 needs_avx2 = pytest.mark.skipif(not _engine.avx2_supported(), reason="this CPU has no AVX2/FMA/F16C")
+needs_vnni = pytest.mark.skipif(not _engine.avx512vnni_supported(), reason="this CPU has no AVX512-VNNI")
 
 BLOCK_TYPES = ("Q8_0", "Q4_0", "Q4_1")
 FLOAT_TYPES = ("F32", "F16")
@@ -187,20 +188,46 @@ def test_gemm_float_odd_k(generic, avx2, float_k):
             assert_close(kt.gemm(t, raw, 13, x), want, scale, SUM_RTOL, f"{kt.name} {type_name} k={float_k}")
 
 
-@pytest.mark.parametrize("variant", ["scalar", "avx2"])
+@pytest.mark.parametrize("variant", ["scalar", "avx2", "avx512vnni"])
 @pytest.mark.parametrize("type_name", BLOCK_TYPES + FLOAT_TYPES)
-def test_gemm_rows_independent_of_grouping(variant, type_name):
+@pytest.mark.parametrize("n_rows", [7, 19])
+def test_gemm_rows_independent_of_grouping(variant, type_name, n_rows):
     """Row independence (kernels.h NOTE): a row's outputs are bit-identical whether it is
-    computed alone, in a tile with others, or in an output sub-range."""
+    computed alone, in a tile with others, or in an output sub-range (19 rows: two full tiles
+    of 8 on avx512vnni and a rest of 3)."""
     if variant == "avx2" and not _engine.avx2_supported():
         pytest.skip("no AVX2")
+    if variant == "avx512vnni" and not _engine.avx512vnni_supported():
+        pytest.skip("no AVX512-VNNI")
     kt = _engine.KernelTable(variant)
     n_out, k = 43, 96
     raw, _ = weight_bytes(type_name, n_out, k)
-    x = rng(3).standard_normal((7, k)).astype(np.float32)
+    x = rng(3).standard_normal((n_rows, k)).astype(np.float32)
     q = kt.quantize_q8a(x)
     t = int(GGMLQuantizationType[type_name])
     assert_gemm_rows_independent(kt, t, raw, n_out, x, q)
+
+
+@needs_vnni
+@pytest.mark.parametrize("type_name", BLOCK_TYPES)
+@pytest.mark.parametrize("n_out, k", [(8, 32), (43, 96), (69, 576)])
+def test_vnni_gemm_identical_to_avx2(type_name, n_out, k):
+    """avx512vnni (x86_gemm_x8.h with vpdpbusd) gives the avx2 variant's results bit for bit:
+    the same exact integer sums, the same float operations per row. Every tile width 1..9 rows,
+    row groups and the rows past them (n_out % 8), an output sub-range, accumulate."""
+    avx2, vnni = _engine.KernelTable("avx2"), _engine.KernelTable("avx512vnni")
+    raw, _ = weight_bytes(type_name, n_out, k, seed=n_out)
+    t = int(GGMLQuantizationType[type_name])
+    for n_rows in range(1, 10):
+        x = rng(n_rows).standard_normal((n_rows, k)).astype(np.float32) * np.float32(4.0)
+        x[0, :32] = 127.0  # a block at the activation range's end: largest integer sums
+        q = avx2.quantize_q8a(x)
+        want, got = avx2.gemm(t, raw, n_out, x, quantized=q), vnni.gemm(t, raw, n_out, x, quantized=q)
+        assert np.array_equal(got, want), f"{n_rows} rows: largest difference {np.abs(got - want).max()}"
+        base = rng(1).standard_normal((n_rows, n_out)).astype(np.float32)
+        want = avx2.gemm(t, raw, n_out, x, quantized=q, y=base.copy(), o0=8, o1=n_out)
+        got = vnni.gemm(t, raw, n_out, x, quantized=q, y=base.copy(), o0=8, o1=n_out)
+        assert np.array_equal(got, want), f"{n_rows} rows, o0=8, accumulate"
 
 
 # ---- attention -----------------------------------------------------------------------------
@@ -440,6 +467,30 @@ def test_forward_scalar_env_matches_avx2(tiny_model_factory):
     diff = np.abs(got - want).max()
     assert diff <= FORWARD_VARIANT_ATOL, f"largest difference {diff}"
     assert np.argmax(got) == np.argmax(want)
+
+
+@needs_vnni
+@pytest.mark.parametrize("weight_type", ["Q4_1", "Q4_0", "Q8_0"])
+def test_forward_vnni_identical_to_avx2(tiny_model_factory, weight_type):
+    """A whole forward on avx512vnni equals avx2's bit for bit (prefill, then a decode step of 8
+    slots), so the two share a fingerprint and a snapshot of one restores into the other."""
+    path = tiny_model_factory(weight_type)
+    pools = {v: make_pool(path, 8, 64, kernels=v) for v in ("avx2", "avx512vnni")}
+    assert pools["avx512vnni"].kernel_variant == "avx512vnni"
+    assert pools["avx2"].fingerprint == pools["avx512vnni"].fingerprint
+    logits = {}
+    for v, pool in pools.items():
+        prefill = pool.forward([(s, random_tokens(5 + s, 299, seed=s), 0, True) for s in range(8)])
+        step = pool.forward([(s, random_tokens(1, 299, seed=10 + s), 5 + s, True) for s in range(8)])
+        logits[v] = (prefill, step)
+    for got, want in zip(logits["avx512vnni"], logits["avx2"]):
+        assert np.array_equal(got, want), f"largest difference {np.abs(got - want).max()}"
+    snap = pools["avx2"].snapshot(3, 9)
+    pools["avx512vnni"].restore(7, snap)
+    nxt = random_tokens(1, 299, seed=99)
+    assert np.array_equal(
+        pools["avx512vnni"].forward([(7, nxt, 9, True)]), pools["avx2"].forward([(3, nxt, 9, True)])
+    )
 
 
 def test_kernel_env_rejects_unknown_value(tiny_model_path, monkeypatch):

@@ -168,12 +168,15 @@ void dequantize_row_q4_1_avx2(float *y, const void *x, int k) {
 
 /* ---- matmul ------------------------------------------------------------------------------ */
 
+/* the row-group kernel (x86_gemm_x8.h) in its maddubs/madd form, GEMM_TILE rows per call */
+#define X8_VNNI 0
+#define X8_TILE GEMM_TILE
+#include "x86_gemm_x8.h"
+
 /* Block weights: one weight row against R activation rows. Per row the float operations are:
  *   acc[b & 1] = fma(wd_b * ad_b, float(int dot of block b), acc[b & 1])   for b = 0 .. nb-1
  *   y = hsum(acc[0] + acc[1]) + dot_f32(wc, as, nb)
  * where wc is the per-block correction weight (Q4_1: m; Q4_0: -8 d; Q8_0: none). */
-enum { KIND_Q8_0, KIND_Q4_0, KIND_Q4_1 };
-
 static inline __m256i block_weights(int kind, const void *w, int b, float *wd, float *wc) {
     if (kind == KIND_Q8_0) {
         const block_q8_0 *blk = (const block_q8_0 *)w + b;
@@ -243,115 +246,15 @@ static inline __attribute__((always_inline)) void gemm_block_tile(
     }
 }
 
-/* Row groups (kernels.h x8 layout): 8 weight rows against R activation rows. Lane i of every
- * vector is weight row 8g+i, so per (weight row, activation row) the float operations are:
- *   acc = fma(float(int dot of block b), d_b * ad_b, acc)     for b = 0 .. nb-1
- *   cor = fma(c_b, as_b, cor)                                 for b = 0 .. nb-1
- *   y = acc + cor          (c: Q4_1 m; Q4_0 -8 d; Q8_0 none)
- * Q4: the 8 products of a 4-element run pair fit int16 (<= 8 * 2 * 15 * 127), summed before one
- * widening; Q8_0 widens each run (2 * 127 * 127 already fills int16). */
-static inline __attribute__((always_inline)) void gemm_x8_tile(
-    int kind, const int R, float *y, int ldy, const void *group, int o, const act_rows *x, int r0,
-    int accumulate) {
-    const int k = x->k, nb = k / QK;
-    const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(15);
-    __m256 acc[GEMM_TILE], cor[GEMM_TILE];
-    const int8_t *aq[GEMM_TILE];
-    const float *ad[GEMM_TILE], *as[GEMM_TILE];
-    for (int r = 0; r < R; r++) {
-        acc[r] = cor[r] = _mm256_setzero_ps();
-        aq[r] = x->qs + (size_t)(r0 + r) * k;
-        ad[r] = x->d + (size_t)(r0 + r) * nb;
-        as[r] = x->s + (size_t)(r0 + r) * nb;
-    }
-    for (int b = 0; b < nb; b++) {
-        __m256i isum[GEMM_TILE];
-        for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
-        const uint16_t *dp;
-        if (kind == KIND_Q8_0) {
-            const block_q8_0x8 *blk = (const block_q8_0x8 *)group + b;
-            dp = blk->d;
-            for (int j = 0; j < QK / 4; j++) {
-                __m256i w = _mm256_loadu_si256((const __m256i *)(blk->qs + 32 * j));
-                __m256i wabs = _mm256_sign_epi8(w, w);
-                for (int r = 0; r < R; r++) {
-                    __m256i a = _mm256_set1_epi32(*(const int32_t *)(aq[r] + b * QK + 4 * j));
-                    __m256i p = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(a, w));
-                    isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p, ones));
-                    __asm__("" : "+x"(isum[r])); /* a chain, as above */
-                }
-            }
-        } else {
-            const uint8_t *qs;
-            if (kind == KIND_Q4_0) {
-                const block_q4_0x8 *blk = (const block_q4_0x8 *)group + b;
-                dp = blk->d;
-                qs = blk->qs;
-            } else {
-                const block_q4_1x8 *blk = (const block_q4_1x8 *)group + b;
-                dp = blk->d;
-                qs = blk->qs;
-            }
-            for (int j = 0; j < QK / 8; j++) {
-                __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-                __m256i lo = _mm256_and_si256(w, low4);
-                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), low4);
-                for (int r = 0; r < R; r++) {
-                    const int8_t *a = aq[r] + b * QK;
-                    __m256i p = _mm256_maddubs_epi16(lo, _mm256_set1_epi32(*(const int32_t *)(a + 4 * j)));
-                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(*(const int32_t *)(a + 16 + 4 * j))));
-                    isum[r] = _mm256_add_epi16(isum[r], p);
-                    /* NOTE: keeps the sum a chain: otherwise GCC re-associates the integer adds
-                     * into a tree over all 32 products and spills most of them */
-                    __asm__("" : "+x"(isum[r]));
-                }
-            }
-            for (int r = 0; r < R; r++) isum[r] = _mm256_madd_epi16(isum[r], ones);
-        }
-        const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dp));
-        for (int r = 0; r < R; r++)
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d8, _mm256_set1_ps(ad[r][b])), acc[r]);
-    }
-    if (kind != KIND_Q8_0) {
-        for (int b = 0; b < nb; b++) {
-            __m256 c8;
-            if (kind == KIND_Q4_0)
-                c8 = _mm256_mul_ps(_mm256_set1_ps(-8.0f),
-                                   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const block_q4_0x8 *)group + b)->d)));
-            else
-                c8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const block_q4_1x8 *)group + b)->m));
-            for (int r = 0; r < R; r++) cor[r] = _mm256_fmadd_ps(c8, _mm256_set1_ps(as[r][b]), cor[r]);
-        }
-    }
-    for (int r = 0; r < R; r++) {
-        float *dst = y + (size_t)(r0 + r) * ldy + o;
-        __m256 v = _mm256_add_ps(acc[r], cor[r]);
-        if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(dst), v);
-        _mm256_storeu_ps(dst, v);
-    }
-}
-
 static inline __attribute__((always_inline)) void gemm_block(
     int kind, float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows,
     int accumulate) {
     float wc[MAX_BLOCKS];
-    const int nb = w->n_in / QK;
     const size_t row_bytes = ggml_row_bytes(w->type, w->n_in);
-    const size_t group_bytes = x8_bytes(w->type, w->n_in, ROW_GROUP);
     int grouped_end = w->x8 ? w->n_out / ROW_GROUP * ROW_GROUP : 0;
     if (grouped_end > o1) grouped_end = o1;
-    /* whole row groups: weights outer (a group's blocks stay in L1), activation rows inner */
-    for (int o = o0; o < grouped_end; o += ROW_GROUP) {
-        const void *group = (const char *)w->x8 + (size_t)(o / ROW_GROUP) * group_bytes;
-        int r0 = 0;
-        for (; r0 + GEMM_TILE <= n_rows; r0 += GEMM_TILE)
-            gemm_x8_tile(kind, GEMM_TILE, y, ldy, group, o, x, r0, accumulate);
-        int rest = n_rows - r0;
-        if (rest == 1) gemm_x8_tile(kind, 1, y, ldy, group, o, x, r0, accumulate);
-        else if (rest == 2) gemm_x8_tile(kind, 2, y, ldy, group, o, x, r0, accumulate);
-        else if (rest == 3) gemm_x8_tile(kind, 3, y, ldy, group, o, x, r0, accumulate);
-    }
-    (void)nb;
+    /* whole row groups */
+    gemm_x8_groups(kind, y, ldy, w, o0, grouped_end, x, n_rows, accumulate);
     /* remaining rows in the file layout */
     int first = o0 > grouped_end ? o0 : grouped_end;
     int r0 = 0;

@@ -1,0 +1,47 @@
+/* The `avx512vnni` variant's own kernels: the Q8_0, Q4_0 and Q4_1 matmuls with their integer
+ * dot products on AVX512-VNNI (vpdpbusd, 256-bit vectors); every other kernel of that table is
+ * the AVX2 one (dispatch.c).
+ *
+ * Design: the row groups run x86_gemm_x8.h's body with X8_VNNI 1, so results are bit-identical
+ * to the avx2 variant (same exact integer sums, same float operations per row); rows outside
+ * whole groups go to the AVX2 kernel itself. AVX-512VL gives 32 vector registers, so a call
+ * takes up to 8 activation rows (a decode step of 8 slots) in one pass over each weight block.
+ * Compiled for these extensions by pragma, as x86_avx2.c is for AVX2; dispatch.c hands these
+ * functions out only when cpuid reports AVX512F, AVX512VL, AVX512BW and AVX512-VNNI too.
+ */
+#if defined(__x86_64__) || defined(__i386__)
+
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "../kernels.h"
+
+#define X8_VNNI 1
+#define X8_TILE 8
+#include "x86_gemm_x8.h"
+
+static inline __attribute__((always_inline)) void gemm_vnni(int kind, gemm_fn avx2, float *y, int ldy,
+                                                            const gemm_weight *w, int o0, int o1, const act_rows *x,
+                                                            int n_rows, int accumulate) {
+    int grouped_end = w->x8 ? w->n_out / ROW_GROUP * ROW_GROUP : 0;
+    if (grouped_end > o1) grouped_end = o1;
+    gemm_x8_groups(kind, y, ldy, w, o0, grouped_end, x, n_rows, accumulate);
+    const int first = o0 > grouped_end ? o0 : grouped_end;
+    if (first < o1) avx2(y, ldy, w, first, o1, x, n_rows, accumulate); /* no whole group left there */
+}
+
+void gemm_q8_0_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate) {
+    gemm_vnni(KIND_Q8_0, gemm_q8_0_avx2, y, ldy, w, o0, o1, x, n_rows, accumulate);
+}
+
+void gemm_q4_0_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate) {
+    gemm_vnni(KIND_Q4_0, gemm_q4_0_avx2, y, ldy, w, o0, o1, x, n_rows, accumulate);
+}
+
+void gemm_q4_1_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate) {
+    gemm_vnni(KIND_Q4_1, gemm_q4_1_avx2, y, ldy, w, o0, o1, x, n_rows, accumulate);
+}
+
+#endif /* x86 */

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from slotserve.scheduler.config import parse_bool
+from slotserve.scheduler.prefill_order import PrefillOrder
 
 from .kv_events import KVEventsConfig
 
@@ -50,6 +51,8 @@ class ServeConfig:
     # when set, /v1/*, /tokenize, /detokenize, /slots need it; kept out of repr (logs, tracebacks)
     api_key: str | None = field(default=None, repr=False)
     max_queue: int = 64  # requests admitted but waiting for a slot; past it -> 429
+    prefill_order: str = "cost"  # queue and prefill order (scheduler/prefill_order.py): cost | fifo
+    prefill_aging_tokens_per_s: float = 512.0  # cost order's aging rate: tokens of cost per s waited
     no_reuse: bool = False  # disable every form of prefix reuse (benchmark baseline)
     swa_full: bool = False  # sliding-window layers keep every row (no rings): more KV memory
     log_level: str = "info"
@@ -109,6 +112,15 @@ class ServeConfig:
         )
         need(self.api_key is None or len(self.api_key) > 0, "--api-key must not be empty")
         need(self.max_queue >= 0, f"--max-queue must be >= 0, got {self.max_queue}")
+        orders = tuple(o.value for o in PrefillOrder)
+        need(
+            self.prefill_order in orders,
+            f"--prefill-order must be one of {', '.join(orders)}, got {self.prefill_order!r}",
+        )
+        need(
+            self.prefill_aging_tokens_per_s > 0,
+            f"--prefill-aging-tokens-per-s must be > 0, got {self.prefill_aging_tokens_per_s}",
+        )
         need(self.log_level in LOG_LEVELS, f"--log-level must be one of {', '.join(LOG_LEVELS)}")
         need(self.max_body_bytes >= 1024, f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}")
         need(self.max_tokens_limit >= 1, f"--max-tokens-limit must be >= 1, got {self.max_tokens_limit}")
@@ -288,6 +300,22 @@ OPTIONS: tuple[Option, ...] = (
         int,
         "requests that may wait for a slot before 429 (default 64)",
         metavar="Q",
+    ),
+    Option(
+        "prefill_order",
+        ("--prefill-order",),
+        str,
+        "who gets a free slot and the prefill budget first, within a priority: cost (least prompt "
+        "left to prefill, aged by waiting time; default) or fifo (arrival order)",
+        metavar="cost|fifo",
+    ),
+    Option(
+        "prefill_aging_tokens_per_s",
+        ("--prefill-aging-tokens-per-s",),
+        float,
+        "cost order's aging: a request with C tokens to prefill is overtaken only by requests "
+        "arriving less than C / R seconds after it (default 512)",
+        metavar="R",
     ),
     Option(
         "no_reuse", ("--no-reuse",), parse_bool, "disable all prefix reuse (benchmark baseline)", kind="flag"

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..scheduler.api import SchedulerAPI
 from ..scheduler.config import SchedulerConfig
 from ..scheduler.interface import SlotPool
+from ..scheduler.prefill_order import PrefillOrder
 from ..scheduler.stats import StatsSink
 from .checkpoint_budget import CheckpointBudget, checkpoint_budget
 from .config import ServeConfig
@@ -285,7 +286,12 @@ def scheduler_config(config: ServeConfig, budget: CheckpointBudget | None = None
     """The SchedulerConfig for `config`: only the knobs the operator set override its defaults,
     except the checkpoint budget: `budget`, else `checkpoint_budget(--checkpoint-memory-mb)`
     (that flag, or a share of the machine's available memory: checkpoint_budget.py)."""
-    kwargs: dict[str, Any] = {"max_queue": config.max_queue, "reuse_enabled": not config.no_reuse}
+    kwargs: dict[str, Any] = {
+        "max_queue": config.max_queue,
+        "reuse_enabled": not config.no_reuse,
+        "prefill_order": PrefillOrder(config.prefill_order),
+        "prefill_aging_tokens_per_s": config.prefill_aging_tokens_per_s,
+    }
     if config.segment_tokens is not None:
         kwargs["segment_tokens"] = config.segment_tokens
         kwargs["step_token_budget"] = max(SchedulerConfig().step_token_budget, config.segment_tokens)

@@ -20,6 +20,7 @@ from slotserve.scheduler.stats import (
     CheckpointTier,
     Outcome,
     Phase,
+    PrefillClass,
     RestoreReason,
     ReuseSource,
 )
@@ -160,6 +161,14 @@ class PushedMetrics:
         self.ttft = histogram(
             "slotserve_time_to_first_token_seconds", "Admission to first token.", TTFT_BUCKETS
         )
+        ttft_by_class = histogram(
+            "slotserve_time_to_first_token_by_class_seconds",
+            "Admission to first token, by class: warm = more than half of the prompt reused "
+            "(returning turns), cold = the rest.",
+            TTFT_BUCKETS,
+            ("class",),
+        )
+        self.ttft_by_class = {c: ttft_by_class.labels(c.value) for c in PrefillClass}
         self.itl = histogram(
             "slotserve_inter_token_latency_seconds",
             "Gap between successive tokens of one request.",

@@ -16,6 +16,7 @@ from slotserve.scheduler.stats import (
     CheckpointEvent,
     CheckpointTier,
     Phase,
+    PrefillClass,
     RequestStats,
     ReuseSource,
     RouteStats,
@@ -89,6 +90,7 @@ class StatsRecorder:
             m.queue_wait.observe(s.queue_s)
         if s.ttft_s is not None:
             m.ttft.observe(s.ttft_s)
+            m.ttft_by_class[PrefillClass.of(s.prompt_tokens, s.reused_tokens)].observe(s.ttft_s)
         if s.e2e_s is not None:
             m.e2e.observe(s.e2e_s)
         for gap in s.itl_s:

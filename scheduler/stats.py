@@ -30,6 +30,7 @@ __all__ = [
     "FinishReason",
     "NullSink",
     "Outcome",
+    "PrefillClass",
     "Phase",
     "RequestStats",
     "RestoreReason",
@@ -51,6 +52,18 @@ class Outcome(str, enum.Enum):
     ERROR = "error"
     TIMEOUT = "timeout"
     REJECTED = "rejected"  # refused at submit (queue full, prompt too long, bad parameters)
+
+
+class PrefillClass(str, enum.Enum):
+    """A request by how much of its prompt it had to prefill
+    (`slotserve_time_to_first_token_by_class_seconds{class}`)."""
+
+    WARM = "warm"  # more than half of its prompt reused (a returning turn, a resend)
+    COLD = "cold"  # at least half of its prompt prefilled
+
+    @classmethod
+    def of(cls, prompt_tokens: int, reused_tokens: int) -> PrefillClass:
+        return cls.WARM if 2 * reused_tokens > prompt_tokens else cls.COLD
 
 
 class CheckpointEventKind(str, enum.Enum):

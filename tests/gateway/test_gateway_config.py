@@ -7,6 +7,8 @@ import argparse
 import pytest
 from slotserve.gateway.cli import configure
 from slotserve.gateway.config import OPTIONS, ServeConfig, config_from_args
+from slotserve.gateway.runtime import scheduler_config
+from slotserve.scheduler.prefill_order import PrefillOrder
 
 
 def parse(argv: list[str], env: dict[str, str] | None = None) -> ServeConfig:
@@ -58,6 +60,8 @@ def test_every_option_has_an_env_var_that_parses() -> None:
             env["SLOTSERVE_KV_DISK_DIR"] = "/tmp/kv"
         if opt.field == "log_level":
             env[opt.env] = "debug"
+        if opt.field == "prefill_order":
+            env[opt.env] = "fifo"
         if opt.field in ("max_body_bytes", "max_tokens_limit"):
             env[opt.env] = "100000"
         if opt.field == "kv_events_endpoint":
@@ -107,11 +111,24 @@ def test_bad_environment_value_fails_loudly(env: dict[str, str], fragment: str) 
         ({"body_timeout_s": -1}, "--body-timeout-s"),
         ({"keep_alive_timeout_s": 0}, "--keep-alive-timeout-s"),
         ({"max_connections": 0}, "--max-connections"),
+        ({"prefill_order": "sjf"}, "--prefill-order"),
+        ({"prefill_aging_tokens_per_s": 0}, "--prefill-aging-tokens-per-s"),
     ],
 )
 def test_out_of_range_values_name_the_flag(kwargs: dict, fragment: str) -> None:
     with pytest.raises(ValueError, match=fragment):
         ServeConfig(**kwargs)
+
+
+def test_prefill_order_reaches_the_scheduler_config() -> None:
+    default = scheduler_config(parse([]))
+    assert default.prefill_order is PrefillOrder.COST
+    assert default.prefill_aging_tokens_per_s == 512.0
+    fifo = scheduler_config(
+        parse(["--prefill-order", "fifo"], {"SLOTSERVE_PREFILL_AGING_TOKENS_PER_S": "64"})
+    )
+    assert fifo.prefill_order is PrefillOrder.FIFO
+    assert fifo.prefill_aging_tokens_per_s == 64.0
 
 
 def test_no_reuse_flag_and_env() -> None:

@@ -218,3 +218,19 @@ def test_sink_is_thread_safe():
     assert value(m, "slotserve_reused_tokens_total", source="rewind") == 4 * 4 * per_thread
     assert value(m, "slotserve_inter_token_latency_seconds_count") == 4 * per_thread
     assert value(m, "slotserve_engine_tokens_total", phase="decode") == 4 * per_thread
+
+
+def test_ttft_by_class_splits_mostly_reused_prompts_from_cold_ones():
+    m = ServerMetrics(strict=True)
+    m.sink.on_request(make_request(prompt=100, ttft_s=2.0))  # cold
+    m.sink.on_request(
+        make_request(prompt=100, reused=50, source=ReuseSource.REWIND, ttft_s=1.5)
+    )  # half: cold
+    m.sink.on_request(make_request(prompt=100, reused=90, source=ReuseSource.REWIND, ttft_s=0.2))  # warm
+    m.sink.on_request(make_request(prompt=100, ttft_s=None))  # no first token: not observed
+    name = "slotserve_time_to_first_token_by_class_seconds"
+    assert value(m, name + "_count", **{"class": "cold"}) == 2
+    assert value(m, name + "_sum", **{"class": "cold"}) == 3.5
+    assert value(m, name + "_count", **{"class": "warm"}) == 1
+    assert value(m, name + "_sum", **{"class": "warm"}) == pytest.approx(0.2)
+    assert value(m, "slotserve_time_to_first_token_seconds_count") == 3

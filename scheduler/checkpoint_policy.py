@@ -7,7 +7,8 @@ each routed request with `record_routed(...)`, which remembers the prompt (rule 
 compares successive unmatched prompts) and answers at which prompt offsets to snapshot it (rules
 hint / common_prefix / prompt_end / interval); `keep(...)` files a snapshot that was taken.
 Captures on evict are decided by the routing (`RouteDecision.evicts`) and filed here the same
-way. Memory evictions and every capture except prompt_end and interval ones are written through
+way. The memory tier holds distinct rows (checkpoint_store.py): `live_records` tells it which
+entries duplicate a live slot, so those are evicted first. Memory evictions and every capture except prompt_end and interval ones are written through
 to the disk tier.
 
 Rule interval matters for pools that keep sliding-window layers in a ring: such a slot can only
@@ -21,12 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from .checkpoint_store import (
     CaptureRule,
+    LiveRecord,
     MemoryCheckpointStore,
     RestoredFloor,
     no_floor,
@@ -75,6 +77,7 @@ class CheckpointPolicy:
         emit: EmitFn,
         restored_floor: RestoredFloor = no_floor,
         interval_tokens: int = 0,
+        live_records: Callable[[], Sequence[LiveRecord]] = tuple,
     ) -> None:
         self._config = config
         self.enabled = can_snapshot and config.reuse_enabled
@@ -88,6 +91,7 @@ class CheckpointPolicy:
         self._floor = restored_floor
         self.interval_tokens = interval_tokens  # rule interval's K; 0: off
         self._emit = emit
+        self._live = live_records  # every slot's record and min_truncate_len, as planned
         self._last_unmatched: np.ndarray | None = None  # last prompt that found no live slot
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -171,23 +175,33 @@ class CheckpointPolicy:
 
     # -- capture side ----------------------------------------------------------------------
     def wants(self, tokens: np.ndarray, rule: CaptureRule) -> bool:
-        """Whether a snapshot of exactly `tokens` is worth taking now."""
+        """Whether a snapshot of exactly `tokens` is worth taking now: not held by a memory
+        checkpoint already (exactly, or as the start of a longer one a restored slot can be cut
+        back from), and room for it in memory (entries a live slot duplicates count as room) or
+        on disk. Not a pure query: a memory checkpoint that already holds the rows takes the
+        higher class of its rule and `rule`."""
         n = int(tokens.shape[0])
         if not self.enabled or n < self._config.min_checkpoint_tokens:
             return False
-        if self.memory.contains_prefix(tokens):
+        holder = self.memory.covering(tokens)
+        if holder is not None:
+            self.memory.promote(holder.key, rule)
             return False
-        if self.memory.can_fit(self._snapshot_nbytes(n), rule):
+        if self.memory.can_fit(self._snapshot_nbytes(n), rule, tokens=tokens, live=self._live()):
             return True
         return self.disk is not None and self.disk.is_usable and rule not in _MEMORY_ONLY
 
     def keep(self, tokens: np.ndarray, data: bytes, rule: CaptureRule) -> None:
         """File a snapshot taken for `tokens` under `rule`."""
-        evicted = self.memory.insert(tokens, data, rule)
-        if evicted is not None:
+        done = self.memory.insert(tokens, data, rule, live=self._live())
+        if done is not None and done.stored:
             nbytes = memoryview(data).nbytes
             self._emit(CheckpointEventKind.CAPTURE, CheckpointTier.MEMORY, rule, nbytes, len(tokens))
-            for e in evicted:
+            for e in done.superseded:  # their rows are in the new entry: nothing to save
+                self._emit(
+                    CheckpointEventKind.EVICT, CheckpointTier.MEMORY, e.rule, e.num_bytes, e.num_tokens
+                )
+            for e in done.evicted:
                 self._emit(
                     CheckpointEventKind.EVICT, CheckpointTier.MEMORY, e.rule, e.num_bytes, e.num_tokens
                 )

@@ -6,6 +6,16 @@ tokens, then compares the actual tokens (vectorised) to get the common prefix. T
 byte budget; eviction takes the lowest rule class first (prompt-end captures go before hinted
 ones), least recently used within a class. An insert only displaces entries of its own class or
 lower, so a flood of prompt-end captures never pushes out a system-prompt checkpoint.
+
+The budget holds distinct state, never the same rows twice (`covering` is "holds these tokens
+first and a restored slot can be cut back to them", so it respects a ring's reach):
+- an insert that an entry already covers stores nothing; the covering entry takes the higher
+  rule class of the two (a hint inside a saved conversation protects that conversation);
+- an insert drops the entries it covers (a conversation's earlier turn, its hint), taking the
+  highest rule class among them;
+- an entry that a live slot covers (a prompt-end copy of a running or idle slot) is a duplicate
+  while that slot lives: the caller passes the live records, and such entries are evicted first,
+  whatever their class (when the slot is overwritten, its evict capture saves the rows again).
 """
 
 from __future__ import annotations
@@ -13,7 +23,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,6 +48,19 @@ def usable_len(common: int, num_tokens: int, prompt_len: int, floor: int) -> int
     the last prompt token is always refed, and a cut below `floor` is impossible."""
     u = min(common, prompt_len - 1)
     return 0 if u < num_tokens and u < floor else max(u, 0)
+
+
+# (a live slot's record int32 [n], the shortest length it can be cut back to)
+LiveRecord = tuple[np.ndarray, int]
+
+
+def _covers(holder: np.ndarray, floor: int, tokens: np.ndarray) -> bool:
+    """Whether a record or checkpoint `holder`, which can be cut back to `floor` at the
+    shortest, supplies exactly `tokens` (it starts with them and can be cut back to them)."""
+    n = int(tokens.shape[0])
+    if holder.shape[0] < n or (n < holder.shape[0] and n < floor):
+        return False
+    return bool(np.array_equal(holder[:n], tokens))
 
 
 class CaptureRule(str, enum.Enum):
@@ -87,6 +110,23 @@ class CheckpointEntry:
     @property
     def num_tokens(self) -> int:
         return int(self.tokens.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class Inserted:
+    """What an insert did."""
+
+    stored: bool  # False: an entry already covered the tokens (it was refreshed instead)
+    evicted: list[CheckpointEntry]  # displaced to make room
+    superseded: list[CheckpointEntry]  # covered by the new entry (their rows are in it)
+
+
+def _highest(rule: CaptureRule, entries: Iterable[CheckpointEntry]) -> CaptureRule:
+    """The rule of the highest class among `rule` and the entries' (ties: `rule`)."""
+    for e in entries:
+        if e.rule.keep_class > rule.keep_class:
+            rule = e.rule
+    return rule
 
 
 class MemoryCheckpointStore:
@@ -139,67 +179,125 @@ class MemoryCheckpointStore:
         n = e.num_tokens
         return CheckpointMatch(CheckpointTier.MEMORY, e.key, n, best[3], self._floor(n))
 
-    def can_fit(self, num_bytes: int, rule: CaptureRule) -> bool:
-        """Whether an entry of this size and rule would be accepted (evicting what it may)."""
+    def covering(self, tokens: np.ndarray) -> CheckpointEntry | None:
+        """An entry that holds `tokens` first and that a restored slot can be cut back to them
+        from (the exact entry, or a longer one within the ring's reach); None if none does."""
+        n = int(tokens.shape[0])
+        if n >= HEAD_TOKENS:
+            keys: Iterable[str] = self._by_head.get(head_hash(tokens), ())
+        else:
+            keys = self._entries  # short: entries' heads are longer than `tokens`
+        for key in keys:
+            e = self._entries[key]
+            if _covers(e.tokens, self._floor(e.num_tokens), tokens):
+                return e
+        return None
+
+    def promote(self, key: str, rule: CaptureRule) -> None:
+        """Give the entry under `key` the class of `rule` if that is higher (a capture under
+        `rule` found its rows already held there)."""
+        e = self._entries.get(key)
+        if e is not None and rule.keep_class > e.rule.keep_class:
+            e.rule = rule
+
+    def can_fit(
+        self,
+        num_bytes: int,
+        rule: CaptureRule,
+        *,
+        tokens: np.ndarray | None = None,
+        live: Sequence[LiveRecord] = (),
+    ) -> bool:
+        """Whether an entry of this size and rule (of these tokens, if given: the entries it
+        covers make room too) would be accepted, evicting what it may; `live` as for insert."""
         if num_bytes > self.budget_bytes:
             return False
         free = self.budget_bytes - self.bytes_used
         if free >= num_bytes:
             return True
-        evictable = sum(e.num_bytes for e in self._entries.values() if e.rule.keep_class <= rule.keep_class)
+        covered = self._superseded(tokens) if tokens is not None else []
+        rule = _highest(rule, covered)
+        gone = {e.key for e in covered}
+        shadowed = self.shadowed(live)
+        evictable = sum(
+            e.num_bytes
+            for e in self._entries.values()
+            if e.key in gone or e.key in shadowed or e.rule.keep_class <= rule.keep_class
+        )
         return free + evictable >= num_bytes
 
-    def insert(self, tokens: np.ndarray, data: bytes, rule: CaptureRule) -> list[CheckpointEntry] | None:
-        """Add a checkpoint; return the entries evicted to make room, or None if it does not fit
-        (then nothing changed). Re-inserting the same tokens refreshes the entry (keeping the
-        higher rule class)."""
+    def shadowed(self, live: Sequence[LiveRecord]) -> set[str]:
+        """Keys of the entries a live slot covers (`live`: each slot's record and the shortest
+        length it can be cut back to)."""
+        out: set[str] = set()
+        for rec, floor in live:
+            if rec.shape[0] == 0:
+                continue
+            for e in self._entries.values():
+                if e.key not in out and _covers(rec, floor, e.tokens):
+                    out.add(e.key)
+        return out
+
+    def insert(
+        self,
+        tokens: np.ndarray,
+        data: bytes,
+        rule: CaptureRule,
+        live: Sequence[LiveRecord] = (),
+    ) -> Inserted | None:
+        """Add a checkpoint, or None if it does not fit (then nothing changed). An entry that
+        already covers `tokens` takes the higher class instead and nothing is stored. Entries the
+        new one covers are dropped (`superseded`) and lend it their highest class. To make room,
+        entries a live slot covers (`live`: each slot's record and its min_truncate_len) go
+        first, then the lowest class, least recently used; only entries of the new one's class
+        or lower, or live-covered ones, are displaced (`evicted`)."""
         tokens = np.ascontiguousarray(tokens, dtype=np.int32).copy()
         key = tokens_key(tokens)
         num_bytes = memoryview(data).nbytes
-        old = self._entries.get(key)
-        if old is not None and np.array_equal(old.tokens, tokens):
-            if rule.keep_class > old.rule.keep_class:
-                old.rule = rule
-            old.last_used = next(self._clock)
-            return []
-        if not self.can_fit(num_bytes, rule):
+        holder = self.covering(tokens)
+        if holder is not None:
+            self.promote(holder.key, rule)
+            holder.last_used = next(self._clock)
+            return Inserted(stored=False, evicted=[], superseded=[])
+        covered = self._superseded(tokens)
+        rule = _highest(rule, covered)
+        if not self.can_fit(num_bytes, rule, tokens=tokens, live=live):
             return None
+        superseded = [self._remove(e.key) for e in covered]
         evicted: list[CheckpointEntry] = []
-        if old is not None:  # digest collision with different tokens: replace
+        if key in self._entries:  # digest collision with different tokens: replace
             evicted.append(self._remove(key))
+        shadowed = self.shadowed(live)
         while self.bytes_used + num_bytes > self.budget_bytes:
             victim = min(
-                (e for e in self._entries.values() if e.rule.keep_class <= rule.keep_class),
-                key=lambda e: (e.rule.keep_class, e.last_used),
+                (
+                    e
+                    for e in self._entries.values()
+                    if e.key in shadowed or e.rule.keep_class <= rule.keep_class
+                ),
+                key=lambda e: (e.key not in shadowed, e.rule.keep_class, e.last_used),
             )
             evicted.append(self._remove(victim.key))
-        for old_key in self._superseded(tokens):
-            evicted.append(self._remove(old_key))
         e = CheckpointEntry(key, tokens, data, rule, num_bytes, next(self._clock), head_hash(tokens))
         self._entries[key] = e
         self._by_head.setdefault(e.head, set()).add(key)
         self._head_lens[e.head[0]] = self._head_lens.get(e.head[0], 0) + 1
         self.bytes_used += num_bytes
-        return evicted
+        return Inserted(stored=True, evicted=evicted, superseded=superseded)
 
-    def _superseded(self, tokens: np.ndarray) -> list[str]:
-        """Prompt-end entries that are strict prefixes of `tokens`: a longer entry serves every
-        prompt they serve (restore, then truncate), so they only waste budget. Not with a ring
-        that cannot cut the longer entry back that far."""
-        out: list[str] = []
-        floor = self._floor(int(tokens.shape[0]))
+    def _superseded(self, tokens: np.ndarray) -> list[CheckpointEntry]:
+        """Entries that are strict prefixes of `tokens` and that a slot restored from `tokens`
+        can be cut back to: the longer entry serves every prompt they serve."""
+        out: list[CheckpointEntry] = []
+        n = int(tokens.shape[0])
+        floor = self._floor(n)
         for hl in self._head_lens:
-            if hl > tokens.shape[0]:
+            if hl > n:
                 continue
             for key in self._by_head.get(head_hash(tokens[:hl]), ()):
                 e = self._entries[key]
-                if (
-                    e.rule is CaptureRule.PROMPT_END
-                    and e.num_tokens < tokens.shape[0]
-                    and floor <= self._floor(e.num_tokens)  # cut back as far as e can be
-                    and common_prefix_len(tokens, e.tokens) == e.num_tokens
-                ):
-                    out.append(key)
+                if e.num_tokens < n and floor <= e.num_tokens and _covers(tokens, floor, e.tokens):
+                    out.append(e)
         return out
 
     def remove(self, key: str) -> CheckpointEntry | None:

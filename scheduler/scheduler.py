@@ -119,6 +119,7 @@ class Scheduler:
             emit=self._emit_checkpoint,
             restored_floor=pool.restored_min_truncate_len,
             interval_tokens=interval,
+            live_records=self._slots.live_records,
         )
         self._queue: list[Sequence] = []  # waiting, by priority (admission sorts by prefill order)
         self._running: dict[int, Sequence] = {}  # slot -> request holding it

@@ -33,6 +33,10 @@ class SlotTable:
         view.flags.writeable = False
         return view
 
+    def live_records(self) -> list[tuple[np.ndarray, int]]:
+        """Every slot's record (read-only view) and the shortest length it can be cut back to."""
+        return [(self.record(s), self.floors[s]) for s in range(self.num_slots)]
+
     def truncate(self, slot: int, n: int) -> None:
         assert n == 0 or self.floors[slot] <= n <= self.lens[slot], (slot, n, self.floors[slot])
         self.lens[slot] = n

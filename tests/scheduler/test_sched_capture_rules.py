@@ -81,3 +81,43 @@ async def test_prompt_end_capture_serves_a_regenerated_reply_after_eviction():
         out = await run_one(sched, prompt, 6)
     assert pool.num_computed_tokens - before == 1 + 5
     await assert_warm_run(out, prompt, 6, ReuseSource.CHECKPOINT_MEMORY, reused_tokens=199)
+
+
+async def test_returning_conversations_restore_their_whole_record_from_a_budget_of_distinct_rows():
+    """Issue 16 in small: 4 conversations with their own hinted system prompts take turns on 2
+    slots. The budget fits one checkpoint per conversation, not a hint, a prompt-end copy and an
+    evicted record of each: each conversation keeps exactly one entry (the longest), so every
+    returning turn restores its whole previous record."""
+    pool = make_pool(2, 1024, row_bytes=64)
+    sink = RecordingSink()
+    convs = [prompt_of(60 + c, 100) + prompt_of(70 + c, 20) for c in range(4)]
+    budget = 4 * pool.snapshot_nbytes(200)  # < 4 hints + 4 records (>= 4 * (100 + 125) rows)
+    config = make_config(checkpoint_memory_mb=budget / 2**20)
+    record_len = [[] for _ in range(4)]  # per conversation: its record after each turn
+    async with make_scheduler(pool, config, stats_sink=sink) as sched:
+        for turn in range(3):
+            for c in range(4):
+                out = await run_one(sched, convs[c], 6, prefix_hint=100)
+                r = out.finish.reuse
+                if turn > 0:
+                    assert r.source is ReuseSource.CHECKPOINT_MEMORY
+                    assert r.reused_tokens == record_len[c][-1]  # previous prompt + 5 fed
+                assert out.tokens == await cold_tokens(convs[c], 6)
+                record_len[c].append(len(convs[c]) + 5)
+                convs[c] = convs[c] + out.tokens + prompt_of(80 + 10 * c + turn, 20)
+                assert sched.stats().checkpoint_memory_bytes <= budget
+        await sched.check_integrity()
+        held = sched.stats().checkpoint_memory_bytes
+        records = [list(pool.record(s)) for s in range(2)]
+        live = [c for c in range(4) if convs[c][: record_len[c][-1]] in records]
+    assert pool.num_restores == 8
+    assert captures(sink, "hint") == [100] * 4  # never again: the conversation's entry holds it
+    # one entry per conversation: its last record, or the one it restored from if still live
+    want = sorted(record_len[c][-2] if c in live else record_len[c][-1] for c in range(4))
+    assert len(live) == 2
+    stored = sorted(e.num_tokens for e in sink.checkpoints if e.kind == "capture")
+    for e in sink.checkpoints:
+        if e.kind == "evict":
+            stored.remove(e.num_tokens)
+    assert stored == want
+    assert held == sum(pool.snapshot_nbytes(n) for n in want)

@@ -48,9 +48,9 @@ def test_budget_evicts_least_recently_used_within_a_class():
     store = MemoryCheckpointStore(300)
     entries = [toks(i, 40) for i in range(3)]
     for t in entries:
-        assert store.insert(t, blob(100), CaptureRule.EVICT) == []
+        assert store.insert(t, blob(100), CaptureRule.EVICT).evicted == []
     store.get(ck.tokens_key(entries[0]))  # refresh the oldest
-    evicted = store.insert(toks(10, 40), blob(100), CaptureRule.EVICT)
+    evicted = store.insert(toks(10, 40), blob(100), CaptureRule.EVICT).evicted
     assert [e.key for e in evicted] == [ck.tokens_key(entries[1])]
     assert store.bytes_used == 300
     store.check_integrity()
@@ -64,7 +64,7 @@ def test_prompt_end_captures_go_first_and_never_displace_hinted_ones():
     store.insert(pe, blob(100), CaptureRule.PROMPT_END)
     store.insert(toks(3, 40), blob(100), CaptureRule.COMMON_PREFIX)
     store.get(ck.tokens_key(pe))  # the prompt-end entry is now the most recently used
-    evicted = store.insert(toks(4, 40), blob(100), CaptureRule.HINT)
+    evicted = store.insert(toks(4, 40), blob(100), CaptureRule.HINT).evicted
     assert [e.key for e in evicted] == [ck.tokens_key(pe)]
     # full of hinted/common-prefix entries: a prompt-end capture does not fit
     assert not store.can_fit(100, CaptureRule.PROMPT_END)
@@ -74,14 +74,80 @@ def test_prompt_end_captures_go_first_and_never_displace_hinted_ones():
     store.check_integrity()
 
 
-def test_a_longer_capture_supersedes_prompt_end_prefixes_of_it():
+def test_a_longer_capture_supersedes_every_prefix_of_it_and_keeps_the_highest_class():
+    """One conversation's hint (system turn), an earlier prompt end and its evicted record are
+    the same rows three times: the longest entry alone stays, with the hint's class."""
     store = MemoryCheckpointStore(1 << 20)
     conv = toks(1, 200)
-    store.insert(conv[:150], blob(10), CaptureRule.HINT)
-    store.insert(conv[:100], blob(10), CaptureRule.PROMPT_END)
-    evicted = store.insert(conv, blob(10), CaptureRule.PROMPT_END)
-    assert [e.num_tokens for e in evicted] == [100]
-    assert store.contains_prefix(conv[:150])  # only prompt-end entries are superseded
+    store.insert(conv[:100], blob(100), CaptureRule.HINT)
+    done = store.insert(conv[:150], blob(150), CaptureRule.PROMPT_END)
+    assert [e.num_tokens for e in done.superseded] == [100]
+    done = store.insert(conv, blob(200), CaptureRule.EVICT)
+    assert done.stored and done.evicted == []
+    assert [(e.num_tokens, e.rule) for e in done.superseded] == [(150, CaptureRule.HINT)]
+    assert len(store) == 1 and store.bytes_used == 200
+    (kept,) = store.entries()
+    assert kept.rule is CaptureRule.HINT  # the hint's protection moves to the longer entry
+    m = store.find(np.concatenate([conv[:100], toks(2, 20)]))
+    assert (m.num_tokens, m.common) == (200, 100)  # still serves the system prompt
+    store.check_integrity()
+
+
+def test_a_capture_a_longer_entry_already_holds_stores_nothing_and_promotes_it():
+    store = MemoryCheckpointStore(1 << 20)
+    conv = toks(1, 200)
+    store.insert(conv, blob(200), CaptureRule.EVICT)
+    done = store.insert(conv[:120], blob(120), CaptureRule.HINT)
+    assert not done.stored and done.evicted == done.superseded == []
+    assert len(store) == 1 and store.bytes_used == 200
+    assert store.entries()[0].rule is CaptureRule.HINT
+    assert store.covering(conv[:120]).num_tokens == 200
+    assert store.covering(np.concatenate([conv[:120], toks(3, 5)])) is None
+    store.check_integrity()
+
+
+def test_a_ring_keeps_prefix_entries_a_longer_one_cannot_be_cut_back_to():
+    """Past the window a restored slot cannot be cut back: nothing is covered or superseded."""
+    window = 64
+    store = MemoryCheckpointStore(1 << 20, restored_floor=lambda n: 0 if n <= window else n)
+    conv = toks(1, 200)
+    store.insert(conv[:100], blob(100), CaptureRule.HINT)
+    done = store.insert(conv, blob(200), CaptureRule.EVICT)
+    assert done.superseded == [] and len(store) == 2
+    assert store.covering(conv[:150]) is None
+    assert store.covering(conv[:100]).num_tokens == 100  # the exact entry
+    store.insert(conv[:40], blob(40), CaptureRule.HINT)
+    assert store.insert(conv[:60], blob(60), CaptureRule.HINT).superseded[0].num_tokens == 40  # within
+    store.check_integrity()
+
+
+def test_entries_a_live_slot_duplicates_are_evicted_first_whatever_their_class():
+    """A hint of a slot that still holds those rows goes before an evicted conversation (which
+    no slot holds), though the hint's class is higher; without the live records the evicted
+    conversation would go."""
+    live_conv, gone_conv = toks(1, 80), toks(2, 80)
+    live = [(live_conv, 0), (np.zeros(0, np.int32), 0)]
+
+    def filled() -> MemoryCheckpointStore:
+        store = MemoryCheckpointStore(300)
+        store.insert(live_conv[:60], blob(100), CaptureRule.HINT)
+        store.insert(gone_conv, blob(100), CaptureRule.EVICT)
+        store.insert(toks(3, 80), blob(100), CaptureRule.PROMPT_END)
+        return store
+
+    blind = filled()
+    done = blind.insert(toks(4, 80), blob(200), CaptureRule.EVICT)
+    assert [e.num_tokens for e in done.evicted] == [80, 80]  # the prompt end, the conversation
+    assert blind.covering(gone_conv) is None
+
+    store = filled()
+    assert store.shadowed(live) == {ck.tokens_key(live_conv[:60])}
+    assert store.can_fit(200, CaptureRule.PROMPT_END, live=live)  # the hint counts as room now
+    assert not store.can_fit(200, CaptureRule.PROMPT_END)
+    done = store.insert(toks(4, 80), blob(200), CaptureRule.EVICT, live=live)
+    assert [e.num_tokens for e in done.evicted] == [60, 80]  # the live duplicate, then class 0
+    assert store.covering(gone_conv) is not None
+    assert store.bytes_used == 300
     store.check_integrity()
 
 

@@ -86,7 +86,9 @@ class CheckpointPolicy:
         )
         self.disk: DiskCheckpointStore | None = None
         if config.kv_disk_dir is not None and self.enabled:
-            self.disk = DiskCheckpointStore(config.kv_disk_dir, config.kv_disk_space_bytes, fingerprint)
+            self.disk = DiskCheckpointStore(
+                config.kv_disk_dir, config.kv_disk_space_bytes, fingerprint, restored_floor
+            )
         self._snapshot_nbytes = snapshot_nbytes
         self._floor = restored_floor
         self.interval_tokens = interval_tokens  # rule interval's K; 0: off

@@ -54,7 +54,7 @@ def usable_len(common: int, num_tokens: int, prompt_len: int, floor: int) -> int
 LiveRecord = tuple[np.ndarray, int]
 
 
-def _covers(holder: np.ndarray, floor: int, tokens: np.ndarray) -> bool:
+def covers(holder: np.ndarray, floor: int, tokens: np.ndarray) -> bool:
     """Whether a record or checkpoint `holder`, which can be cut back to `floor` at the
     shortest, supplies exactly `tokens` (it starts with them and can be cut back to them)."""
     n = int(tokens.shape[0])
@@ -189,7 +189,7 @@ class MemoryCheckpointStore:
             keys = self._entries  # short: entries' heads are longer than `tokens`
         for key in keys:
             e = self._entries[key]
-            if _covers(e.tokens, self._floor(e.num_tokens), tokens):
+            if covers(e.tokens, self._floor(e.num_tokens), tokens):
                 return e
         return None
 
@@ -234,7 +234,7 @@ class MemoryCheckpointStore:
             if rec.shape[0] == 0:
                 continue
             for e in self._entries.values():
-                if e.key not in out and _covers(rec, floor, e.tokens):
+                if e.key not in out and covers(rec, floor, e.tokens):
                     out.add(e.key)
         return out
 
@@ -296,7 +296,7 @@ class MemoryCheckpointStore:
                 continue
             for key in self._by_head.get(head_hash(tokens[:hl]), ()):
                 e = self._entries[key]
-                if e.num_tokens < n and floor <= e.num_tokens and _covers(tokens, floor, e.tokens):
+                if e.num_tokens < n and floor <= e.num_tokens and covers(tokens, floor, e.tokens):
                     out.append(e)
         return out
 

@@ -10,7 +10,10 @@ A write goes to a temporary file, is fsynced, then renamed into place (and the d
 fsynced), so a crash never leaves a half-written checkpoint under a real name. Writes run on
 one background IO thread; the event loop never waits for the disk. The index (tokens and sizes,
 not the data) is rebuilt by that thread after a restart by reading each file's header. LRU
-within the space budget uses the files' mtimes, refreshed on every load. A file with a bad
+within the space budget uses the files' mtimes, refreshed on every load. Like the memory tier,
+the files hold distinct rows: a write that a file already holds (exactly, or as the start of a
+longer file a restored slot can be cut back from) is skipped, and a written file replaces the
+files that are prefixes of it. A file with a bad
 header, another fingerprint or a bad checksum is removed and never handed to the pool. An
 unwritable or full directory logs one warning and serving goes on without the disk tier's help.
 
@@ -45,7 +48,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from .checkpoint_store import RestoredFloor, head_hash, no_floor, tokens_key, usable_len
+from .checkpoint_store import HEAD_TOKENS, RestoredFloor, covers, head_hash, no_floor, tokens_key, usable_len
 from .policy import CheckpointMatch, CheckpointTier
 from .prefix import common_prefix_len
 
@@ -123,7 +126,14 @@ def _is_checkpoint_file(path: Path) -> bool:
 
 
 class DiskCheckpointStore:
-    def __init__(self, root: str | os.PathLike[str], space_bytes: int, fingerprint: str) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        space_bytes: int,
+        fingerprint: str,
+        restored_floor: RestoredFloor = no_floor,
+    ) -> None:
+        self._floor = restored_floor  # which longer file can stand in for a prefix of it
         self._fp_digest = hashlib.sha256(fingerprint.encode()).digest()
         self.root = Path(root)
         self.dir = self.root / self._fp_digest.hex()[:16]
@@ -384,8 +394,8 @@ class DiskCheckpointStore:
         if not self._usable:
             return
         key = tokens_key(tokens)
-        if self.contains(tokens):
-            return
+        if self._covering(tokens):
+            return  # a file already holds these rows (exactly, or as the start of a longer one)
         tok_bytes = tokens.tobytes()
         rule_b = rule.encode()
         checksum = hashlib.sha256(tok_bytes)
@@ -406,6 +416,30 @@ class DiskCheckpointStore:
         self._warned = False
         self._index_add(DiskEntry(key, path, tokens, rule, size, time.time(), head_hash(tokens)))
         self._emit("capture", rule, size, int(tokens.shape[0]))
+        for old in self._covered_by(tokens):  # the new file holds their rows
+            if self._index_remove(old.key) is not None:
+                old.path.unlink(missing_ok=True)
+                self._emit("evict", old.rule, old.num_bytes, int(old.tokens.shape[0]))
+
+    def _covering(self, tokens: np.ndarray) -> bool:
+        """Whether an indexed file holds `tokens` first and can be cut back to them."""
+        n = int(tokens.shape[0])
+        with self._lock:
+            if n >= HEAD_TOKENS:
+                cands = [self._entries[k] for k in self._by_head.get(head_hash(tokens), ())]
+            else:
+                cands = list(self._entries.values())
+        return any(covers(e.tokens, self._floor(int(e.tokens.shape[0])), tokens) for e in cands)
+
+    def _covered_by(self, tokens: np.ndarray) -> list[DiskEntry]:
+        """Indexed files that are strict prefixes of `tokens` and that a slot restored from
+        `tokens` can be cut back to."""
+        n = int(tokens.shape[0])
+        floor = self._floor(n)
+        with self._lock:
+            heads = {h[0] for h in self._by_head if h[0] <= n}
+            cands = [self._entries[k] for hl in heads for k in self._by_head.get(head_hash(tokens[:hl]), ())]
+        return [e for e in cands if e.tokens.shape[0] < n and covers(tokens, floor, e.tokens)]
 
     def _make_room(self, size: int) -> None:
         """Free room for `size` bytes: foreign files first, then this pool's LRU (IO thread)."""

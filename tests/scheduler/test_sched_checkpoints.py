@@ -204,3 +204,35 @@ def test_disk_truncated_file_is_removed_on_load(tmp_path):
     assert d.load(ck.tokens_key(t)) is None
     assert not path.exists() and len(d) == 0
     d.close()
+
+
+def test_disk_files_hold_distinct_rows(tmp_path):
+    """A conversation's hint, then its evicted record: the record's file replaces the hint's;
+    a later write of rows a file already holds writes nothing."""
+    events = []
+    d = _disk(tmp_path)
+    d.on_event = lambda kind, rule, nbytes, n: events.append((kind, rule, n))
+    conv = toks(1, 200)
+    d.put(conv[:100], bytes(1000), "hint")
+    d.put(conv, bytes(2000), "evict")
+    d.put(conv[:150], bytes(1500), "common_prefix")
+    d.flush()
+    assert events == [("capture", "hint", 100), ("capture", "evict", 200), ("evict", "hint", 100)]
+    assert len(d) == 1 and len(list(tmp_path.rglob("*.kvc"))) == 1
+    m = d.find(np.concatenate([conv[:100], toks(2, 9)]))
+    assert (m.num_tokens, m.common) == (200, 100)
+    d.close()
+
+
+def test_disk_ring_files_are_not_replaced_by_longer_ones_past_the_window(tmp_path):
+    window = 64
+    d = DiskCheckpointStore(tmp_path, 1 << 20, "fp-ring", restored_floor=lambda n: 0 if n <= window else n)
+    d.start()
+    d.index_ready.wait(5)
+    conv = toks(1, 200)
+    d.put(conv[:100], bytes(1000), "hint")
+    d.put(conv, bytes(2000), "evict")
+    d.put(conv[:150], bytes(1500), "common_prefix")  # the 200-token file cannot be cut to 150
+    d.flush()
+    assert len(d) == 3 and len(list(tmp_path.rglob("*.kvc"))) == 3
+    d.close()

@@ -246,7 +246,7 @@ async def _run_async(
             f"oracle: {oracle.num_len_mismatches} prompts where /tokenize and usage "
             "disagree on the length; the oracle may be off for them"
         )
-    records = report.to_records(outcome.exchanges, outcome.t_start, oracle.values)
+    records = report.to_records(outcome.exchanges, outcome.t_start, oracle.values, oracle.once)
     run_cfg = results.RunConfig(
         url=url,
         model=model,

@@ -14,7 +14,12 @@ shares computation between requests in flight together. The oracle for a request
 No server can reuse more for a request than its oracle (what it never saw, it cannot reuse),
 so `cached_tokens <= oracle` holds per request. When requests overlap in time the oracle may
 credit each of them with their common prefix although a server computes it once: under
-concurrency the oracle's sum is an upper bound that a server may not reach.
+concurrency the oracle's sum is an upper bound that a server may not reach. The *once* oracle
+(`in_flight=False`) credits computation shared in flight only to the later sender: a request is
+credited from the prompts of requests sent before it (and what ended before it was sent), never
+from prompts sent after it, so each shared prefix counts as computed once, as a server computes
+it. Its sum is the figure a server can reach; per request, arrival races may let a server credit
+the other request of a pair, so the per-request bound stays the oracle above.
 
 Token ids come from the server's POST /tokenize (`messages` rendered with the generation
 prompt for chat; the reply as plain text without special tokens). When the server has no
@@ -72,8 +77,9 @@ class Seen:
     reply_ids: list[int]  # tokens of the text received before the stream ended
 
 
-def oracle_from_ids(items: Sequence[Seen]) -> list[int]:
-    """The oracle for each item (see the module docstring), in the order given.
+def oracle_from_ids(items: Sequence[Seen], *, in_flight: bool = True) -> list[int]:
+    """The oracle for each item (see the module docstring), in the order given; with
+    `in_flight=False` the once oracle (no credit from prompts sent after the request's own).
 
     A sweep over sends and ends in time order keeps a trie of what was seen before each send;
     prompts sent between a request's send and its first token are compared pairwise."""
@@ -90,7 +96,7 @@ def oracle_from_ids(items: Sequence[Seen]) -> list[int]:
         s = items[i]
         if kind == 1:  # send: query what came before, then the prompt is seen
             best = trie.longest_prefix(s.prompt_ids)
-            for j in sends[rank[i] + 1 :]:  # sent while this request waited for its first token
+            for j in sends[rank[i] + 1 :] if in_flight else ():  # sent while it waited for a token
                 if items[j].t_send >= s.t_first:
                     break
                 best = max(best, common_prefix_len(s.prompt_ids, items[j].prompt_ids))
@@ -197,6 +203,7 @@ class ServerTokenizer:
 @dataclass(frozen=True, slots=True)
 class OracleResult:
     values: list[int | None]  # per exchange, aligned with the input
+    once: list[int | None]  # the once oracle (in-flight sharing credited to the later sender)
     source: str  # "tokenize" | "usage"
     num_len_mismatches: int  # /tokenize length != usage.prompt_tokens (the oracle is suspect)
     note: str  # why the fallback was used, when it was
@@ -211,7 +218,8 @@ async def compute_oracle(
         prompts = await asyncio.gather(*(tok.prompt_ids(e) for e in exchanges))
         replies = await asyncio.gather(*(tok.text_ids(e.text) for e in exchanges))
     except TokenizeUnavailable as exc:
-        return OracleResult(oracle_from_usage(exchanges), "usage", 0, str(exc))
+        estimate = oracle_from_usage(exchanges)  # earlier requests only: already "once"
+        return OracleResult(estimate, list(estimate), "usage", 0, str(exc))
     items = [
         Seen(e.t_send, e.token_times[0] if e.token_times else e.t_end, e.t_end, p, r)
         for e, p, r in zip(exchanges, prompts, replies)
@@ -219,4 +227,10 @@ async def compute_oracle(
     mismatches = sum(
         e.prompt_tokens is not None and e.prompt_tokens != len(p) for e, p in zip(exchanges, prompts)
     )
-    return OracleResult(list(oracle_from_ids(items)), "tokenize", mismatches, "")
+    return OracleResult(
+        list(oracle_from_ids(items)),
+        list(oracle_from_ids(items, in_flight=False)),
+        "tokenize",
+        mismatches,
+        "",
+    )

@@ -40,11 +40,16 @@ def _pcts(values: Sequence[float]) -> Percentiles:
 
 
 def to_records(
-    exchanges: Sequence[Exchange], t_start: float, oracle: Sequence[int | None]
+    exchanges: Sequence[Exchange],
+    t_start: float,
+    oracle: Sequence[int | None],
+    oracle_once: Sequence[int | None] | None = None,
 ) -> list[RequestRecord]:
-    """One JSON record per exchange; `oracle` is aligned with `exchanges`."""
+    """One JSON record per exchange; `oracle` and `oracle_once` are aligned with `exchanges`
+    (without `oracle_once`, the records carry `oracle` there too)."""
     records = []
-    for ex, orc in zip(exchanges, oracle, strict=True):
+    once = oracle if oracle_once is None else oracle_once
+    for ex, orc, orc_once in zip(exchanges, oracle, once, strict=True):
         times = ex.token_times
         records.append(
             RequestRecord(
@@ -64,6 +69,7 @@ def to_records(
                 cached_tokens=ex.cached_tokens,
                 completion_tokens=ex.completion_tokens if ex.completion_tokens is not None else len(times),
                 oracle_cached_tokens=orc,
+                oracle_once_cached_tokens=orc_once,
                 finish_reason=ex.finish_reason,
             )
         )
@@ -91,6 +97,11 @@ def summarize(
     prompt = sum(r.prompt_tokens or 0 for r in counted)
     cached = sum(r.cached_tokens or 0 for r in counted)
     oracle = sum(r.oracle_cached_tokens or 0 for r in counted)
+    once = sum(
+        (r.oracle_once_cached_tokens if r.oracle_once_cached_tokens is not None else r.oracle_cached_tokens)
+        or 0
+        for r in counted
+    )
     per_s = (lambda n: n / duration_s) if duration_s > 0 else (lambda n: 0.0)
     ttft, itl, e2e = _pcts(ttfts), _pcts(itls), _pcts(e2es)
     return Summary(
@@ -120,6 +131,8 @@ def summarize(
         completion_tokens=sum(r.completion_tokens or 0 for r in records),
         reuse_ratio=cached / prompt if prompt else None,
         oracle_reuse_ratio=oracle / prompt if prompt else None,
+        oracle_once_cached_tokens=once,
+        oracle_once_reuse_ratio=once / prompt if prompt else None,
         oracle_source=oracle_source,
         oracle_len_mismatches=oracle_len_mismatches,
         errors=dict(
@@ -173,6 +186,10 @@ def summary_tables(results: Results) -> list[RenderableType]:
         f"oracle maximum ({s.oracle_source})",
         _num(s.oracle_reuse_ratio, "{:.1%}") + f"  ({s.oracle_cached_tokens}/{s.prompt_tokens})",
     )
+    thr.add_row(
+        "oracle, shared prefixes once",
+        _num(s.oracle_once_reuse_ratio, "{:.1%}") + f"  ({s.oracle_once_cached_tokens}/{s.prompt_tokens})",
+    )
     tables: list[RenderableType] = [headline, lat, thr]
     if s.errors:
         err = Table()
@@ -198,6 +215,7 @@ COMPARED = (
     ("goodput/s", "goodput_per_s", ""),
     ("reuse ratio", "reuse_ratio", "%"),
     ("oracle reuse ratio", "oracle_reuse_ratio", "%"),
+    ("once-oracle reuse ratio", "oracle_once_reuse_ratio", "%"),
 )
 
 

@@ -53,6 +53,7 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     cached_tokens: int | None  # usage.prompt_tokens_details.cached_tokens
     completion_tokens: int | None  # usage.completion_tokens (else streamed chunks)
     oracle_cached_tokens: int | None  # what a perfect cache would reuse (docs/loadtest.md)
+    oracle_once_cached_tokens: int | None = None  # the same, each shared prefix computed once
     finish_reason: str | None
 
 
@@ -90,6 +91,8 @@ class Summary(msgspec.Struct, kw_only=True):
     completion_tokens: int  # over every request
     reuse_ratio: float | None  # cached_tokens / prompt_tokens
     oracle_reuse_ratio: float | None  # oracle_cached_tokens / prompt_tokens
+    oracle_once_cached_tokens: int = 0  # the once oracle's sum (each shared prefix computed once)
+    oracle_once_reuse_ratio: float | None = None  # oracle_once_cached_tokens / prompt_tokens
     oracle_source: str  # "tokenize" (exact token ids) | "usage" (message-level estimate)
     oracle_len_mismatches: int  # prompts where /tokenize and usage.prompt_tokens disagree
     errors: dict[str, int]  # error message -> count

@@ -60,6 +60,13 @@ def test_workload_reuses_with_cache(reuse_server: MockServer, workload: str, tmp
     if workload == "shared-prefix":  # after the first users, every one reuses the system prompt
         firsts = sorted(res.requests, key=lambda r: r.start_s)[2:]
         assert all(r.cached_tokens > 60 for r in firsts)
+        # the first user computes it: the once oracle credits it to the rest, the oracle to all
+        first = min(res.requests, key=lambda r: r.start_s)
+        assert first.oracle_once_cached_tokens < 60 < first.oracle_cached_tokens
+    s = res.summary
+    counted = [r for r in res.requests if r.cached_tokens is not None and r.prompt_tokens is not None]
+    assert s.oracle_once_cached_tokens == sum(r.oracle_once_cached_tokens for r in counted)
+    assert s.cached_tokens <= s.oracle_once_cached_tokens <= s.oracle_cached_tokens
     if workload == "abort-resend":
         aborted = [r for r in res.requests if r.status == "aborted"]
         assert len(aborted) == res.summary.num_aborted == len(res.requests) // 2
@@ -118,6 +125,7 @@ def test_json_round_trips_and_plots_are_written(reuse_server: MockServer, tmp_pa
         "output_tokens_per_s",
         "reuse_ratio",
         "oracle_reuse_ratio",
+        "oracle_once_reuse_ratio",
     ):
         assert key in raw["summary"]
     assert len(raw["requests"]) == raw["summary"]["num_requests"] == 8

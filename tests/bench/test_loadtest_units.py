@@ -85,8 +85,9 @@ def test_percentile_of_nothing_is_none():
 # ------------------------------------------------------------------ oracle
 
 
-def brute_force_oracle(items: list[Seen]) -> list[int]:
-    """The definition in oracle.py, pair by pair."""
+def brute_force_oracle(items: list[Seen], in_flight: bool = True) -> list[int]:
+    """The definition in oracle.py, pair by pair (`in_flight=False`: the once oracle, which
+    never credits a prompt sent after the request's own)."""
 
     def lcp(a, b):
         n = 0
@@ -99,7 +100,12 @@ def brute_force_oracle(items: list[Seen]) -> list[int]:
         seen = [
             p.prompt_ids
             for j, p in enumerate(items)
-            if j != i and (p.t_send < r.t_send or (p.t_send == r.t_send and j < i) or p.t_send < r.t_first)
+            if j != i
+            and (
+                p.t_send < r.t_send
+                or (p.t_send == r.t_send and j < i)
+                or (in_flight and p.t_send < r.t_first)
+            )
         ]
         seen += [p.prompt_ids + p.reply_ids for p in items if p.t_end <= r.t_send and p is not r]
         out.append(min(len(r.prompt_ids), max((lcp(r.prompt_ids, s) for s in seen), default=0)))
@@ -131,6 +137,8 @@ def test_oracle_credits_prompts_sent_before_the_first_token():
     c = Seen(t_send=3.0, t_first=3.5, t_end=4.0, prompt_ids=system + [1], reply_ids=[])
     # a and b overlap: each may reuse the other's system prompt; c repeats a's whole prompt.
     assert oracle_from_ids([a, b, c]) == [10, 10, 11]
+    # computed once: a (sent first) computes the system prompt, b reuses it
+    assert oracle_from_ids([a, b, c], in_flight=False) == [0, 10, 11]
 
 
 @settings(max_examples=60, deadline=None)
@@ -145,6 +153,9 @@ def test_oracle_matches_brute_force(data):
         t_end = t_first + data.draw(st.integers(1, 6)) / 2  # an exchange takes time
         items.append(Seen(t_send, t_first, t_end, data.draw(tokens), data.draw(tokens)))
     assert oracle_from_ids(items) == brute_force_oracle(items)
+    once = oracle_from_ids(items, in_flight=False)
+    assert once == brute_force_oracle(items, in_flight=False)
+    assert all(o <= f for o, f in zip(once, oracle_from_ids(items)))
 
 
 def make_exchange(

@@ -141,3 +141,23 @@ async def test_a_fault_in_one_slot_fails_only_its_request(open_pool):
     assert out_a.finish.reason is FinishReason.ERROR
     assert out_b.finish.reason is FinishReason.LENGTH
     assert out_b.tokens == await cold(open_pool, b, 12)
+
+
+async def test_returning_conversations_restore_whole_records_from_distinct_checkpoints(open_pool):
+    """3 conversations with hinted system prompts on 2 slots, a budget of one record each (not
+    a hint and a record each): every return restores its whole previous record, exactly."""
+    pool, tok = open_pool(2)
+    convs = [ids(40 + c, 100) + ids(50 + c, 20) for c in range(3)]
+    budget = 3 * pool.snapshot_nbytes(130)
+    assert budget < 3 * (pool.snapshot_nbytes(100) + pool.snapshot_nbytes(125))
+    async with sched_for(pool, tok, checkpoint_memory_mb=budget / 2**20) as sched:
+        firsts = [await collect(sched.submit(make_request(p, 6, prefix_hint=100))) for p in convs]
+        seconds = [c + f.tokens + ids(60 + i, 10) for i, (c, f) in enumerate(zip(convs, firsts))]
+        outs = [await collect(sched.submit(make_request(p, 6, prefix_hint=100))) for p in seconds]
+        assert sched.stats().checkpoint_memory_bytes <= budget
+        await sched.check_integrity()
+    for o in outs:
+        assert o.finish.reuse.source is ReuseSource.CHECKPOINT_MEMORY
+        assert o.finish.reuse.reused_tokens == 125  # prompt + 5 fed reply tokens
+    for p, o in zip(seconds, outs):
+        assert o.tokens == await cold(open_pool, p, 6)

@@ -116,6 +116,30 @@ async def test_system_prompt_shared_by_concurrent_users_is_prefilled_once():
         assert o.tokens == await cold_tokens(p, 5)
 
 
+async def test_a_waiter_whose_shared_prefill_is_cancelled_reuses_what_was_computed():
+    """B waits for A's prefill of their common 300 tokens (WAIT_SHARED: never the same rows
+    twice). A is cancelled after 3 segments of 64: B takes over A's slot, reuses the 192 rows
+    computed so far and prefills the rest itself; nothing is computed twice, no deadlock."""
+    pool = make_pool(2, 1024)
+    system = prompt_of(30, 300)
+    a, b = system + prompt_of(31, 20), system + prompt_of(32, 20)
+    gate = StepGate(pool, pause_at=3)
+    async with make_scheduler(pool, make_config(segment_tokens=64, step_token_budget=64)) as sched:
+        leader = sched.submit(make_request(a, 4))
+        waiter = sched.submit(make_request(b, 4))
+        await gate.wait_reached()
+        assert sched.stats().queue_depth == 1 and sched.stats().num_running == 1  # B waits
+        cancel = asyncio.create_task(leader.cancel())
+        gate.release.set()
+        assert await cancel is True
+        out = await collect(waiter)
+        await sched.check_integrity()
+    assert out.finish.reuse.source is ReuseSource.REWIND
+    assert (out.finish.reuse.reused_tokens, out.finish.reuse.prefilled_tokens) == (192, 320 - 192)
+    assert pool.num_computed_tokens == 320 + 3  # A's 192 rows, B's 128, B's 3 fed tokens
+    assert out.tokens == await cold_tokens(b, 4)
+
+
 async def test_more_conversations_than_slots_are_served_from_checkpoints():
     pool = make_pool(2, 1024, row_bytes=64)
     config = make_config(checkpoint_memory_mb=4)

@@ -231,11 +231,12 @@ class MemoryCheckpointStore:
         length it can be cut back to)."""
         out: set[str] = set()
         for rec, floor in live:
-            if rec.shape[0] == 0:
-                continue
-            for e in self._entries.values():
-                if e.key not in out and covers(rec, floor, e.tokens):
-                    out.add(e.key)
+            for hl in self._head_lens:
+                if hl > rec.shape[0]:
+                    continue
+                for key in self._by_head.get(head_hash(rec[:hl]), ()):
+                    if key not in out and covers(rec, floor, self._entries[key].tokens):
+                        out.add(key)
         return out
 
     def insert(
@@ -267,7 +268,7 @@ class MemoryCheckpointStore:
         evicted: list[CheckpointEntry] = []
         if key in self._entries:  # digest collision with different tokens: replace
             evicted.append(self._remove(key))
-        shadowed = self.shadowed(live)
+        shadowed = self.shadowed(live) if self.bytes_used + num_bytes > self.budget_bytes else set()
         while self.bytes_used + num_bytes > self.budget_bytes:
             victim = min(
                 (

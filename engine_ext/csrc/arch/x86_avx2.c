@@ -429,7 +429,11 @@ static inline __attribute__((always_inline)) void attend_block(
     }
     int c = 0;
     const int n_chunks = hd / 8;
-    if (NH > 3) /* 4 heads x 2 chunks of accumulators fit the registers, 4 x 4 would not */
+    /* NOTE: 3 or 4 heads x 2 chunks of accumulators fit the 16 registers with the broadcasts;
+     * 3 x 4 would not: GCC spills one accumulator, and every key then waits on a store and a
+     * reload (it was a third of a decode step's attention time). Per element the operations
+     * are the same however the chunks are grouped. */
+    if (NH > 2)
         for (; c + 2 <= n_chunks; c += 2) block_values(NH, 2, F16, ah, corr, sc, ATTN_KEY_BLOCK, v, t0, nv, hd, c);
     for (; c + 4 <= n_chunks; c += 4) block_values(NH, 4, F16, ah, corr, sc, ATTN_KEY_BLOCK, v, t0, nv, hd, c);
     switch (n_chunks - c) {

@@ -52,7 +52,7 @@ class ServeConfig:
     api_key: str | None = field(default=None, repr=False)
     max_queue: int = 64  # requests admitted but waiting for a slot; past it -> 429
     prefill_order: str = "cost"  # queue and prefill order (scheduler/prefill_order.py): cost | fifo
-    prefill_aging_tokens_per_s: float = 512.0  # cost order's aging rate: tokens of cost per s waited
+    prefill_aging_tokens_per_s: float | None = None  # cost order's aging rate; None = auto (measured)
     no_reuse: bool = False  # disable every form of prefix reuse (benchmark baseline)
     swa_full: bool = False  # sliding-window layers keep every row (no rings): more KV memory
     log_level: str = "info"
@@ -118,7 +118,7 @@ class ServeConfig:
             f"--prefill-order must be one of {', '.join(orders)}, got {self.prefill_order!r}",
         )
         need(
-            self.prefill_aging_tokens_per_s > 0,
+            self.prefill_aging_tokens_per_s is None or self.prefill_aging_tokens_per_s > 0,
             f"--prefill-aging-tokens-per-s must be > 0, got {self.prefill_aging_tokens_per_s}",
         )
         need(self.log_level in LOG_LEVELS, f"--log-level must be one of {', '.join(LOG_LEVELS)}")
@@ -314,7 +314,8 @@ OPTIONS: tuple[Option, ...] = (
         ("--prefill-aging-tokens-per-s",),
         float,
         "cost order's aging: a request with C tokens to prefill is overtaken only by requests "
-        "arriving less than C / R seconds after it (default 512)",
+        "arriving less than C / R seconds after it (default: auto, a quarter of the measured "
+        "prefill tokens/s)",
         metavar="R",
     ),
     Option(

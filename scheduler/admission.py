@@ -41,7 +41,7 @@ from .policy import (
     SlotCandidate,
     route,
 )
-from .prefill_order import PrefillOrder, estimate_tokens_left, order_key
+from .prefill_order import AgingRate, PrefillOrder, estimate_tokens_left, order_key
 from .request import ReuseInfo
 from .sequence import Phase, Sequence
 from .slot_table import SlotTable
@@ -76,6 +76,7 @@ class Admission:
         restored_floor: RestoredFloor,
         emit_route: Callable[[RouteDecision], None],
         share_by_checkpoint: bool = False,
+        aging: AgingRate | None = None,
     ) -> None:
         self._config = config
         self._caps = caps
@@ -92,6 +93,8 @@ class Admission:
         self._restored_floor = restored_floor
         self._emit_route = emit_route
         self._share_by_checkpoint = share_by_checkpoint
+        # the scheduler's (it measures the prefill throughput); fixed rate if not given
+        self._aging = aging or AgingRate(config.prefill_aging_tokens_per_s)
         self.num_preemptions = 0
         self._io_tasks: set[asyncio.Task[None]] = set()  # disk loads in flight
 
@@ -147,6 +150,7 @@ class Admission:
         cfg = self._config
         if cfg.prefill_order is PrefillOrder.FIFO:
             return
+        rate = self._aging.tokens_per_s
         slots = [(self._slots.record(s), self._slots.floors[s]) for s in range(self._slots.num_slots)]
         for seq in self._queue:
             if cfg.reuse_enabled:
@@ -161,7 +165,7 @@ class Admission:
                 admitted_at=q.admitted_at,
                 admission_order=q.order,
                 tokens_left=q.est_tokens_left,
-                aging_tokens_per_s=cfg.prefill_aging_tokens_per_s,
+                aging_tokens_per_s=rate,
             )
         )
 

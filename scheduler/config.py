@@ -64,8 +64,8 @@ class SchedulerConfig:
     # (within a priority): COST = least prompt left to prefill, aged (prefill_order.py); FIFO
     prefill_order: PrefillOrder = PrefillOrder.COST
     # COST aging: a request with C tokens left is overtaken only by requests admitted less than
-    # C / this many seconds after it
-    prefill_aging_tokens_per_s: float = 512.0
+    # C / this many seconds after it; None: auto (measured prefill tokens/s / 4, prefill_order.py)
+    prefill_aging_tokens_per_s: float | None = None
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -109,8 +109,8 @@ class SchedulerConfig:
             f"prefill_order={self.prefill_order!r} must be a PrefillOrder ({', '.join(o.value for o in PrefillOrder)})",
         )
         need(
-            self.prefill_aging_tokens_per_s > 0,
-            f"prefill_aging_tokens_per_s={self.prefill_aging_tokens_per_s} must be > 0",
+            self.prefill_aging_tokens_per_s is None or self.prefill_aging_tokens_per_s > 0,
+            f"prefill_aging_tokens_per_s={self.prefill_aging_tokens_per_s} must be > 0 or None (auto)",
         )
 
     @property

@@ -20,6 +20,11 @@ cheaper arrivals. `PrefillOrder.FIFO` is admission order (a huge rate tends to i
 
 The deadline of a running prefill moves earlier as its segments complete, so a started prefill
 is not overtaken by a similar one that arrived later (no thrashing between equals).
+
+The rate is fixed by the operator, or auto (`AgingRate`): the prefill throughput the engine
+measured, divided by AUTO_AGING_SLOWDOWN, so a request is overtaken only by requests arriving
+within 4x the time its own prefill takes at that throughput, on any model and machine (a fixed
+rate would let aging win at once on a slow model and never on a fast one).
 """
 
 from __future__ import annotations
@@ -43,6 +48,42 @@ class PrefillOrder(str, enum.Enum):
 
 # (-priority, virtual deadline or 0.0, admission order): smaller sorts first
 OrderKey = tuple[int, float, int]
+
+AUTO_AGING_SLOWDOWN = 4.0  # auto rate = measured prefill tokens/s / this
+AUTO_AGING_INITIAL = 512.0  # auto rate, tokens/s, before the first prefill step is measured
+_DECAY = 0.9  # per observed step: weight of the throughput measured so far
+
+
+class AgingRate:
+    """The aging rate in prompt tokens per second: `fixed`, or (fixed None) auto, from the
+    prefill throughput of recent steps (prefill tokens over forward seconds, both decayed by
+    _DECAY per step, so long steps weigh by their time). Owned by the scheduler's loop."""
+
+    def __init__(self, fixed: float | None) -> None:
+        if fixed is not None and fixed <= 0:
+            raise ValueError(f"aging rate must be > 0 tokens/s, got {fixed}")
+        self._fixed = fixed
+        self._tokens = 0.0  # decayed prefill tokens of observed steps
+        self._seconds = 0.0  # decayed forward seconds of those steps
+
+    def observe(self, num_prefill_tokens: int, forward_s: float) -> None:
+        """One engine step that fed `num_prefill_tokens` prompt tokens (ignored if none)."""
+        if num_prefill_tokens <= 0 or forward_s <= 0:
+            return
+        self._tokens = self._tokens * _DECAY + num_prefill_tokens
+        self._seconds = self._seconds * _DECAY + forward_s
+
+    @property
+    def is_auto(self) -> bool:
+        return self._fixed is None
+
+    @property
+    def tokens_per_s(self) -> float:
+        if self._fixed is not None:
+            return self._fixed
+        if self._seconds <= 0:
+            return AUTO_AGING_INITIAL
+        return self._tokens / self._seconds / AUTO_AGING_SLOWDOWN
 
 
 def order_key(

@@ -39,7 +39,7 @@ from .finish import finish_records, rejected_stats
 from .handle import RequestHandle
 from .interface import BatchItem, SlotPool
 from .policy import Capabilities, CheckpointTier, RouteAction, RouteDecision
-from .prefill_order import order_key
+from .prefill_order import AgingRate, order_key
 from .request import (
     Draining,
     FinishReason,
@@ -132,6 +132,7 @@ class Scheduler:
         self._step_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._worker = EngineWorker()
+        self._aging = AgingRate(config.prefill_aging_tokens_per_s)  # fed by _apply
         self._admission = Admission(
             config,
             caps=self._caps,
@@ -148,6 +149,7 @@ class Scheduler:
             restored_floor=pool.restored_min_truncate_len,
             emit_route=self._emit_route,
             share_by_checkpoint=pool.kv_window is not None,
+            aging=self._aging,
         )
 
     @property
@@ -401,6 +403,7 @@ class Scheduler:
                 toks = np.array([seq.pending_token], dtype=np.int32)
                 self._add_item(plan, seq, toks, want_logits=True)
         cfg = self._config
+        rate = self._aging.tokens_per_s
         budget = cfg.step_token_budget
         # Prefill order (prefill_order.py): with COST the least prompt left, aged, goes first,
         # so a mostly reused prompt's short tail runs beside, not after, long cold prefills.
@@ -412,7 +415,7 @@ class Scheduler:
                 admitted_at=s.admitted_at,
                 admission_order=s.order,
                 tokens_left=s.prompt_len - s.num_computed,
-                aging_tokens_per_s=cfg.prefill_aging_tokens_per_s,
+                aging_tokens_per_s=rate,
             ),
         )
         for seq in prefilling:
@@ -473,6 +476,7 @@ class Scheduler:
         if result.forward_error is not None:
             self._apply_forward_error(ran, result.forward_error, now)
             return
+        self._aging.observe(num_prefill, result.forward_s)
         assert result.logits is not None  # the forward ran without error
         rows = iter(result.logits)
         for it, seq in ran:

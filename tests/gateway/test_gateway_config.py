@@ -123,7 +123,7 @@ def test_out_of_range_values_name_the_flag(kwargs: dict, fragment: str) -> None:
 def test_prefill_order_reaches_the_scheduler_config() -> None:
     default = scheduler_config(parse([]))
     assert default.prefill_order is PrefillOrder.COST
-    assert default.prefill_aging_tokens_per_s == 512.0
+    assert default.prefill_aging_tokens_per_s is None  # auto
     fifo = scheduler_config(
         parse(["--prefill-order", "fifo"], {"SLOTSERVE_PREFILL_AGING_TOKENS_PER_S": "64"})
     )

@@ -25,7 +25,14 @@ from sched_support import (
 )
 from slotserve.scheduler.config import SchedulerConfig
 from slotserve.scheduler.policy import CheckpointMatch, CheckpointTier
-from slotserve.scheduler.prefill_order import PrefillOrder, estimate_tokens_left, order_key
+from slotserve.scheduler.prefill_order import (
+    AUTO_AGING_INITIAL,
+    AUTO_AGING_SLOWDOWN,
+    AgingRate,
+    PrefillOrder,
+    estimate_tokens_left,
+    order_key,
+)
 from slotserve.scheduler.request import ReuseSource
 
 SEGMENT = 64
@@ -190,6 +197,27 @@ def test_estimate_counts_what_the_router_would_reuse():
     assert estimate_tokens_left(prompt, [(shares_60, 65)], []) == 100
     ckpt = CheckpointMatch(CheckpointTier.MEMORY, "k", num_tokens=80, common=80)
     assert estimate_tokens_left(prompt, [(shares_60, 0)], [ckpt]) == 20
+
+
+def test_auto_aging_rate_follows_the_measured_prefill_throughput():
+    assert AgingRate(100.0).tokens_per_s == 100.0
+    rate = AgingRate(None)
+    assert rate.is_auto and rate.tokens_per_s == AUTO_AGING_INITIAL
+    rate.observe(0, 0.5)  # a decode-only step says nothing about prefill
+    assert rate.tokens_per_s == AUTO_AGING_INITIAL
+    rate.observe(512, 1.0)
+    assert rate.tokens_per_s == 512 / AUTO_AGING_SLOWDOWN
+    rate.observe(1024, 1.0)  # earlier steps decay by 0.9 per step
+    assert rate.tokens_per_s == pytest.approx((512 * 0.9 + 1024) / (0.9 + 1.0) / AUTO_AGING_SLOWDOWN)
+
+
+async def test_the_scheduler_feeds_the_auto_rate_from_its_steps():
+    pool = make_pool(1, 1024)
+    async with make_scheduler(pool, _config(PrefillOrder.COST)) as sched:
+        assert sched._aging.tokens_per_s == AUTO_AGING_INITIAL
+        out = await run_one(sched, prompt_of(31, 100), 2)
+        assert sched._aging.tokens_per_s != AUTO_AGING_INITIAL
+    assert out.tokens == reference_greedy(pool, prompt_of(31, 100), 2)
 
 
 def test_config_rejects_a_bad_order_or_rate():

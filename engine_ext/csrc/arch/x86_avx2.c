@@ -254,7 +254,7 @@ static inline __attribute__((always_inline)) void gemm_block(
     int grouped_end = w->x8 ? w->n_out / ROW_GROUP * ROW_GROUP : 0;
     if (grouped_end > o1) grouped_end = o1;
     /* whole row groups */
-    gemm_x8_groups(kind, y, ldy, w, o0, grouped_end, x, n_rows, accumulate);
+    gemm_x8_groups(kind, y, ldy, w, o0, grouped_end, x, n_rows, accumulate, NULL);
     /* remaining rows in the file layout */
     int first = o0 > grouped_end ? o0 : grouped_end;
     int r0 = 0;

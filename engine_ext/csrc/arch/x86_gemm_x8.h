@@ -14,14 +14,19 @@
  *                 them (<= 30480) are summed in int16 before one widening; Q8_0 widens each run
  *                 (2 * 128 * 127 nearly fills int16).
  *   vpdpbusd      adds the four u8 x s8 products of each 32-bit lane into int32 directly.
- * Q8_0 weights are signed: both forms multiply |w| (unsigned) by a carrying w's sign.
+ * Q8_0 weights are signed: both forms multiply |w| (unsigned) by a carrying w's sign, or on VNNI
+ * with at most X8_TILE rows, w + 128 by a (KIND_Q8_0_BIASED below).
  * NOTE: so the two variants give bit-identical results; tests/engine/test_kernels.py holds
  * them to ==. What VNNI changes is the cost: per 4-element run and activation row, one
  * instruction instead of maddubs + add (Q4) or maddubs + madd + add (Q8_0). */
 #ifndef SLOTSERVE_X86_GEMM_X8_H
 #define SLOTSERVE_X86_GEMM_X8_H
 
-enum { KIND_Q8_0, KIND_Q4_0, KIND_Q4_1 };
+/* KIND_Q8_0_BIASED (VNNI only): Q8_0 with the weights biased to unsigned instead of the signs
+ * moved onto the activations: vpdpbusd(w + 128, a) = sum(w a) + 128 sum(a), and the caller's
+ * abias table (128 * the integer sum of each activation block) takes the excess off again,
+ * still in int32: the same exact isum_b, one instruction per run and row instead of two. */
+enum { KIND_Q8_0, KIND_Q4_0, KIND_Q4_1, KIND_Q8_0_BIASED };
 
 /* 4 activation bytes broadcast to every 32-bit lane */
 static inline __m256i x8_bcast4(const int8_t *a) {
@@ -34,7 +39,7 @@ static inline __m256i x8_bcast4(const int8_t *a) {
  * written to y[r][o .. o+8). */
 static inline __attribute__((always_inline)) void gemm_x8_tile(
     int kind, const int R, float *y, int ldy, const void *group, int o, const act_rows *x, int r0,
-    int accumulate) {
+    int accumulate, const int32_t *abias) {
     const int k = x->k, nb = k / QK;
     const __m256i low4 = _mm256_set1_epi8(15);
 #if !X8_VNNI
@@ -54,6 +59,23 @@ static inline __attribute__((always_inline)) void gemm_x8_tile(
         __m256i isum[X8_TILE], isum2[X8_TILE];
         for (int r = 0; r < R; r++) isum[r] = isum2[r] = _mm256_setzero_si256();
         const uint16_t *dp;
+#if X8_VNNI
+        if (kind == KIND_Q8_0_BIASED) {
+            const block_q8_0x8 *blk = (const block_q8_0x8 *)group + b;
+            dp = blk->d;
+            const __m256i bias = _mm256_set1_epi8((char)0x80);
+            for (int j = 0; j < QK / 4; j++) {
+                __m256i wu = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk->qs + 32 * j)), bias);
+                for (int r = 0; r < R; r++) {
+                    __m256i a = x8_bcast4(aq[r] + b * QK + 4 * j);
+                    if (j & 1) isum2[r] = _mm256_dpbusd_epi32(isum2[r], wu, a);
+                    else isum[r] = _mm256_dpbusd_epi32(isum[r], wu, a);
+                }
+            }
+            for (int r = 0; r < R; r++)
+                isum[r] = _mm256_sub_epi32(_mm256_add_epi32(isum[r], isum2[r]), _mm256_set1_epi32(abias[(size_t)r * nb + b]));
+        } else
+#endif
         if (kind == KIND_Q8_0) {
             const block_q8_0x8 *blk = (const block_q8_0x8 *)group + b;
             dp = blk->d;
@@ -115,7 +137,7 @@ static inline __attribute__((always_inline)) void gemm_x8_tile(
         for (int r = 0; r < R; r++)
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d8, _mm256_set1_ps(ad[r][b])), acc[r]);
     }
-    if (kind != KIND_Q8_0) {
+    if (kind != KIND_Q8_0 && kind != KIND_Q8_0_BIASED) {
         for (int b = 0; b < nb; b++) {
             __m256 c8;
             if (kind == KIND_Q4_0)
@@ -136,17 +158,20 @@ static inline __attribute__((always_inline)) void gemm_x8_tile(
 
 /* Weight rows [o0, o1) (whole groups of w->x8) against all n_rows activation rows: groups
  * outer (a group's blocks stay in L1 while every tile of rows passes over them), tiles of
- * X8_TILE rows inner, the last tile as wide as the rows left. */
+ * X8_TILE rows inner, the last tile as wide as the rows left. abias: [n_rows][nb] for
+ * KIND_Q8_0_BIASED, else NULL. */
 static inline __attribute__((always_inline)) void gemm_x8_groups(
     int kind, float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows,
-    int accumulate) {
+    int accumulate, const int32_t *abias) {
+    const int nb = w->n_in / QK;
     const size_t group_bytes = x8_bytes(w->type, w->n_in, ROW_GROUP);
     for (int o = o0; o < o1; o += ROW_GROUP) {
         const void *group = (const char *)w->x8 + (size_t)(o / ROW_GROUP) * group_bytes;
         int r0 = 0;
-        for (; r0 + X8_TILE <= n_rows; r0 += X8_TILE) gemm_x8_tile(kind, X8_TILE, y, ldy, group, o, x, r0, accumulate);
+        for (; r0 + X8_TILE <= n_rows; r0 += X8_TILE)
+            gemm_x8_tile(kind, X8_TILE, y, ldy, group, o, x, r0, accumulate, abias ? abias + (size_t)r0 * nb : NULL);
         switch (n_rows - r0) {
-#define X8_REST(n) case n: gemm_x8_tile(kind, n, y, ldy, group, o, x, r0, accumulate); break;
+#define X8_REST(n) case n: gemm_x8_tile(kind, n, y, ldy, group, o, x, r0, accumulate, abias ? abias + (size_t)r0 * nb : NULL); break;
         X8_REST(1) X8_REST(2) X8_REST(3)
 #if X8_TILE > 4
         X8_REST(4) X8_REST(5) X8_REST(6) X8_REST(7)

@@ -5,7 +5,9 @@
  * Design: the row groups run x86_gemm_x8.h's body with X8_VNNI 1, so results are bit-identical
  * to the avx2 variant (same exact integer sums, same float operations per row); rows outside
  * whole groups go to the AVX2 kernel itself. AVX-512VL gives 32 vector registers, so a call
- * takes up to 8 activation rows (a decode step of 8 slots) in one pass over each weight block.
+ * takes up to 8 activation rows (a decode step of 8 slots) in one pass over each weight block;
+ * Q8_0 calls of that size run on biased weights (x86_gemm_x8.h KIND_Q8_0_BIASED), one
+ * vpdpbusd per run and row, after summing each activation block once per call.
  * Compiled for these extensions by pragma, as x86_avx2.c is for AVX2; dispatch.c hands these
  * functions out only when cpuid reports AVX512F, AVX512VL, AVX512BW and AVX512-VNNI too.
  */
@@ -27,7 +29,21 @@ static inline __attribute__((always_inline)) void gemm_vnni(int kind, gemm_fn av
                                                             int n_rows, int accumulate) {
     int grouped_end = w->x8 ? w->n_out / ROW_GROUP * ROW_GROUP : 0;
     if (grouped_end > o1) grouped_end = o1;
-    gemm_x8_groups(kind, y, ldy, w, o0, grouped_end, x, n_rows, accumulate);
+    if (kind == KIND_Q8_0 && n_rows <= X8_TILE && grouped_end > o0) {
+        /* a decode step's few rows: 128 * each activation block's integer sum, once per call */
+        const int nb = w->n_in / QK;
+        int32_t abias[X8_TILE * MAX_ROW_LEN / QK];
+        for (int r = 0; r < n_rows; r++)
+            for (int b = 0; b < nb; b++) {
+                const int8_t *a = x->qs + (size_t)r * w->n_in + (size_t)b * QK;
+                int sum = 0;
+                for (int i = 0; i < QK; i++) sum += a[i];
+                abias[r * nb + b] = 128 * sum;
+            }
+        gemm_x8_groups(KIND_Q8_0_BIASED, y, ldy, w, o0, grouped_end, x, n_rows, accumulate, abias);
+    } else {
+        gemm_x8_groups(kind, y, ldy, w, o0, grouped_end, x, n_rows, accumulate, NULL);
+    }
     const int first = o0 > grouped_end ? o0 : grouped_end;
     if (first < o1) avx2(y, ldy, w, first, o1, x, n_rows, accumulate); /* no whole group left there */
 }

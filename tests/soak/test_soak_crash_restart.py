@@ -196,14 +196,10 @@ def test_kill_9_during_checkpoint_writes_then_restart_warm_equals_cold(
     assert sources[damaged_prompt] != "checkpoint_disk"
     assert any(sources[i] == "checkpoint_disk" for i in set(owner.values()) - {damaged_prompt})
     assert m['slotserve_checkpoints_total{event="drop",rule="unknown",tier="disk"}'] >= 1
-    # the damaged file its request matched (the system-prompt hint, a prefix of its prompt) was
-    # removed, or written again whole by that request's own capture
-    hint = [
-        p
-        for p in damaged
-        if common_prefix_len(file_tokens_of[p], ids[damaged_prompt]) == len(file_tokens_of[p])
-    ]
-    assert hint
-    for path in hint:
-        if path.exists():
-            check_file(path)
+    # the damaged file its request matched (the longest common prefix with its prompt: the
+    # system-prompt hint, or a longer file that starts with it, since a file replaces the files
+    # that are prefixes of it) was removed, or written again whole by that request's own capture
+    matched = max(damaged, key=lambda p: common_prefix_len(file_tokens_of[p], ids[damaged_prompt]))
+    assert common_prefix_len(file_tokens_of[matched], ids[damaged_prompt]) >= 100  # the system turn
+    if matched.exists():
+        check_file(matched)

@@ -9,7 +9,9 @@ Order of operations: penalties -> logit_bias -> grammar mask -> (logprobs) -> gr
 (temperature 0) or temperature -> top-k -> softmax -> min-p -> top-p -> draw.
 
 A request without logit_bias, grammar or logprobs pays nothing for them: each is one `if` per
-token. With a grammar (`params.grammar`), the Sampler owns the sequence's TokenConstraint: the
+token. A plain greedy request (temperature 0 and none of those, nor penalties) takes the argmax
+of the row as the engine wrote it: no float64 working copy (the same id: widening float32 to
+float64 is exact, and argmax keeps the first of equal values either way). With a grammar (`params.grammar`), the Sampler owns the sequence's TokenConstraint: the
 disallowed ids are set to -inf before anything else picks, and the sampled token is fed back.
 """
 
@@ -77,9 +79,19 @@ class Sampler:
             self._bias = None
         self.constraint: TokenConstraint | None = params.grammar.start() if params.grammar else None
         self.last_logprob: TokenLogprob | None = None
+        # greedy with nothing to adjust or report: `sample` is one argmax over the row
+        self.is_plain_greedy = (
+            params.temperature == 0
+            and self._counts is None
+            and self._bias is None
+            and self.constraint is None
+            and params.logprobs is None
+        )
 
     def sample(self, logits: np.ndarray) -> int:
         """Pick a token from float32 [n_vocab] `logits` and record it."""
+        if self.is_plain_greedy:
+            return int(logits.argmax())
         p = self.params
         x = np.array(logits, dtype=np.float64)  # [V] working copy
         if self._counts is not None:

@@ -11,6 +11,10 @@ boundary, which is at most one prefill segment away. The slot mirror (`SlotTable
 as pool operations are planned; the plan executes them in the same order, and a failure
 resynchronises the mirror from the pool.
 
+Between two engine steps the loop does only what the next plan needs (sample, stop checks,
+events, schedule); the step's stats go to the sink after the next step was handed to the
+worker, while the engine computes (`_pending_steps`).
+
 Admission walks the queue by priority, then by prefill order (`prefill_order.py`: least prompt
 left to prefill first, aged by waiting time, or FIFO), and the step's prefill budget goes to
 running prefills in the same order: each request is routed (`policy.route`) against every
@@ -133,6 +137,7 @@ class Scheduler:
         self._task: asyncio.Task[None] | None = None
         self._worker = EngineWorker()
         self._aging = AgingRate(config.prefill_aging_tokens_per_s)  # fed by _apply
+        self._pending_steps: list[StepStats] = []  # applied steps whose stats the sink has not had
         self._admission = Admission(
             config,
             caps=self._caps,
@@ -335,9 +340,12 @@ class Scheduler:
                     now = self._clock()
                     plan = self._schedule(now)
                     if plan is not None:
-                        result = await self._worker.run(execute_plan, self._pool, plan)
+                        step = self._worker.submit(execute_plan, self._pool, plan)
+                        self._flush_step_stats()  # while the engine computes
+                        result = await step
                         self._apply(plan, result, self._clock())
                         continue
+                self._flush_step_stats()
                 if self._closing and not self._queue and not self._running:
                     return
                 try:
@@ -469,9 +477,8 @@ class Scheduler:
             return
         num_prefill = sum(len(it.tokens) for it, seq in ran if seq.phase is Phase.PREFILL)
         num_tokens = sum(len(it.tokens) for it, _ in ran)
-        self._sink_call(
-            self._sink.on_step,
-            StepStats(result.forward_s, num_tokens, num_prefill, num_tokens - num_prefill, len(ran)),
+        self._pending_steps.append(
+            StepStats(result.forward_s, num_tokens, num_prefill, num_tokens - num_prefill, len(ran))
         )
         if result.forward_error is not None:
             self._apply_forward_error(ran, result.forward_error, now)
@@ -562,6 +569,13 @@ class Scheduler:
         self._changed.set()
 
     # -- stats helpers ---------------------------------------------------------------------
+    def _flush_step_stats(self) -> None:
+        """Hand the applied steps' stats to the sink, oldest first."""
+        if self._pending_steps:
+            steps, self._pending_steps = self._pending_steps, []
+            for st in steps:
+                self._sink_call(self._sink.on_step, st)
+
     def _sink_call(self, fn: Callable[..., None], *args: object) -> None:
         try:
             fn(*args)

@@ -25,6 +25,20 @@ def test_greedy_is_argmax_and_top_k_1_is_greedy_at_any_temperature():
     assert set(draws(SamplingParams(temperature=2.0, top_k=1, seed=3), row, 50)) == {int(np.argmax(row))}
 
 
+def test_plain_greedy_takes_the_float32_argmax_fast_path_and_picks_what_the_full_path_picks():
+    plain = Sampler(SamplingParams(temperature=0), V)
+    full = Sampler(SamplingParams(temperature=0, logit_bias=((0, 0.0),)), V)  # a zero bias: full path
+    assert plain.is_plain_greedy and not full.is_plain_greedy
+    for extra in (dict(logprobs=0), dict(presence_penalty=0.5), dict(temperature=0.7)):
+        assert not Sampler(SamplingParams(**{"temperature": 0, **extra}), V).is_plain_greedy
+    rng = np.random.default_rng(7)
+    for seed in range(200):
+        row = logits(seed)
+        if seed % 2:  # ties: both must keep the first of the equal best ids
+            row[rng.integers(0, V, 3)] = row.max()
+        assert plain.sample(row) == full.sample(row) == int(np.argmax(row.astype(np.float64)))
+
+
 @pytest.mark.parametrize("min_p", [0.0, 0.1])
 def test_a_tiny_temperature_is_greedy_not_an_overflow(min_p):
     # logits / 1e-320 overflow to inf; the draw must still be the argmax (and never raise)

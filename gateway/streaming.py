@@ -16,6 +16,11 @@ Non-streaming requests use `collect`, the same race between the events and the d
 
 A request with n choices is n scheduler requests held by one `ChoiceGroup`: its events arrive
 tagged with the choice index, and a cancel cancels every choice.
+
+A stream writes in batches: each time its task runs, the chunks of every event that has queued
+up (`ChoiceGroup.batches`) go out as one `http.response.body` message, so a stream that fell
+behind the engine (a busy loop, a slow client) catches up with one write instead of one per
+token. Each SSE event inside a write is framed as before; a client sees the same events.
 """
 
 from __future__ import annotations
@@ -99,6 +104,33 @@ class ChoiceGroup:
                 if isinstance(event, FinishEvent):
                     left -= 1
                 yield i, event
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def batches(self) -> AsyncIterator[list[tuple[int, TokenEvent | FinishEvent]]]:
+        """The events of iterating the group, as lists: the next event plus every event already
+        queued behind it (each choice's in order), until every choice has finished."""
+        if len(self.handles) == 1:
+            async for batch in self.handles[0].batches():
+                yield [(0, event) for event in batch]
+            return
+        queue: asyncio.Queue[tuple[int, TokenEvent | FinishEvent]] = asyncio.Queue()
+
+        async def pump(i: int, handle: HandleAPI) -> None:
+            async for batch in handle.batches():
+                for event in batch:
+                    queue.put_nowait((i, event))
+
+        tasks = [asyncio.ensure_future(pump(i, h)) for i, h in enumerate(self.handles)]
+        try:
+            left = len(self.handles)
+            while left:
+                out = [await queue.get()]
+                while not queue.empty():
+                    out.append(queue.get_nowait())
+                left -= sum(isinstance(e, FinishEvent) for _, e in out)
+                yield out
         finally:
             for t in tasks:
                 t.cancel()
@@ -204,7 +236,8 @@ class StreamFormat:
 
 class EventStream:
     """The SSE body of one request: opening chunks, one chunk per non-empty text delta, the
-    closing chunks, the format's terminator (`data: [DONE]`).
+    closing chunks, the format's terminator (`data: [DONE]`). Each item it yields is the chunks
+    of one batch of events (module docstring) joined; the last one carries the terminator.
 
     If the consumer stops early (client gone, task cancelled), the generator's `finally:` cancels
     the request and awaits the acknowledgement. `aclose()` also covers a body that was never
@@ -223,23 +256,27 @@ class EventStream:
 
     async def _events(self) -> AsyncGenerator[bytes, None]:
         self.is_started = True
+        fmt = self.fmt
         try:
-            for chunk in self.fmt.opening():
-                yield chunk
+            opening = fmt.opening()
+            if opening:
+                yield b"".join(opening)
             num_finished = 0
-            async for i, event in self.handle:
-                if isinstance(event, TokenEvent):
-                    for chunk in self.fmt.on_token(i, event):
-                        yield chunk
-                else:
-                    num_finished += 1
-                    self.is_finished = num_finished == len(self.handle)
-                    for chunk in self.fmt.on_finish(i, event):
-                        yield chunk
-            for chunk in self.fmt.ending():
-                yield chunk
-            if self.fmt.terminator:
-                yield self.fmt.terminator
+            async for batch in self.handle.batches():
+                out: list[bytes] = []
+                for i, event in batch:
+                    if isinstance(event, TokenEvent):
+                        out += fmt.on_token(i, event)
+                    else:
+                        num_finished += 1
+                        out += fmt.on_finish(i, event)
+                if num_finished == len(self.handle):
+                    self.is_finished = True
+                    out += fmt.ending()
+                    if fmt.terminator:
+                        out.append(fmt.terminator)
+                if out:
+                    yield b"".join(out)
         finally:
             if not self.is_finished:
                 await cancel_quietly(self.handle)

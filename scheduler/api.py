@@ -19,6 +19,10 @@ class HandleAPI(Protocol):
 
     def __aiter__(self) -> AsyncIterator[TokenEvent | FinishEvent]: ...
 
+    def batches(self) -> AsyncIterator[list[TokenEvent | FinishEvent]]:
+        """The same events as lists: the next one and every one already queued behind it."""
+        ...
+
     async def cancel(self) -> bool: ...
 
 

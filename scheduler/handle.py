@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 
 
 class RequestHandle:
-    """`async for ev in handle` yields TokenEvents then exactly one FinishEvent.
+    """`async for ev in handle` yields TokenEvents then exactly one FinishEvent; `batches()`
+    yields the same events as lists (what has queued up behind the next one).
 
     `await handle.cancel()` is idempotent: it returns True once the request is finished as
     cancelled (after the scheduler acknowledged it and released its slot), False if it had
@@ -41,6 +42,19 @@ class RequestHandle:
             ev = await self._seq.events.get()
             yield ev
             if isinstance(ev, FinishEvent):
+                return
+
+    async def batches(self) -> AsyncIterator[list[TokenEvent | FinishEvent]]:
+        """The events of iterating the handle, as lists: each is the next event plus every event
+        already queued behind it, so a consumer that fell behind catches up in one go. The last
+        list ends with the FinishEvent. Use either this or iteration, not both."""
+        events = self._seq.events
+        while True:
+            batch = [await events.get()]
+            while not isinstance(batch[-1], FinishEvent) and not events.empty():
+                batch.append(events.get_nowait())
+            yield batch
+            if isinstance(batch[-1], FinishEvent):
                 return
 
     async def cancel(self) -> bool:

@@ -279,6 +279,10 @@ class ScriptedHandle:
         reuse = ReuseInfo(ReuseSource.REWIND if r.reused else ReuseSource.NONE, r.reused, n - r.reused, 0)
         yield FinishEvent(r.reason, "", n, len(r.texts), reuse, r.error, {}, r.stop_sequence)
 
+    async def batches(self) -> AsyncIterator[list[TokenEvent | FinishEvent]]:
+        async for event in self._events():  # one at a time: a consumer that keeps up
+            yield [event]
+
     async def cancel(self) -> bool:
         self.num_cancels += 1
         return False

@@ -69,6 +69,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="where --synthetic files are written and reused (default: $TMPDIR/slotserve-synthetic)",
     )
     parser.add_argument(
+        "--step-ms",
+        action="store_true",
+        help="also print milliseconds per decode step of 1, 2, 4 and 8 slots (pool.forward alone)",
+    )
+    parser.add_argument(
         "--swa-full",
         action="store_true",
         help="sliding-window layers keep every row instead of a ring (more KV memory)",
@@ -175,6 +180,38 @@ def decode_rate(
     return len(slots) * steps / (inside if forward_only else time.perf_counter() - t)
 
 
+STEP_CONTEXT = 16  # tokens each slot holds before its timed steps (--step-ms)
+STEP_COUNT = 24  # timed steps per round (--step-ms)
+STEP_ROUNDS = 3  # rounds; the best round's median counts (--step-ms)
+
+
+def step_ms(pool: Any, n_vocab: int, batch_sizes: tuple[int, ...], rng: Any) -> dict[int, float]:
+    """Milliseconds per decode step of n slots (n in batch_sizes, each at most pool.num_slots),
+    timed around pool.forward alone: every slot prefilled with STEP_CONTEXT random tokens, then
+    STEP_COUNT steps of one random token each; the median step, best of STEP_ROUNDS rounds
+    (rounds alternate the sizes, so a busy moment on a shared machine hits one round, not one
+    size). Side effect: truncates and refills slots 0 .. max(batch_sizes) - 1."""
+    import numpy as np
+
+    best: dict[int, float] = {}
+    for _ in range(STEP_ROUNDS):
+        for n in batch_sizes:
+            for s in range(n):
+                pool.truncate(s, 0)
+                pool.forward([(s, rng.integers(0, n_vocab, STEP_CONTEXT).astype(np.int32), 0, False)])
+            times = []
+            for i in range(STEP_COUNT):
+                batch = [
+                    (s, rng.integers(0, n_vocab, 1).astype(np.int32), STEP_CONTEXT + i, True)
+                    for s in range(n)
+                ]
+                t = time.perf_counter()
+                pool.forward(batch)
+                times.append(time.perf_counter() - t)
+            best[n] = min(best.get(n, float("inf")), statistics.median(times) * 1e3)
+    return best
+
+
 def measure(
     pool: Any,
     n_vocab: int,
@@ -233,6 +270,7 @@ def measure_numpy(reference_factory: Any, n_vocab: int) -> dict[str, float]:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    import numpy as np
     from slotserve.engine_ext import SlotPool
     from slotserve.engine_ext.loader import read_model
     from slotserve.engine_ext.model_cache import resolve_model
@@ -306,7 +344,13 @@ def run(args: argparse.Namespace) -> int:
             sizes.depth,
             batch_sizes,
         )
-        info["results"][f"threads={t}"] = {k: round(v, 1) for k, v in figures.items()}
+        result: dict[str, Any] = {k: round(v, 1) for k, v in figures.items()}
+        info["results"][f"threads={t}"] = result
+        ms: dict[int, float] = {}
+        if args.step_ms:
+            sizes_ms = tuple(n for n in (1, 2, 4, 8) if n <= max(batch_sizes))
+            ms = step_ms(pool, model.config.n_vocab, sizes_ms, np.random.default_rng(1))
+            result["step_ms"] = {str(n): round(v, 2) for n, v in ms.items()}
         del pool
         if not args.json:
             one = figures[f"tg{sizes.decode_steps}"]
@@ -318,6 +362,11 @@ def run(args: argparse.Namespace) -> int:
                 + "  ".join(f"{k} {v:.1f}" for k, v in figures.items())
                 + f"  tokens/s  ({ratios})"
             )
+            if ms:
+                print(
+                    f"threads {t}: ms/step "
+                    + "  ".join(f"{n} slots {v:.2f} ({n * ms[1] / v:.2f}x)" for n, v in ms.items())
+                )
     if ref_factory is not None:
         info["numpy"] = {k: round(v, 2) for k, v in measure_numpy(ref_factory, model.config.n_vocab).items()}
         if not args.json:

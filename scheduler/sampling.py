@@ -87,6 +87,9 @@ class Sampler:
             and self.constraint is None
             and params.logprobs is None
         )
+        # the scheduler may call `sample` on the engine worker thread (step.py): everything but
+        # a grammar, whose TokenConstraint is driven from the event loop's thread
+        self.can_sample_off_loop = self.constraint is None
 
     def sample(self, logits: np.ndarray) -> int:
         """Pick a token from float32 [n_vocab] `logits` and record it."""

@@ -441,7 +441,8 @@ class Scheduler:
 
     def _add_item(self, plan: StepPlan, seq: Sequence, toks: np.ndarray, want_logits: bool) -> None:
         slot = _held_slot(seq)
-        plan.add_item(BatchItem(slot, toks, self._slots.lens[slot], want_logits), seq)
+        sampler = seq.sampler if want_logits and seq.sampler.can_sample_off_loop else None
+        plan.add_item(BatchItem(slot, toks, self._slots.lens[slot], want_logits), seq, sampler)
         self._slots.append(slot, toks)
 
     # -- applying results ------------------------------------------------------------------
@@ -485,7 +486,7 @@ class Scheduler:
             return
         self._aging.observe(num_prefill, result.forward_s)
         assert result.logits is not None  # the forward ran without error
-        rows = iter(result.logits)
+        k = 0  # logits row (and pick) of the next want_logits item
         for it, seq in ran:
             n = len(it.tokens)
             if seq.phase is Phase.PREFILL:
@@ -494,10 +495,11 @@ class Scheduler:
                 seq.prefill_s += result.forward_s
                 if it.want_logits:
                     seq.phase = Phase.DECODE
-                    self._on_logits(seq, next(rows), now)
+                    self._on_logits(seq, result, k, now)
             else:
                 seq.pending_token = None
-                self._on_logits(seq, next(rows), now)
+                self._on_logits(seq, result, k, now)
+            k += it.want_logits
 
     def _apply_forward_error(
         self, ran: list[tuple[BatchItem, Sequence]], err: BaseException, now: float
@@ -511,8 +513,14 @@ class Scheduler:
             if tainted or isinstance(err, ValueError) or seq.num_errors >= _MAX_STEP_ERRORS:
                 self._finish(seq, FinishReason.ERROR, now, error=f"engine error: {err}")
 
-    def _on_logits(self, seq: Sequence, row: np.ndarray, now: float) -> None:
-        tok = seq.sampler.sample(row)
+    def _on_logits(self, seq: Sequence, result: StepResult, k: int, now: float) -> None:
+        """Take the token of logits row k: picked on the worker (step.py), else sampled here."""
+        pick = result.picks[k]
+        if pick is None:
+            assert result.logits is not None
+            tok, lp = seq.sampler.sample(result.logits[k]), seq.sampler.last_logprob
+        else:
+            tok, lp = pick
         seq.num_generated += 1
         if seq.first_token_at is None:
             seq.first_token_at = now
@@ -524,7 +532,6 @@ class Scheduler:
             self._finish(seq, FinishReason.STOP, now)
             return
         text = seq.detok.push(tok)
-        lp = seq.sampler.last_logprob
         seq.events.put_nowait(TokenEvent((tok,), text, (lp,) if lp is not None else ()))
         if seq.detok.stopped:
             self._finish(seq, FinishReason.STOP, now)

@@ -1,14 +1,21 @@
 """One engine step as plain data, and the function that runs it on the engine worker thread.
 
-Design: the event loop builds a `StepPlan` (captures, slot preparations, one forward batch),
-hands it to the worker, and applies the returned `StepResult`. Each plan entry carries what the
-loop needs back (the request it serves, the routing decision, the tokens and rule of a
-capture); the worker reads only the pool operation in it. `execute_plan` is the only code
-that calls the pool, in this order:
+Design: the event loop builds a `StepPlan` (trims, captures, slot preparations, one forward
+batch), hands it to the worker, and applies the returned `StepResult`. Each plan entry carries
+what the loop needs back (the request it serves, the routing decision, the tokens and rule of a
+capture); the worker reads only the pool operation in it, and the item's sampler if it has one.
+`execute_plan` (and `chain.py`, which builds further decode plans on the worker) is the only
+code that calls the pool, in this order:
 
-    captures (snapshot slots about to be overwritten, or that reached a capture point)
+    trims (cut slots back to what their ended requests really hold: chain.py's extra rows)
+      -> captures (snapshot slots about to be overwritten, or that reached a capture point)
       -> prepares (truncate / copy_prefix / restore / clear, one per newly routed request)
       -> forward (decode tokens + prefill segments; items of a failed prepare are dropped)
+      -> picks (the next token of every item with a sampler, sampled here on the worker)
+
+A request's Sampler is used by one thread at a time: the worker while a step of a plan that
+carries it runs, the loop only between steps (and never for a sampler it handed to a plan:
+`Sampler.can_sample_off_loop`, i.e. no grammar, whose state the loop owns).
 
 After a failure it reads back the affected slots' records so the loop can resynchronise its
 mirror of them; after every step it reads back each slot's `min_truncate_len` (a ring's reach
@@ -17,6 +24,7 @@ moves as it fills). It never raises (except on a bug in this module).
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -25,7 +33,20 @@ import numpy as np
 from .checkpoint_store import CaptureRule
 from .interface import BatchItem, SlotPool
 from .policy import RouteAction, RouteDecision
+from .request import TokenLogprob
+from .sampling import Sampler
 from .sequence import Sequence
+
+log = logging.getLogger("slotserve.scheduler")
+
+# a token picked on the worker, with its logprobs when the request asked for them
+Pick = tuple[int, TokenLogprob | None]
+
+
+@dataclass(slots=True)
+class Trim:
+    slot: int
+    num_tokens: int  # rows the slot keeps (an ended request's rows; see chain.py)
 
 
 @dataclass(slots=True)
@@ -60,17 +81,22 @@ class PlannedItem:
     batch: BatchItem
     owner: Sequence  # the request whose tokens these are
     prepare: int | None  # index of the prepare it depends on (dropped if that fails), or None
+    sampler: Sampler | None = None  # want_logits items: pick the next token on the worker with it
 
 
 @dataclass(slots=True)
 class StepPlan:
+    trims: list[Trim] = field(default_factory=list)
     captures: list[Capture] = field(default_factory=list)
     prepares: list[PlannedPrepare] = field(default_factory=list)
     items: list[PlannedItem] = field(default_factory=list)
+    # True: built on the worker by a decode chain (chain.py); its items are not in the loop's
+    # slot mirror yet (the loop appends them when it applies the step)
+    chained: bool = False
     _prepare_of: dict[int, int] = field(default_factory=dict)  # id(owner) -> index in prepares
 
     def is_empty(self) -> bool:
-        return not (self.captures or self.prepares or self.items)
+        return not (self.trims or self.captures or self.prepares or self.items)
 
     def add_prepare(self, op: Prepare, owner: Sequence, decision: RouteDecision) -> None:
         self._prepare_of[id(owner)] = len(self.prepares)
@@ -81,9 +107,10 @@ class StepPlan:
         a request whose slot is being prepared cannot be preempted out of it)."""
         return id(owner) in self._prepare_of
 
-    def add_item(self, batch: BatchItem, owner: Sequence) -> None:
-        """Feed `batch` for `owner`, after its slot's prepare if it has one in this step."""
-        self.items.append(PlannedItem(batch, owner, self._prepare_of.get(id(owner))))
+    def add_item(self, batch: BatchItem, owner: Sequence, sampler: Sampler | None = None) -> None:
+        """Feed `batch` for `owner`, after its slot's prepare if it has one in this step; with
+        `sampler` (and want_logits), the worker picks the item's next token."""
+        self.items.append(PlannedItem(batch, owner, self._prepare_of.get(id(owner)), sampler))
 
 
 @dataclass(slots=True)
@@ -92,6 +119,7 @@ class StepResult:
     prepare_errors: dict[int, Exception]  # prepare index -> error (slot left as the pool says)
     ran_items: list[bool]  # parallel to plan.items: False if dropped after a failed prepare
     logits: np.ndarray | None  # float32 [k, n_vocab], rows of want_logits items that ran
+    picks: list[Pick | None]  # [k] parallel to logits rows: the token picked on the worker, or None
     forward_error: BaseException | None
     resync: dict[int, np.ndarray]  # slot -> its record as the pool holds it after a failure
     forward_s: float
@@ -109,6 +137,13 @@ def _rewind_after_failure(pool: SlotPool, item: BatchItem) -> None:
 
 def execute_plan(pool: SlotPool, plan: StepPlan) -> StepResult:
     """Run `plan` against `pool`. Must be called on the engine worker thread only."""
+    trim_failed: set[int] = set()
+    for t in plan.trims:
+        try:
+            pool.truncate(t.slot, t.num_tokens)
+        except Exception as exc:  # noqa: BLE001 - the slot keeps its extra rows (still exact)
+            trim_failed.add(t.slot)
+            log.warning("cutting slot %d back to %d rows failed: %s", t.slot, t.num_tokens, exc)
     snapshots: list[bytes | BaseException] = []
     for c in plan.captures:
         try:
@@ -149,12 +184,20 @@ def execute_plan(pool: SlotPool, plan: StepPlan) -> StepResult:
             for it in items:
                 _rewind_after_failure(pool, it)
         forward_s = time.perf_counter() - t0
+    picks: list[Pick | None] = []
+    if logits is not None:
+        k = 0
+        for e, ok in zip(plan.items, ran):
+            if ok and e.batch.want_logits:
+                s = e.sampler
+                picks.append(None if s is None else (s.sample(logits[k]), s.last_logprob))
+                k += 1
     resync: dict[int, np.ndarray] = {}
-    if prepare_errors or forward_error is not None:
-        touched = {plan.prepares[i].op.dest for i in prepare_errors}
+    if prepare_errors or forward_error is not None or trim_failed:
+        touched = {plan.prepares[i].op.dest for i in prepare_errors} | trim_failed
         if forward_error is not None:
             touched.update(it.slot for it in items)
         for slot in touched:
             resync[slot] = np.array(pool.record(slot), dtype=np.int32)
     floors = [pool.min_truncate_len(s) for s in range(pool.num_slots)]
-    return StepResult(snapshots, prepare_errors, ran, logits, forward_error, resync, forward_s, floors)
+    return StepResult(snapshots, prepare_errors, ran, logits, picks, forward_error, resync, forward_s, floors)

@@ -5,6 +5,9 @@ Environment (as transformers' apply_chat_template): ImmutableSandboxedEnvironmen
 trim_blocks, lstrip_blocks and loop controls; globals `raise_exception(msg)` and
 `strftime_now(fmt)`; a `tojson` filter that keeps non-ASCII characters; render variables
 `messages`, `tools`, `add_generation_prompt`, `bos_token`, `eos_token`.
+
+A GGUF without a template gets a built-in one when its architecture or vocabulary says which
+(chat_builtin.py: Gemma's turns, ChatML); `ChatTemplate.origin` records where a template came from.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import jinja2
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from .chat_builtin import choose_builtin
 from .gguf_file import ModelFile
 
 
@@ -56,7 +60,7 @@ def _environment() -> jinja2.Environment:
 class ChatTemplate:
     """A compiled chat template. Thread-safe: rendering keeps no state."""
 
-    def __init__(self, template: str, bos_token: str, eos_token: str) -> None:
+    def __init__(self, template: str, bos_token: str, eos_token: str, *, origin: str = "custom") -> None:
         try:
             self._template = _environment().from_string(template)
         except jinja2.TemplateSyntaxError as exc:
@@ -64,6 +68,7 @@ class ChatTemplate:
         self.source = template
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self.origin = origin  # where the source came from, for the start-up line
 
     def render(
         self,
@@ -112,18 +117,27 @@ class ChatTemplate:
         return prefix if prefix and full.startswith(prefix) else None
 
 
-def chat_template_for(mf: ModelFile) -> ChatTemplate | None:
-    """The model's chat template from `tokenizer.chat_template`, or None if it has none.
-    bos/eos tokens are the texts of the tokenizer's bos/eos ids."""
-    source = mf.metadata.get("tokenizer.chat_template")
-    if not isinstance(source, str) or not source:
-        return None
+def chat_template_for(mf: ModelFile, *, builtin: bool = True) -> ChatTemplate | None:
+    """The model's chat template from `tokenizer.chat_template`; if the file has none, the
+    built-in one its architecture or vocabulary calls for (chat_builtin.py; unless not
+    `builtin`), else None. bos/eos tokens are the texts of the tokenizer's bos/eos ids.
+    `origin` says which: "gguf" or "built-in NAME (REASON)"."""
     pieces = cast("list[str]", mf.metadata.get("tokenizer.ggml.tokens") or [])
+    source = mf.metadata.get("tokenizer.chat_template")
+    origin = "gguf"
+    if not isinstance(source, str) or not source:
+        choice = choose_builtin(mf.config.arch, pieces) if builtin else None
+        if choice is None:
+            return None
+        source, origin = choice.source, f"built-in {choice.name} ({choice.reason}; the GGUF has none)"
 
     def piece(key: str) -> str:
         i = mf.metadata.get(key)
         return pieces[i] if isinstance(i, int) and 0 <= i < len(pieces) else ""
 
     return ChatTemplate(
-        source, bos_token=piece("tokenizer.ggml.bos_token_id"), eos_token=piece("tokenizer.ggml.eos_token_id")
+        source,
+        bos_token=piece("tokenizer.ggml.bos_token_id"),
+        eos_token=piece("tokenizer.ggml.eos_token_id"),
+        origin=origin,
     )

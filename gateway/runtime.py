@@ -226,6 +226,8 @@ def build_runtime(config: ServeConfig, model: OpenedModel, *, stats_sink: StatsS
     chat = model.bundle.chat
     if config.chat_template is not None:
         chat = load_chat_template(config.chat_template, tok)
+    elif chat is not None and chat.origin != "gguf":
+        log.info("chat template: %s; --chat-template FILE replaces it", chat.origin)
     return Runtime(
         scheduler=sched,
         tokenizer=tok,
@@ -260,7 +262,9 @@ def load_chat_template(path: str, tok: Tokenizer) -> ChatTemplate:
         return tok.token_bytes[i].decode("utf-8", errors="replace") if i is not None else ""
 
     try:
-        return ChatTemplate(source, bos_token=piece(tok.bos_id), eos_token=piece(tok.eos_id))
+        return ChatTemplate(
+            source, bos_token=piece(tok.bos_id), eos_token=piece(tok.eos_id), origin=f"--chat-template {path}"
+        )
     except ValueError as exc:
         raise ValueError(f"--chat-template {path}: {exc}") from None
 

@@ -179,17 +179,21 @@ def check_tls_files(config: ServeConfig) -> None:
 
 def summary_line(runtime: Runtime, config: ServeConfig) -> str:
     """The one line printed at start: model, slots, context per slot, KV memory, the checkpoint
-    budget and how it was chosen, kernels, URL."""
+    budget and how it was chosen, kernels, chat template (the GGUF's, a built-in one, a file,
+    none), URL."""
     kv_mib = runtime.kv_bytes / (1024 * 1024)
     reuse = "off (--no-reuse)" if config.no_reuse else "on"
     window = runtime.kv_window
     ring = f" (sliding window {window} kept in rings)" if window is not None else ""
     budget = runtime.checkpoint_budget
     checkpoints = f" | {budget.describe()}" if budget is not None else ""
+    chat = (
+        "none (chat requests get 400)" if runtime.chat is None else getattr(runtime.chat, "origin", "custom")
+    )
     return (
         f"slotserve: model {runtime.model_name} ({runtime.model_path}) | {runtime.num_slots} slots x "
         f"{runtime.ctx_len} tokens | KV {kv_mib:.1f} MiB{ring}{checkpoints} | kernels "
-        f"{runtime.kernel_variant} | reuse {reuse} | {config.url}"
+        f"{runtime.kernel_variant} | reuse {reuse} | chat template {chat} | {config.url}"
     )
 
 

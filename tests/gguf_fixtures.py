@@ -186,6 +186,8 @@ def write_tiny_llama(
     head_dim: int | None = None,
     sliding_window: int = 0,
     rope_freqs: bool = False,
+    chat_template: str | None = CHATML_TEMPLATE,
+    extra_tokens: tuple[str, ...] = (),
 ) -> Path:
     """Write a random tiny model to `path` and return the path.
 
@@ -198,7 +200,8 @@ def write_tiny_llama(
     llama's tensors under that architecture's metadata prefix (for the wrong-architecture
     fixture). head_dim: written as attention.key_length/value_length when given (default
     dim / n_heads). sliding_window: gemma3's attention.sliding_window. rope_freqs: add llama
-    3.1's rope_freqs.weight.
+    3.1's rope_freqs.weight. chat_template: written as tokenizer.chat_template (None: no key).
+    extra_tokens: CONTROL tokens appended after the merges (e.g. Gemma's turn tokens).
     """
     if weight_type not in WEIGHT_TYPES + MORE_WEIGHT_TYPES + K_TYPES and weight_type not in WEIGHT_MIXES:
         raise ValueError(
@@ -208,6 +211,8 @@ def write_tiny_llama(
     path = Path(path)
     rng = np.random.default_rng(seed)
     tokens, token_types, merges = tiny_vocab()
+    tokens += extra_tokens
+    token_types += [int(TokenType.CONTROL)] * len(extra_tokens)
     n_vocab = len(tokens)
     if head_dim is None:
         head_dim = dim // n_heads
@@ -255,7 +260,8 @@ def write_tiny_llama(
     w.add_unk_token_id(0)
     w.add_add_bos_token(False)
     w.add_add_space_prefix(False)
-    w.add_chat_template(CHATML_TEMPLATE)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
 
     def add_weight(name: str, rows: int, cols: int, scale: float) -> None:
         # numpy [rows=n_out, cols=n_in] -> GGUF shape (n_in, n_out)

@@ -121,14 +121,17 @@ def test_gemma3_streams_through_the_incremental_detokenizer(gemma_tok):
 
 
 @pytest.mark.real_model
-def test_gemma3_file_has_no_chat_template(gemma3_metadata):
-    # The pretrained (base) model ships without tokenizer.chat_template: chat requests get a
-    # clear 400 ("this model has no chat template") and completions work.
-    class File:
-        metadata = gemma3_metadata
+def test_gemma3_file_has_no_chat_template(gemma3_model_path, gemma3_metadata):
+    # The pretrained (base) model ships without tokenizer.chat_template: it gets the built-in
+    # Gemma template (engine_ext/chat_builtin.py), chosen by its architecture.
+    from slotserve.engine_ext.gguf_file import load_model_file
 
     assert "tokenizer.chat_template" not in gemma3_metadata
-    assert chat_template_for(File()) is None
+    mf = load_model_file(gemma3_model_path)
+    assert chat_template_for(mf, builtin=False) is None
+    chat = chat_template_for(mf)
+    assert chat is not None and chat.origin.startswith("built-in gemma (architecture gemma3")
+    assert (chat.bos_token, chat.eos_token) == ("<bos>", "<eos>")
 
 
 # ---- small vocabularies built here ---------------------------------------------------------

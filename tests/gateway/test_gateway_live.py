@@ -242,6 +242,34 @@ def test_openai_client_against_the_tiny_model(tiny_model_path: Path) -> None:
     run_model_checks(tiny_model_path, max_tokens=16)
 
 
+def test_openai_client_against_a_tiny_gemma3_without_a_template(arch_model_factory: Any) -> None:
+    # No tokenizer.chat_template: the built-in Gemma turns (engine_ext/chat_builtin.py), whose
+    # turn tokens are single control tokens of this vocabulary; second-turn reuse, warm == cold.
+    path = arch_model_factory("gemma3", chat_template=None, extra_tokens=("<start_of_turn>", "<end_of_turn>"))
+    run_model_checks(path, max_tokens=16)
+    with live_model_server(path) as server:
+        client = client_for(server)
+        model = client.models.list().data[0].id
+        rendered = httpx.post(
+            server.url + "/v1/chat/completions/render", json={"model": model, "messages": TURN1}, timeout=60
+        ).json()
+        start, end = 299, 300  # the two extra tokens, after the tiny vocabulary's 299
+        assert rendered["prompt"] == (
+            "<|im_start|><start_of_turn>user\nYou are a helpful assistant.\n\nWhat is the capital of France?"
+            "<end_of_turn>\n<start_of_turn>model\n"
+        )
+        ids = rendered["prompt_token_ids"]
+        assert ids[:2] == [1, start] and ids.count(start) == 2 and ids.count(end) == 1
+        assert ids.index(end) < len(ids) - 1 - ids[::-1].index(
+            start
+        )  # the user turn ends, then the model's opens
+        # <end_of_turn> ends a reply (the model emits it first when biased to)
+        forced = client.chat.completions.create(
+            model=model, messages=TURN1, max_tokens=16, temperature=0, logit_bias={str(end): 100}
+        )
+        assert (forced.choices[0].finish_reason, forced.choices[0].message.content) == ("stop", "")
+
+
 @pytest.mark.real_model
 def test_openai_client_against_the_real_model(real_model_path: Path) -> None:
     run_model_checks(real_model_path, max_tokens=12)
@@ -278,5 +306,5 @@ def test_serve_process_exits_0_on_sigterm(tiny_model_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
-    for part in ("2 slots", "256 tokens", "KV", "kernels", f"http://127.0.0.1:{port}"):
+    for part in ("2 slots", "256 tokens", "KV", "kernels", "chat template gguf", f"http://127.0.0.1:{port}"):
         assert part in summary, summary

@@ -33,6 +33,7 @@ from .checkpoint_store import (
     RestoredFloor,
     no_floor,
     tokens_key,
+    usable_len,
 )
 from .config import SchedulerConfig
 from .disk_store import DiskCheckpointStore
@@ -126,23 +127,26 @@ class CheckpointPolicy:
     # -- routing side ----------------------------------------------------------------------
     def matches(self, prompt: np.ndarray, staged: tuple[np.ndarray, bytes] | None) -> list[CheckpointMatch]:
         """Best candidate of each tier for `prompt`. A disk checkpoint already loaded for this
-        request (`staged`) stands in for the disk tier, under its disk key."""
+        request (`staged`) stands in for the disk tier, under its disk key. A candidate that
+        supplies fewer than min_checkpoint_tokens tokens is left out: prefilling that few costs
+        less than restoring a snapshot (the stores find any shared prefix, down to a BOS token
+        every prompt starts with)."""
         if not self.enabled:
             return []
-        out = []
-        m = self.memory.find(prompt)
-        if m is not None:
-            out.append(m)
+        found: list[CheckpointMatch | None] = [self.memory.find(prompt)]
         if staged is not None:
             tokens, _ = staged
             c = common_prefix_len(prompt, tokens)
             n = len(tokens)
-            out.append(CheckpointMatch(CheckpointTier.DISK, tokens_key(tokens), n, c, self._floor(n)))
+            found.append(CheckpointMatch(CheckpointTier.DISK, tokens_key(tokens), n, c, self._floor(n)))
         elif self.disk is not None:
-            d = self.disk.find(prompt, self._floor)
-            if d is not None:
-                out.append(d)
-        return out
+            found.append(self.disk.find(prompt, self._floor))
+        L, least = int(prompt.shape[0]), self._config.min_checkpoint_tokens
+        return [
+            m
+            for m in found
+            if m is not None and usable_len(m.common, m.num_tokens, L, m.min_truncate_len) >= least
+        ]
 
     def record_routed(
         self, prompt: np.ndarray, hint: int | None, d: RouteDecision

@@ -1,8 +1,10 @@
 """In-memory checkpoint store: KV snapshots keyed by their exact token prefix.
 
 Design: an entry is (tokens, snapshot bytes, capture rule). Its key is a digest of the tokens,
-but a digest is only a lookup aid: `find` narrows candidates by a hash of their first HEAD_TOKENS
-tokens, then compares the actual tokens (vectorised) to get the common prefix. The store keeps a
+but a digest is only a lookup aid: a PrefixIndex (prefix_index.py) keeps the entries in token
+order, so `find` compares the actual tokens (vectorised) of the entries next to the prompt's
+place in that order, best first, and stops once the rest cannot share more: any entry that
+shares a prefix with the prompt is found, however short the prefix or the prompt. The store keeps a
 byte budget; eviction takes the lowest rule class first (prompt-end captures go before hinted
 ones), least recently used within a class. An insert only displaces entries of its own class or
 lower, so a flood of prompt-end captures never pushes out a system-prompt checkpoint.
@@ -24,14 +26,12 @@ import enum
 import hashlib
 import itertools
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from .policy import CheckpointMatch, CheckpointTier
-from .prefix import common_prefix_len
-
-HEAD_TOKENS = 32  # candidates must share this many leading tokens (or the whole short entry)
+from .prefix_index import PrefixIndex
 
 # n -> shortest length a slot restored from a snapshot of n tokens can be cut back to
 # (the pool's `restored_min_truncate_len`; 0 for full KV)
@@ -91,12 +91,6 @@ def tokens_key(tokens: np.ndarray) -> str:
     return hashlib.blake2b(t.tobytes(), digest_size=16).hexdigest() + f"-{t.shape[0]}"
 
 
-def head_hash(tokens: np.ndarray) -> tuple[int, bytes]:
-    """(head length, digest of the first HEAD_TOKENS tokens): the lookup aid of both tiers."""
-    head = np.ascontiguousarray(tokens[:HEAD_TOKENS], dtype=np.int32)
-    return head.shape[0], hashlib.blake2b(head.tobytes(), digest_size=8).digest()
-
-
 @dataclass(slots=True)
 class CheckpointEntry:
     key: str
@@ -105,7 +99,6 @@ class CheckpointEntry:
     rule: CaptureRule
     num_bytes: int
     last_used: int = 0  # store clock tick of the last insert/use
-    head: tuple[int, bytes] = field(default=(0, b""))
 
     @property
     def num_tokens(self) -> int:
@@ -135,8 +128,7 @@ class MemoryCheckpointStore:
         self._floor = restored_floor
         self.bytes_used = 0
         self._entries: dict[str, CheckpointEntry] = {}
-        self._by_head: dict[tuple[int, bytes], set[str]] = {}
-        self._head_lens: dict[int, int] = {}  # head length -> entries using it
+        self._index = PrefixIndex()  # the entries' tokens, for prefix lookups
         self._clock = itertools.count(1)
 
     def __len__(self) -> int:
@@ -160,19 +152,19 @@ class MemoryCheckpointStore:
     def find(self, prompt: np.ndarray) -> CheckpointMatch | None:
         """The entry that supplies the most prompt tokens (`usable_len`: with a ring, an entry
         longer than the common prefix may be unable to be cut back to it); ties: the shorter
-        entry. None if no entry supplies any."""
+        entry. None if no entry supplies any. Looks at the entries in order of their common
+        prefix with the prompt, longest first, and stops where that falls below the best's
+        usable length (with full KV: after the best and its ties)."""
         best: tuple[int, int, str, int] | None = None
         L = int(prompt.shape[0])
-        for hl in self._head_lens:
-            if hl > L:
-                continue
-            for key in self._by_head.get(head_hash(prompt[:hl]), ()):
-                e = self._entries[key]
-                c = common_prefix_len(prompt, e.tokens)
-                u = usable_len(c, e.num_tokens, L, self._floor(e.num_tokens))
-                cand = (u, -e.num_tokens, key, c)
-                if best is None or cand[:2] > best[:2]:
-                    best = cand
+        for key, c in self._index.sharing(prompt):
+            if c == 0 or (best is not None and c < best[0]):
+                break  # the rest share fewer tokens than the best supplies
+            e = self._entries[key]
+            u = usable_len(c, e.num_tokens, L, self._floor(e.num_tokens))
+            cand = (u, -e.num_tokens, key, c)
+            if best is None or cand[:2] > best[:2]:
+                best = cand
         if best is None or best[0] == 0:
             return None
         e = self._entries[best[2]]
@@ -182,12 +174,7 @@ class MemoryCheckpointStore:
     def covering(self, tokens: np.ndarray) -> CheckpointEntry | None:
         """An entry that holds `tokens` first and that a restored slot can be cut back to them
         from (the exact entry, or a longer one within the ring's reach); None if none does."""
-        n = int(tokens.shape[0])
-        if n >= HEAD_TOKENS:
-            keys: Iterable[str] = self._by_head.get(head_hash(tokens), ())
-        else:
-            keys = self._entries  # short: entries' heads are longer than `tokens`
-        for key in keys:
+        for key in self._index.starting_with(tokens):
             e = self._entries[key]
             if covers(e.tokens, self._floor(e.num_tokens), tokens):
                 return e
@@ -231,12 +218,9 @@ class MemoryCheckpointStore:
         length it can be cut back to)."""
         out: set[str] = set()
         for rec, floor in live:
-            for hl in self._head_lens:
-                if hl > rec.shape[0]:
-                    continue
-                for key in self._by_head.get(head_hash(rec[:hl]), ()):
-                    if key not in out and covers(rec, floor, self._entries[key].tokens):
-                        out.add(key)
+            for key in self._index.prefixes_of(rec):
+                if key not in out and covers(rec, floor, self._entries[key].tokens):
+                    out.add(key)
         return out
 
     def insert(
@@ -279,10 +263,9 @@ class MemoryCheckpointStore:
                 key=lambda e: (e.key not in shadowed, e.rule.keep_class, e.last_used),
             )
             evicted.append(self._remove(victim.key))
-        e = CheckpointEntry(key, tokens, data, rule, num_bytes, next(self._clock), head_hash(tokens))
+        e = CheckpointEntry(key, tokens, data, rule, num_bytes, next(self._clock))
         self._entries[key] = e
-        self._by_head.setdefault(e.head, set()).add(key)
-        self._head_lens[e.head[0]] = self._head_lens.get(e.head[0], 0) + 1
+        self._index.add(key, tokens)
         self.bytes_used += num_bytes
         return Inserted(stored=True, evicted=evicted, superseded=superseded)
 
@@ -292,13 +275,10 @@ class MemoryCheckpointStore:
         out: list[CheckpointEntry] = []
         n = int(tokens.shape[0])
         floor = self._floor(n)
-        for hl in self._head_lens:
-            if hl > n:
-                continue
-            for key in self._by_head.get(head_hash(tokens[:hl]), ()):
-                e = self._entries[key]
-                if e.num_tokens < n and floor <= e.num_tokens and covers(tokens, floor, e.tokens):
-                    out.append(e)
+        for key in self._index.prefixes_of(tokens):
+            e = self._entries[key]
+            if e.num_tokens < n and floor <= e.num_tokens:
+                out.append(e)
         return out
 
     def remove(self, key: str) -> CheckpointEntry | None:
@@ -306,13 +286,7 @@ class MemoryCheckpointStore:
 
     def _remove(self, key: str) -> CheckpointEntry:
         e = self._entries.pop(key)
-        keys = self._by_head[e.head]
-        keys.discard(key)
-        if not keys:
-            del self._by_head[e.head]
-        self._head_lens[e.head[0]] -= 1
-        if self._head_lens[e.head[0]] == 0:
-            del self._head_lens[e.head[0]]
+        self._index.remove(key)
         self.bytes_used -= e.num_bytes
         return e
 
@@ -321,6 +295,6 @@ class MemoryCheckpointStore:
         assert self.bytes_used <= self.budget_bytes
         for key, e in self._entries.items():
             assert key == e.key == tokens_key(e.tokens)
-            assert key in self._by_head[e.head]
-        assert sum(len(v) for v in self._by_head.values()) == len(self._entries)
-        assert sum(self._head_lens.values()) == len(self._entries)
+            assert key in self._index
+        assert len(self._index) == len(self._entries)
+        self._index.check_integrity()

@@ -13,7 +13,8 @@ not the data) is rebuilt by that thread after a restart by reading each file's h
 within the space budget uses the files' mtimes, refreshed on every load. Like the memory tier,
 the files hold distinct rows: a write that a file already holds (exactly, or as the start of a
 longer file a restored slot can be cut back from) is skipped, and a written file replaces the
-files that are prefixes of it. A file with a bad
+files that are prefixes of it. Lookups go through a PrefixIndex (prefix_index.py), as in the
+memory tier: any file sharing a prefix with a prompt is found. A file with a bad
 header, another fingerprint or a bad checksum is removed and never handed to the pool. An
 unwritable or full directory logs one warning and serving goes on without the disk tier's help.
 
@@ -48,9 +49,9 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from .checkpoint_store import HEAD_TOKENS, RestoredFloor, covers, head_hash, no_floor, tokens_key, usable_len
+from .checkpoint_store import RestoredFloor, covers, no_floor, tokens_key, usable_len
 from .policy import CheckpointMatch, CheckpointTier
-from .prefix import common_prefix_len
+from .prefix_index import PrefixIndex
 
 log = logging.getLogger("slotserve.scheduler.disk")
 
@@ -76,7 +77,6 @@ class DiskEntry:
     rule: str
     num_bytes: int  # file size
     last_used: float  # mtime
-    head: tuple[int, bytes]
 
 
 def _read_header(f: BinaryIO, fp_digest: bytes) -> tuple[np.ndarray, str, int, bytes]:
@@ -143,7 +143,7 @@ class DiskCheckpointStore:
         self._foreign: list[ForeignFile] = []  # oldest first; owned by the IO thread
         self.on_event: EventCallback | None = None
         self._entries: dict[str, DiskEntry] = {}
-        self._by_head: dict[tuple[int, bytes], set[str]] = {}
+        self._index = PrefixIndex()  # the entries' tokens, for prefix lookups
         self._lock = threading.Lock()  # guards the index; held briefly, never during IO
         self._jobs: queue.SimpleQueue[tuple[Any, ...] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -228,9 +228,7 @@ class DiskCheckpointStore:
             except (CorruptCheckpoint, OSError) as exc:
                 self._drop(path, exc)
                 continue
-            self._index_add(
-                DiskEntry(tokens_key(tokens), path, tokens, rule, st.st_size, st.st_mtime, head_hash(tokens))
-            )
+            self._index_add(DiskEntry(tokens_key(tokens), path, tokens, rule, st.st_size, st.st_mtime))
         for tmp in self.dir.glob(".*.tmp"):
             tmp.unlink(missing_ok=True)
         self._scan_foreign()
@@ -299,9 +297,8 @@ class DiskCheckpointStore:
             old = self._entries.pop(e.key, None)
             if old is not None:
                 self.bytes_used -= old.num_bytes
-                self._by_head[old.head].discard(old.key)
             self._entries[e.key] = e
-            self._by_head.setdefault(e.head, set()).add(e.key)
+            self._index.add(e.key, e.tokens)
             self.bytes_used += e.num_bytes
 
     def _index_remove(self, key: str) -> DiskEntry | None:
@@ -309,10 +306,7 @@ class DiskCheckpointStore:
             e = self._entries.pop(key, None)
             if e is not None:
                 self.bytes_used -= e.num_bytes
-                keys = self._by_head[e.head]
-                keys.discard(key)
-                if not keys:
-                    del self._by_head[e.head]
+                self._index.remove(key)
             return e
 
     def _drop(self, path: Path, why: Exception) -> None:
@@ -330,23 +324,19 @@ class DiskCheckpointStore:
     def find(self, prompt: np.ndarray, restored_floor: RestoredFloor = no_floor) -> CheckpointMatch | None:
         """The indexed file that supplies the most prompt tokens (`usable_len` under the pool's
         `restored_floor`; ties: the shorter file); None before the index is built or if none
-        supplies any. Cheap: head-hash lookup, then a token comparison per candidate."""
-        with self._lock:
-            heads = {h[0] for h in self._by_head}
-            cands = [
-                self._entries[k]
-                for hl in heads
-                if hl <= prompt.shape[0]
-                for k in self._by_head.get(head_hash(prompt[:hl]), ())
-            ]
+        supplies any. Cheap: the files in order of their common prefix with the prompt, longest
+        first, until that falls below the best's usable length (MemoryCheckpointStore.find)."""
         best: tuple[int, int, DiskEntry, int] | None = None
         L = int(prompt.shape[0])
-        for e in cands:
-            c = common_prefix_len(prompt, e.tokens)
-            n = int(e.tokens.shape[0])
-            u = usable_len(c, n, L, restored_floor(n))
-            if best is None or (u, -n) > best[:2]:
-                best = (u, -n, e, c)
+        with self._lock:
+            for key, c in self._index.sharing(prompt):
+                if c == 0 or (best is not None and c < best[0]):
+                    break
+                e = self._entries[key]
+                n = int(e.tokens.shape[0])
+                u = usable_len(c, n, L, restored_floor(n))
+                if best is None or (u, -n) > best[:2]:
+                    best = (u, -n, e, c)
         if best is None or best[0] == 0:
             return None
         e, n = best[2], int(best[2].tokens.shape[0])
@@ -414,7 +404,7 @@ class DiskCheckpointStore:
             self._warn_once("cannot write KV checkpoints to %s (%s)", self.dir, exc)
             return
         self._warned = False
-        self._index_add(DiskEntry(key, path, tokens, rule, size, time.time(), head_hash(tokens)))
+        self._index_add(DiskEntry(key, path, tokens, rule, size, time.time()))
         self._emit("capture", rule, size, int(tokens.shape[0]))
         for old in self._covered_by(tokens):  # the new file holds their rows
             if self._index_remove(old.key) is not None:
@@ -423,12 +413,8 @@ class DiskCheckpointStore:
 
     def _covering(self, tokens: np.ndarray) -> bool:
         """Whether an indexed file holds `tokens` first and can be cut back to them."""
-        n = int(tokens.shape[0])
         with self._lock:
-            if n >= HEAD_TOKENS:
-                cands = [self._entries[k] for k in self._by_head.get(head_hash(tokens), ())]
-            else:
-                cands = list(self._entries.values())
+            cands = [self._entries[k] for k in self._index.starting_with(tokens)]
         return any(covers(e.tokens, self._floor(int(e.tokens.shape[0])), tokens) for e in cands)
 
     def _covered_by(self, tokens: np.ndarray) -> list[DiskEntry]:
@@ -437,8 +423,7 @@ class DiskCheckpointStore:
         n = int(tokens.shape[0])
         floor = self._floor(n)
         with self._lock:
-            heads = {h[0] for h in self._by_head if h[0] <= n}
-            cands = [self._entries[k] for hl in heads for k in self._by_head.get(head_hash(tokens[:hl]), ())]
+            cands = [self._entries[k] for k in self._index.prefixes_of(tokens)]
         return [e for e in cands if e.tokens.shape[0] < n and covers(tokens, floor, e.tokens)]
 
     def _make_room(self, size: int) -> None:

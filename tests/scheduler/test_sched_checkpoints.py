@@ -236,3 +236,45 @@ def test_disk_ring_files_are_not_replaced_by_longer_ones_past_the_window(tmp_pat
     d.flush()
     assert len(d) == 3 and len(list(tmp_path.rglob("*.kvc"))) == 3
     d.close()
+
+
+async def test_a_checkpoint_sharing_fewer_than_32_tokens_is_restored():
+    """One slot: conversation A is evicted to a checkpoint by B; C shares A's first 20 tokens
+    only (a system prompt shorter than the stores' old 32-token lookup head) and restores them
+    from that checkpoint; its tokens equal a cold run's."""
+    from sched_support import cold_tokens, make_config, make_pool, make_scheduler, prompt_of, run_one
+    from slotserve.scheduler.request import ReuseSource
+
+    system = prompt_of(1, 20)
+    a, b, c = system + prompt_of(2, 80), prompt_of(3, 100), system + prompt_of(4, 50)
+    pool = make_pool(1, 512)
+    async with make_scheduler(pool, make_config(checkpoint_memory_mb=4)) as sched:
+        await run_one(sched, a, 4)
+        await run_one(sched, b, 4)  # overwrites A's slot: A's record goes to a checkpoint
+        before = pool.num_computed_tokens
+        out = await run_one(sched, c, 4)
+        await sched.check_integrity()
+    r = out.finish.reuse
+    assert (r.source, r.reused_tokens, r.prefilled_tokens) == (ReuseSource.CHECKPOINT_MEMORY, 20, 50)
+    assert pool.num_restores == 1 and pool.num_computed_tokens - before == 50 + 3
+    assert out.tokens == await cold_tokens(c, 4)
+
+
+async def test_a_checkpoint_supplying_fewer_than_min_checkpoint_tokens_is_not_restored():
+    """The stores find a checkpoint sharing any prefix, even one token; routing is handed only
+    those that supply min_checkpoint_tokens (8 here): below that a restore costs more than the
+    prefill it saves."""
+    from sched_support import make_config, make_pool, make_scheduler, prompt_of, run_one
+    from slotserve.scheduler.request import ReuseSource
+
+    header = prompt_of(1, 7)
+    a, b, c = header + prompt_of(2, 80), prompt_of(3, 100), header + prompt_of(4, 50)
+    pool = make_pool(1, 512)
+    async with make_scheduler(pool, make_config(checkpoint_memory_mb=4)) as sched:
+        await run_one(sched, a, 4)
+        await run_one(sched, b, 4)
+        assert sched._ckpt.memory.find(np.asarray(c, np.int32)).common == 7  # found ...
+        out = await run_one(sched, c, 4)  # ... but not restored
+        await sched.check_integrity()
+    assert (out.finish.reuse.source, out.finish.reuse.reused_tokens) == (ReuseSource.NONE, 0)
+    assert pool.num_restores == 0

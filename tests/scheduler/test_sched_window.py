@@ -28,7 +28,6 @@ from sched_support import (
     reference_greedy,
     run_one,
 )
-from slotserve.scheduler.checkpoint_store import HEAD_TOKENS
 from slotserve.scheduler.fake_engine import FakeSlotPool
 from slotserve.scheduler.interface import BatchItem
 from slotserve.scheduler.prefill_order import PrefillOrder
@@ -312,9 +311,10 @@ async def test_an_evicted_conversation_is_restored_from_disk_after_a_restart(tmp
 # ---------------------------------------------------------------- properties
 
 
-def expected_reuse(pool: FakeSlotPool, record, floor: int, checkpoints, prompt) -> int:
+def expected_reuse(pool: FakeSlotPool, record, floor: int, checkpoints, prompt, least: int) -> int:
     """Brute force over the sources a one-slot windowed scheduler has for `prompt`: the live
-    slot (cut back to `floor` at the shortest) and checkpoints of first-prompt prefixes."""
+    slot (cut back to `floor` at the shortest) and checkpoints of first-prompt prefixes that
+    supply at least `least` (min_checkpoint_tokens) tokens."""
     L = len(prompt)
     best = 0
     c = common_prefix_len(np.asarray(prompt, np.int32), np.asarray(record, np.int32))
@@ -323,10 +323,8 @@ def expected_reuse(pool: FakeSlotPool, record, floor: int, checkpoints, prompt) 
         best = u
     for toks in checkpoints:
         c = common_prefix_len(np.asarray(prompt, np.int32), np.asarray(toks, np.int32))
-        if c < min(HEAD_TOKENS, len(toks)):
-            continue  # the stores look checkpoints up by their first tokens
         u = min(c, L - 1)
-        if u >= len(toks) or u >= pool.restored_min_truncate_len(len(toks)):
+        if u >= least and (u >= len(toks) or u >= pool.restored_min_truncate_len(len(toks))):
             best = max(best, u)
     return best
 
@@ -362,7 +360,7 @@ def test_routing_around_the_ring_reuses_what_the_oracle_says_and_stays_exact(
         return pool, a, b, record, floor, stored, pool.num_computed_tokens - before
 
     pool, a, b, record, floor, stored, computed = asyncio.run(run())
-    want = expected_reuse(pool, record, floor, stored, second)
+    want = expected_reuse(pool, record, floor, stored, second, ring_config().min_checkpoint_tokens)
     assert b.finish.reuse.reused_tokens == want
     assert computed == len(second) - want + 3
     assert a.tokens == reference_greedy(pool, first, 4)

@@ -1,0 +1,103 @@
+"""PrefixIndex (scheduler/prefix_index.py): its three queries against brute force on random
+token sets, and the checkpoint stores finding entries that share fewer than 32 tokens (the old
+head-hash lookup's blind spot) with a prompt, or a prompt shorter than that."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from slotserve.scheduler import checkpoint_store as ck
+from slotserve.scheduler.checkpoint_store import CaptureRule, MemoryCheckpointStore
+from slotserve.scheduler.disk_store import DiskCheckpointStore
+from slotserve.scheduler.prefix import common_prefix_len
+from slotserve.scheduler.prefix_index import PrefixIndex
+
+# Small alphabets and lengths around the 32-token head, so entries share prefixes of every length.
+seqs = st.lists(st.integers(0, 2), min_size=1, max_size=40).map(lambda x: np.asarray(x, np.int32))
+
+
+@settings(max_examples=150, deadline=None)
+@given(entries=st.lists(seqs, max_size=30), queries=st.lists(seqs, min_size=1, max_size=5), drop=st.data())
+def test_queries_equal_brute_force(entries, queries, drop):
+    index, kept = PrefixIndex(), {}
+    for t in entries:
+        key = ck.tokens_key(t)
+        if key not in kept:
+            index.add(key, t)
+            kept[key] = t
+    for key in drop.draw(st.lists(st.sampled_from(sorted(kept)), unique=True)) if kept else []:
+        assert index.remove(key)
+        del kept[key]
+    index.check_integrity()
+    for q in queries:
+        got = list(index.sharing(q))
+        commons = [c for _, c in got]
+        assert commons == sorted(commons, reverse=True)  # best first
+        assert dict(got) == {k: common_prefix_len(q, t) for k, t in kept.items()}
+        starts = {k for k, t in kept.items() if common_prefix_len(q, t) == len(q)}
+        assert set(index.starting_with(q)) == starts
+        prefixes = {k for k, t in kept.items() if len(t) <= len(q) and common_prefix_len(q, t) == len(t)}
+        assert set(index.prefixes_of(q)) == prefixes
+
+
+def toks(seed: int, n: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 1000, n).astype(np.int32)
+
+
+def short_prefix_cases() -> list[tuple[np.ndarray, np.ndarray, int]]:
+    """(checkpoint tokens, prompt, common prefix): every one shares fewer than 32 tokens."""
+    head = toks(1, 20)
+    return [
+        (np.concatenate([head, toks(2, 60)]), np.concatenate([head, toks(3, 40)]), 20),  # diverge at 20
+        (toks(4, 60), toks(4, 60)[:25], 25),  # prompt shorter than 32, a prefix of the entry
+        (head[:12], np.concatenate([head, toks(5, 30)]), 12),  # a short entry, whole prefix
+    ]
+
+
+def test_memory_store_finds_checkpoints_sharing_fewer_than_32_tokens():
+    for tokens, prompt, common in short_prefix_cases():
+        store = MemoryCheckpointStore(1 << 20)
+        store.insert(toks(9, 80), bytes(10), CaptureRule.EVICT)  # shares nothing
+        store.insert(tokens, bytes(10), CaptureRule.EVICT)
+        m = store.find(prompt)
+        assert m is not None and (m.key, m.num_tokens) == (ck.tokens_key(tokens), len(tokens))
+        assert m.common == common
+        assert store.covering(prompt[: min(common, 5)]) is not None  # short tokens: no scan needed
+        store.check_integrity()
+
+
+def test_disk_store_finds_checkpoints_sharing_fewer_than_32_tokens(tmp_path):
+    d = DiskCheckpointStore(tmp_path, 1 << 20, "fp-short")
+    d.start()
+    assert d.index_ready.wait(5)
+    cases = short_prefix_cases()
+    for i, (tokens, _, _) in enumerate(cases):
+        d.put(tokens if i != 2 else toks(8, 50), bytes(10), "evict")  # case 2's short entry: below
+    d.flush()
+    for tokens, prompt, common in cases[:2]:
+        m = d.find(prompt)
+        assert m is not None and (m.key, m.common) == (ck.tokens_key(tokens), common)
+    d.close()
+
+
+def test_find_skips_the_many_entries_that_share_only_a_header(monkeypatch):
+    """A thousand entries that share their first 4 tokens (a chat header) with the prompt, one
+    that shares 40: find compares the prompt with a handful of them, not all."""
+    header = np.asarray([7, 8, 9, 10], np.int32)
+    store = MemoryCheckpointStore(1 << 30)
+    for i in range(1000):
+        store.insert(np.concatenate([header, toks(100 + i, 30)]), bytes(1), CaptureRule.EVICT)
+    conv = np.concatenate([header, toks(1, 36)])
+    store.insert(conv, bytes(1), CaptureRule.HINT)
+    calls = []
+    real = ck.usable_len
+
+    def counting(*args):
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(ck, "usable_len", counting)
+    m = store.find(np.concatenate([conv, toks(2, 10)]))
+    assert m is not None and (m.key, m.common) == (ck.tokens_key(conv), 40)
+    assert len(calls) == 1  # the best alone: every other entry shares 4 < 40 tokens

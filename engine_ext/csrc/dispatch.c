@@ -25,11 +25,6 @@
     [GGML_TYPE_Q4_K] = dequantize_row_q4_K_avx2, [GGML_TYPE_Q5_K] = dequantize_row_q5_K_avx2,       \
     [GGML_TYPE_Q6_K] = dequantize_row_q6_K_avx2, [GGML_TYPE_BF16] = dequantize_row_bf16_avx2,       \
     [GGML_TYPE_Q2_K] = dequantize_row_q2_K_generic, [GGML_TYPE_Q3_K] = dequantize_row_q3_K_generic,
-#define K_GEMM_AVX2                                                                                \
-    [GGML_TYPE_Q5_0] = gemm_q5_0_avx2, [GGML_TYPE_Q5_1] = gemm_q5_1_avx2,                           \
-    [GGML_TYPE_Q4_K] = gemm_q4_K_avx2, [GGML_TYPE_Q5_K] = gemm_q5_K_avx2,                           \
-    [GGML_TYPE_Q6_K] = gemm_q6_K_avx2, [GGML_TYPE_BF16] = gemm_bf16_avx2,                           \
-    [GGML_TYPE_Q2_K] = gemm_q2_K_avx2, [GGML_TYPE_Q3_K] = gemm_q3_K_avx2,
 
 static const kernel_table generic_table = {
     .name = "scalar",
@@ -63,68 +58,46 @@ static const kernel_table generic_table = {
 };
 
 #if defined(__x86_64__) || defined(__i386__)
+/* What the x86 variants share: everything but the block-type matmuls, which each table names in
+ * X86_GEMMS (so a variant's list of its own kernels is the whole of its difference). */
+#define X86_COMMON                                                                                 \
+    .quantize_q8a = quantize_q8a_avx2,                                                             \
+    .dequantize_row = {                                                                            \
+        [GGML_TYPE_F32] = dequantize_row_f32_generic,                                              \
+        [GGML_TYPE_F16] = dequantize_row_f16_avx2,                                                 \
+        [GGML_TYPE_Q8_0] = dequantize_row_q8_0_avx2,                                               \
+        [GGML_TYPE_Q4_0] = dequantize_row_q4_0_avx2,                                               \
+        [GGML_TYPE_Q4_1] = dequantize_row_q4_1_avx2,                                               \
+        K_DEQUANTIZE_AVX2                                                                          \
+    },                                                                                             \
+    .attention_chunk = attention_chunk_avx2, .attention_fold = attention_fold_avx2,                \
+    .rmsnorm = rmsnorm_avx2, .rope = rope_avx2, .rope_neox = rope_neox_avx2,                       \
+    .silu_mul = silu_mul_avx2, .gelu_tanh_mul = gelu_tanh_mul_avx2, .exp = exp_avx2,               \
+    .f32_to_f16 = f32_to_f16_avx2, .f16_to_f32 = f16_to_f32_avx2
+/* The matmul table of an x86 variant: float types on AVX2, block types as given. */
+#define X86_GEMMS(q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K, q2_K, q3_K)                     \
+    {                                                                                              \
+        [GGML_TYPE_F32] = gemm_f32_avx2, [GGML_TYPE_F16] = gemm_f16_avx2,                          \
+        [GGML_TYPE_BF16] = gemm_bf16_avx2, [GGML_TYPE_Q8_0] = q8_0, [GGML_TYPE_Q4_0] = q4_0,       \
+        [GGML_TYPE_Q4_1] = q4_1, [GGML_TYPE_Q5_0] = q5_0, [GGML_TYPE_Q5_1] = q5_1,                 \
+        [GGML_TYPE_Q4_K] = q4_K, [GGML_TYPE_Q5_K] = q5_K, [GGML_TYPE_Q6_K] = q6_K,                 \
+        [GGML_TYPE_Q2_K] = q2_K, [GGML_TYPE_Q3_K] = q3_K,                                          \
+    }
+
 static const kernel_table avx2_table = {
     .name = "avx2",
-    .quantize_q8a = quantize_q8a_avx2,
-    .dequantize_row = {
-        [GGML_TYPE_F32] = dequantize_row_f32_generic,
-        [GGML_TYPE_F16] = dequantize_row_f16_avx2,
-        [GGML_TYPE_Q8_0] = dequantize_row_q8_0_avx2,
-        [GGML_TYPE_Q4_0] = dequantize_row_q4_0_avx2,
-        [GGML_TYPE_Q4_1] = dequantize_row_q4_1_avx2,
-        K_DEQUANTIZE_AVX2
-    },
-    .gemm = {
-        [GGML_TYPE_F32] = gemm_f32_avx2,
-        [GGML_TYPE_F16] = gemm_f16_avx2,
-        [GGML_TYPE_Q8_0] = gemm_q8_0_avx2,
-        [GGML_TYPE_Q4_0] = gemm_q4_0_avx2,
-        [GGML_TYPE_Q4_1] = gemm_q4_1_avx2,
-        K_GEMM_AVX2
-    },
-    .attention_chunk = attention_chunk_avx2,
-    .attention_fold = attention_fold_avx2,
-    .rmsnorm = rmsnorm_avx2,
-    .rope = rope_avx2,
-    .rope_neox = rope_neox_avx2,
-    .silu_mul = silu_mul_avx2,
-    .gelu_tanh_mul = gelu_tanh_mul_avx2,
-    .exp = exp_avx2,
-    .f32_to_f16 = f32_to_f16_avx2,
-    .f16_to_f32 = f16_to_f32_avx2,
+    X86_COMMON,
+    .gemm = X86_GEMMS(gemm_q8_0_avx2, gemm_q4_0_avx2, gemm_q4_1_avx2, gemm_q5_0_avx2, gemm_q5_1_avx2,
+                      gemm_q4_K_avx2, gemm_q5_K_avx2, gemm_q6_K_avx2, gemm_q2_K_avx2, gemm_q3_K_avx2),
 };
 
-
-/* avx2 with the Q8_0/Q4_0/Q4_1 row-group matmuls on AVX512-VNNI (arch/x86_vnni.c) */
+/* avx2 with the row-group matmuls of every block type but Q2_K and Q3_K on AVX512-VNNI
+ * (arch/x86_vnni.c) */
 static const kernel_table avx512vnni_table = {
     .name = "avx512vnni",
-    .quantize_q8a = quantize_q8a_avx2,
-    .dequantize_row = {
-        [GGML_TYPE_F32] = dequantize_row_f32_generic,
-        [GGML_TYPE_F16] = dequantize_row_f16_avx2,
-        [GGML_TYPE_Q8_0] = dequantize_row_q8_0_avx2,
-        [GGML_TYPE_Q4_0] = dequantize_row_q4_0_avx2,
-        [GGML_TYPE_Q4_1] = dequantize_row_q4_1_avx2,
-        K_DEQUANTIZE_AVX2
-    },
-    .gemm = {
-        [GGML_TYPE_F32] = gemm_f32_avx2,
-        [GGML_TYPE_F16] = gemm_f16_avx2,
-        [GGML_TYPE_Q8_0] = gemm_q8_0_vnni,
-        [GGML_TYPE_Q4_0] = gemm_q4_0_vnni,
-        [GGML_TYPE_Q4_1] = gemm_q4_1_vnni,
-        K_GEMM_AVX2
-    },
-    .attention_chunk = attention_chunk_avx2,
-    .attention_fold = attention_fold_avx2,
-    .rmsnorm = rmsnorm_avx2,
-    .rope = rope_avx2,
-    .rope_neox = rope_neox_avx2,
-    .silu_mul = silu_mul_avx2,
-    .gelu_tanh_mul = gelu_tanh_mul_avx2,
-    .exp = exp_avx2,
-    .f32_to_f16 = f32_to_f16_avx2,
-    .f16_to_f32 = f16_to_f32_avx2,
+    X86_COMMON,
+    .gemm = X86_GEMMS(gemm_q8_0_vnni, gemm_q4_0_vnni, gemm_q4_1_vnni, gemm_q5_0_vnni, gemm_q5_1_vnni,
+                      gemm_q4_K_vnni, gemm_q5_K_vnni, gemm_q6_K_vnni, gemm_q2_K_avx2, gemm_q3_K_avx2),
 };
 #endif
 

@@ -183,7 +183,8 @@ struct kernel_table {
 
 /* dispatch.c: the table called `name` ("generic"/"scalar", "avx2", "avx512vnni") or, for
  * NULL/"auto", the best the CPU supports. NULL if unknown or not supported by this CPU.
- * avx512vnni is the avx2 table with the Q8_0/Q4_0/Q4_1 matmuls on VNNI (bit-identical results). */
+ * avx512vnni is the avx2 table with the block-type matmuls but Q2_K/Q3_K on VNNI (bit-identical
+ * results). */
 const kernel_table *kernels_select(const char *name);
 int kernels_avx2_supported(void);
 int kernels_avx512vnni_supported(void);

@@ -1,6 +1,7 @@
 /* More weight types: 5-bit blocks (Q5_0, Q5_1), K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), BF16.
  * Included by kernels.h (which defines the type ids, act_rows and gemm_weight); the kernels live
- * in quant_k.c (portable) and arch/x86_avx2_k.c (AVX2).
+ * in quant_k.c (portable), arch/x86_avx2_k.c (AVX2) and arch/x86_vnni.c (AVX512-VNNI), the
+ * latter two on arch/x86_gemm_k.h's one body.
  *
  * Design: every block weight type multiplies the 8-bit activation blocks of 32 (act_rows) with
  * an integer dot product per block of 32. The K-quants' super-blocks of 256 hold sub-blocks of
@@ -133,6 +134,12 @@ void gemm_q5_K_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, con
 void gemm_q6_K_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
 void gemm_q2_K_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
 void gemm_q3_K_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+/* AVX512-VNNI matmuls (arch/x86_vnni.c); only called when the CPU has AVX512F/VL/BW/VNNI. */
+void gemm_q5_0_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q5_1_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q4_K_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q5_K_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
+void gemm_q6_K_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
 void gemm_bf16_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
 void gemm_q5_0_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
 void gemm_q5_1_generic(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);

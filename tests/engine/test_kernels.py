@@ -14,6 +14,7 @@ import pytest
 from engine_support import make_pool, random_tokens
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
+from gguf_fixtures import K_DIMS, WEIGHT_MIXES
 from kernel_support import assert_close, assert_gemm_rows_independent, dequantized_activations
 from slotserve.engine_ext import _engine
 
@@ -473,11 +474,12 @@ def test_forward_scalar_env_matches_avx2(tiny_model_factory):
 
 
 @needs_vnni
-@pytest.mark.parametrize("weight_type", ["Q4_1", "Q4_0", "Q8_0"])
+@pytest.mark.parametrize("weight_type", ["Q4_1", "Q4_0", "Q8_0", "K_MIX", "Q4_K_M"])
 def test_forward_vnni_identical_to_avx2(tiny_model_factory, weight_type):
     """A whole forward on avx512vnni equals avx2's bit for bit (prefill, then a decode step of 8
-    slots), so the two share a fingerprint and a snapshot of one restores into the other."""
-    path = tiny_model_factory(weight_type)
+    slots), so the two share a fingerprint and a snapshot of one restores into the other. K_MIX
+    holds every block type; Q4_K_M is llama-quantize's mix."""
+    path = tiny_model_factory(weight_type, **(K_DIMS if weight_type in WEIGHT_MIXES else {}))
     pools = {v: make_pool(path, 8, 64, kernels=v) for v in ("avx2", "avx512vnni")}
     assert pools["avx512vnni"].kernel_variant == "avx512vnni"
     assert pools["avx2"].fingerprint == pools["avx512vnni"].fingerprint

@@ -22,8 +22,15 @@ SUM_RTOL = 2e-6
 # Row decoding: the same products as gguf's dequantizers, in float32.
 DEQUANT_RTOL = 1e-6
 
-VARIANTS = ["scalar"] + (["avx2"] if _engine.avx2_supported() else [])
+VARIANTS = (
+    ["scalar"]
+    + (["avx2"] if _engine.avx2_supported() else [])
+    + (["avx512vnni"] if _engine.avx512vnni_supported() else [])
+)
 needs_avx2 = pytest.mark.skipif(not _engine.avx2_supported(), reason="this CPU has no AVX2/FMA/F16C")
+needs_vnni = pytest.mark.skipif(not _engine.avx512vnni_supported(), reason="this CPU has no AVX512-VNNI")
+# The types whose matmuls the avx512vnni variant runs on vpdpbusd (Q2_K, Q3_K stay on AVX2).
+VNNI_TYPES = ("Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 
 
 def rng(seed: int) -> np.random.Generator:
@@ -119,6 +126,36 @@ def test_gemm_avx2_matches_generic(type_name, n_rows):
             assert_close(
                 got, want, scale, SUM_RTOL, f"avx2 vs generic {type_name} {n_out}x{k} grouped={grouped}"
             )
+
+
+@needs_vnni
+@pytest.mark.parametrize("type_name", VNNI_TYPES)
+def test_gemm_vnni_identical_to_avx2(type_name):
+    """avx512vnni (x86_gemm_k.h's vpdpbusd tiles) gives the avx2 variant's results bit for bit:
+    every tile width 1..9 rows and 17 (two tiles of 8 and a rest), row groups and the rows past
+    them, weights without row groups, an output sub-range with accumulate, activation blocks at
+    the int8 range's ends; Q6_K also on rows long enough that its activation sums take two
+    passes (40 rows of 8192)."""
+    avx2, vnni = _engine.KernelTable("avx2"), _engine.KernelTable("avx512vnni")
+    t = type_id(type_name)
+    cases = [(n_out, k, n_rows) for n_out, k in shapes(type_name) for n_rows in (*range(1, 10), 17)]
+    if type_name == "Q6_K":
+        cases.append((19, 256 * 32, 40))
+    for n_out, k, n_rows in cases:
+        raw, _ = weight(type_name, n_out, k, seed=n_out + n_rows)
+        x = rng(n_rows).standard_normal((n_rows, k)).astype(np.float32)
+        x[0, :32] = 127.0  # a block of +127s, then one of -127s: the largest integer sums
+        x[-1, 32:64] = -127.0
+        q = avx2.quantize_q8a(x)
+        for grouped in (True, False):
+            want = avx2.gemm(t, raw, n_out, x, quantized=q, grouped=grouped)
+            got = vnni.gemm(t, raw, n_out, x, quantized=q, grouped=grouped)
+            what = f"{type_name} {n_out}x{k}, {n_rows} rows, grouped={grouped}"
+            assert np.array_equal(got, want), f"{what}: largest difference {np.abs(got - want).max()}"
+        base = rng(1).standard_normal((n_rows, n_out)).astype(np.float32)
+        want = avx2.gemm(t, raw, n_out, x, quantized=q, y=base.copy(), o0=8, o1=n_out)
+        got = vnni.gemm(t, raw, n_out, x, quantized=q, y=base.copy(), o0=8, o1=n_out)
+        assert np.array_equal(got, want), f"{type_name} {n_out}x{k}, {n_rows} rows, o0=8, accumulate"
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

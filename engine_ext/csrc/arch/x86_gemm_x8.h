@@ -35,6 +35,16 @@ static inline __m256i x8_bcast4(const int8_t *a) {
     return _mm256_set1_epi32(v);
 }
 
+#if X8_VNNI
+/* acc + vpdpbusd(w, 4 activation bytes broadcast to every lane), the broadcast embedded in the
+ * instruction's memory operand ({1to8}: no separate broadcast; GCC does not form it from the
+ * intrinsics). Also the K-quant tiles' (x86_gemm_k.h). */
+static inline __m256i x8_dpbusd_bcast(__m256i acc, __m256i w, const int8_t *a) {
+    __asm__("vpdpbusd %[a]%{1to8%}, %[w], %[acc]" : [acc] "+v"(acc) : [w] "v"(w), [a] "m"(*(const int32_t *)a));
+    return acc;
+}
+#endif
+
 /* One group of 8 weight rows (x8 blocks from `group`) against activation rows r0 .. r0+R-1,
  * written to y[r][o .. o+8). */
 static inline __attribute__((always_inline)) void gemm_x8_tile(
@@ -67,9 +77,9 @@ static inline __attribute__((always_inline)) void gemm_x8_tile(
             for (int j = 0; j < QK / 4; j++) {
                 __m256i wu = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(blk->qs + 32 * j)), bias);
                 for (int r = 0; r < R; r++) {
-                    __m256i a = x8_bcast4(aq[r] + b * QK + 4 * j);
-                    if (j & 1) isum2[r] = _mm256_dpbusd_epi32(isum2[r], wu, a);
-                    else isum[r] = _mm256_dpbusd_epi32(isum[r], wu, a);
+                    const int8_t *a = aq[r] + b * QK + 4 * j;
+                    if (j & 1) isum2[r] = x8_dpbusd_bcast(isum2[r], wu, a);
+                    else isum[r] = x8_dpbusd_bcast(isum[r], wu, a);
                 }
             }
             for (int r = 0; r < R; r++)
@@ -115,8 +125,8 @@ static inline __attribute__((always_inline)) void gemm_x8_tile(
                 for (int r = 0; r < R; r++) {
                     const int8_t *a = aq[r] + b * QK;
 #if X8_VNNI
-                    isum[r] = _mm256_dpbusd_epi32(isum[r], lo, x8_bcast4(a + 4 * j));
-                    isum2[r] = _mm256_dpbusd_epi32(isum2[r], hi, x8_bcast4(a + 16 + 4 * j));
+                    isum[r] = x8_dpbusd_bcast(isum[r], lo, a + 4 * j);
+                    isum2[r] = x8_dpbusd_bcast(isum2[r], hi, a + 16 + 4 * j);
 #else
                     __m256i p = _mm256_maddubs_epi16(lo, x8_bcast4(a + 4 * j));
                     p = _mm256_add_epi16(p, _mm256_maddubs_epi16(hi, x8_bcast4(a + 16 + 4 * j)));

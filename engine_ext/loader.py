@@ -67,12 +67,14 @@ def open_model(
     allow_ctx_over_train: bool = False,
     tokenizer: Tokenizer | None = None,
     swa_full: bool = False,
+    max_batch_tokens: int | None = None,
 ) -> ModelBundle:
     """`read_model`, its chat template, and a SlotPool of `num_slots` slots of `ctx_len` tokens
     each (all KV memory allocated here). ModelOpenError with the cause for a bad file, a ctx_len
     over the trained context (unless allow_ctx_over_train) or pool parameters it cannot take.
     `tokenizer`: the one `read_model` already built for this ModelFile (skips building it again).
-    swa_full: keep every row of sliding-window layers (SlotPool; default: rings)."""
+    swa_full: keep every row of sliding-window layers (SlotPool; default: rings).
+    max_batch_tokens: rows of one engine step (SlotPool's; None: its default, 512)."""
     from . import SlotPool  # the compiled engine; imported only when a pool is wanted
 
     if tokenizer is None or not isinstance(path, ModelFile):
@@ -82,7 +84,15 @@ def open_model(
     check_ctx_len(model_file, ctx_len, allow_over_train=allow_ctx_over_train)
     try:
         chat = chat_template_for(model_file)
-        pool = SlotPool(model_file, num_slots, ctx_len, threads=threads, kv_dtype=kv_dtype, swa_full=swa_full)
+        pool = SlotPool(
+            model_file,
+            num_slots,
+            ctx_len,
+            threads=threads,
+            kv_dtype=kv_dtype,
+            swa_full=swa_full,
+            max_batch_tokens=512 if max_batch_tokens is None else max_batch_tokens,
+        )
     except ModelOpenError:
         raise
     except ValueError as exc:

@@ -26,6 +26,9 @@ from .kv_events import KVEventsConfig
 ENV_PREFIX = "SLOTSERVE_"
 _ORIGIN = re.compile(r"https?://[^/\s]+")  # a browser Origin header: scheme://host[:port]
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+# --max-batch-tokens' upper bound: the engine's step buffers grow with it (Gemma 3 270M: about
+# 40 KiB a row; an 8B model: about 300 KiB), and longer forwards run in several steps anyway.
+MAX_BATCH_TOKENS = 16384
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class ServeConfig:
     prefill_aging_tokens_per_s: float | None = None  # cost order's aging rate; None = auto (measured)
     no_reuse: bool = False  # disable every form of prefix reuse (benchmark baseline)
     swa_full: bool = False  # sliding-window layers keep every row (no rings): more KV memory
+    max_batch_tokens: int | None = None  # rows of one engine step (and of a ring past the window); None = 512
     log_level: str = "info"
     no_slots_endpoint: bool = False  # turn GET /slots off
     max_body_bytes: int = 4 * 1024 * 1024  # request bodies past this -> 413
@@ -120,6 +124,11 @@ class ServeConfig:
         need(
             self.prefill_aging_tokens_per_s is None or self.prefill_aging_tokens_per_s > 0,
             f"--prefill-aging-tokens-per-s must be > 0, got {self.prefill_aging_tokens_per_s}",
+        )
+        need(
+            self.max_batch_tokens is None or 1 <= self.max_batch_tokens <= MAX_BATCH_TOKENS,
+            f"--max-batch-tokens must be in 1..{MAX_BATCH_TOKENS} (rows of one engine step), "
+            f"got {self.max_batch_tokens}",
         )
         need(self.log_level in LOG_LEVELS, f"--log-level must be one of {', '.join(LOG_LEVELS)}")
         need(self.max_body_bytes >= 1024, f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}")
@@ -328,6 +337,15 @@ OPTIONS: tuple[Option, ...] = (
         "sliding-window layers keep every row instead of a ring of the window: every length "
         "rewindable, more KV memory",
         kind="flag",
+    ),
+    Option(
+        "max_batch_tokens",
+        ("--max-batch-tokens",),
+        int,
+        "rows the engine computes in one step (default 512; longer forwards run in several "
+        "steps, with identical results); a sliding-window ring keeps the window + this - 1 rows, "
+        "so a smaller value shrinks the rings' KV and how far back a slot can be cut",
+        metavar="B",
     ),
     Option("log_level", ("--log-level",), str, f"one of {', '.join(LOG_LEVELS)} (default info)", metavar="L"),
     Option("no_slots_endpoint", ("--no-slots-endpoint",), parse_bool, "turn GET /slots off", kind="flag"),

@@ -192,6 +192,7 @@ def open_served_model(config: ServeConfig) -> OpenedModel:
         threads=config.threads,
         allow_ctx_over_train=config.allow_ctx_over_train,
         swa_full=config.swa_full,
+        max_batch_tokens=config.max_batch_tokens,
     )
     pool, closers = with_kv_events(bundle.pool, config)
     names = config.served_model_name or default_model_names(short_name(config.model), path)

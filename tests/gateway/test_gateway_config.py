@@ -113,6 +113,11 @@ def test_bad_environment_value_fails_loudly(env: dict[str, str], fragment: str) 
         ({"max_connections": 0}, "--max-connections"),
         ({"prefill_order": "sjf"}, "--prefill-order"),
         ({"prefill_aging_tokens_per_s": 0}, "--prefill-aging-tokens-per-s"),
+        (
+            {"max_batch_tokens": 0},
+            r"--max-batch-tokens must be in 1\.\.16384 \(rows of one engine step\), got 0",
+        ),
+        ({"max_batch_tokens": 16385}, "--max-batch-tokens must be in 1..16384"),
     ],
 )
 def test_out_of_range_values_name_the_flag(kwargs: dict, fragment: str) -> None:
@@ -179,3 +184,36 @@ def test_cli_rejects_a_malformed_kv_events_endpoint_before_loading(
     assert main(["serve", "--kv-events-endpoint", endpoint, "--model", "/nonexistent/model.gguf"]) == 2
     err = capsys.readouterr().err
     assert "slotserve serve:" in err and "--kv-events-endpoint" in err
+
+
+def test_max_batch_tokens_from_flag_and_env_and_its_errors(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from slotserve.cli import main
+
+    assert parse([]).max_batch_tokens is None  # the engine's default (512)
+    assert parse(["--max-batch-tokens", "128"], {"SLOTSERVE_MAX_BATCH_TOKENS": "64"}).max_batch_tokens == 128
+    assert parse([], {"SLOTSERVE_MAX_BATCH_TOKENS": "64"}).max_batch_tokens == 64
+    with pytest.raises(ValueError, match="SLOTSERVE_MAX_BATCH_TOKENS"):
+        parse([], {"SLOTSERVE_MAX_BATCH_TOKENS": "lots"})
+    monkeypatch.setenv("SLOTSERVE_MAX_BATCH_TOKENS", "-1")
+    assert main(["serve"]) == 2  # before any model is loaded
+    assert "--max-batch-tokens must be in 1..16384" in capsys.readouterr().err
+
+
+def test_max_batch_tokens_sizes_the_engine_step_and_the_rings(arch_model_factory) -> None:
+    """The tiny gemma3 fixture (window 16): a ring keeps the window + max_batch_tokens - 1 rows
+    rounded up to the attention chunk, so a smaller step shrinks the KV; full KV is unchanged."""
+    from slotserve.gateway.runtime import open_served_model
+
+    path = str(arch_model_factory("gemma3"))
+
+    def opened(**kw):
+        return open_served_model(ServeConfig(model=path, batched_session=1, ctx_size=1024, threads=1, **kw))
+
+    default, small = opened().bundle.pool, opened(max_batch_tokens=16).bundle.pool
+    assert (default.max_batch_tokens, small.max_batch_tokens) == (512, 16)
+    assert small.ring_len < default.ring_len and small.kv_bytes < default.kv_bytes
+    assert small.ring_len >= 16 + 16 - 1
+    full = opened(max_batch_tokens=16, swa_full=True).bundle.pool
+    assert full.ring_len == 0 and full.kv_bytes == opened(swa_full=True).bundle.pool.kv_bytes

@@ -58,7 +58,7 @@ class ToolSpec:
 
     @classmethod
     def from_plan(cls, spec: Any, new_id: Callable[[], str]) -> ToolSpec | None:
-        """From the chat path's `translate.OutputSpec`; None when the output is not parsed (no
+        """From the chat path's `openai_reply.OutputSpec`; None when the output is not parsed (no
         tools offered, or tool_choice "none")."""
         if spec.tool_family is None:
             return None

@@ -37,8 +37,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..scheduler.request import FinishEvent, FinishReason
+from . import openai_reply, translate
 from . import protocol as p
-from . import translate
 from .agent_output import (
     ArgsDelta,
     Block,
@@ -444,7 +444,7 @@ class MessagesStream(StreamFormat):
         return self._spell(self.blocks.feed(text))
 
     def closing(self, finish: FinishEvent, text: str) -> list[bytes]:
-        err = translate.failure(finish)
+        err = openai_reply.failure(finish)
         closed = self._spell(self.blocks.finish(text))
         if err is not None:
             _, body = anthropic_error(err)
@@ -518,7 +518,7 @@ async def create_message(gw: Gateway, request: Request) -> Response:
     got = await collect(handle, request.receive)
     if got is None:  # the client left; the request was cancelled and acknowledged
         return error_response(APIError(499, "client closed the request"))
-    failed = translate.failure(got.finish)
+    failed = openai_reply.failure(got.finish)
     if failed is not None:
         raise failed
     blocks = split_output(got.text, tools)

@@ -48,7 +48,7 @@ from starlette.routing import Route
 from ..scheduler.api import HandleAPI
 from ..scheduler.request import Draining, GenerationRequest, PromptTooLong, QueueFull
 from ..scheduler.stats import Outcome, SchedulerStats, StatsSink
-from . import anthropic_api, responses_api, router_compat, translate
+from . import anthropic_api, openai_reply, responses_api, router_compat, translate
 from . import protocol as p
 from .config import ServeConfig
 from .errors import (
@@ -268,9 +268,11 @@ class GenerationKind:
     id_prefix: str  # response ids: f"{id_prefix}-<hex>"
     prompt_param: str  # the body field that holds the prompt (named by admission errors)
     to_request: Callable[[Any, ServeConfig, Runtime, str], translate.Planned]  # (req, config, runtime, id)
-    stream_format: Callable[[str, str, bool, translate.OutputSpec], StreamFormat]  # (id, model, usage, spec)
+    stream_format: Callable[
+        [str, str, bool, openai_reply.OutputSpec], StreamFormat
+    ]  # (id, model, usage, spec)
     # (id, model, created, collected choices, spec) -> the response Struct
-    to_response: Callable[[str, str, int, list[Collected], translate.OutputSpec], Any]
+    to_response: Callable[[str, str, int, list[Collected], openai_reply.OutputSpec], Any]
 
 
 CHAT = GenerationKind(
@@ -278,16 +280,16 @@ CHAT = GenerationKind(
     "chatcmpl",
     "messages",
     translate.chat_plan,
-    translate.ChatStream,
-    translate.chat_completion,
+    openai_reply.ChatStream,
+    openai_reply.chat_completion,
 )
 COMPLETION = GenerationKind(
     p.CompletionRequest,
     "cmpl",
     "prompt",
     translate.completion_plan,
-    translate.CompletionStream,
-    translate.completion,
+    openai_reply.CompletionStream,
+    openai_reply.completion,
 )
 
 
@@ -313,7 +315,7 @@ def generation_handler(kind: GenerationKind) -> Handler:
         if got is None:  # the client left; the request was cancelled and acknowledged
             return error_response(APIError(499, "client closed the request", code="client_closed_request"))
         for choice in got:
-            err = translate.failure(choice.finish)
+            err = openai_reply.failure(choice.finish)
             if err is not None:
                 raise err
         return json_response(kind.to_response(rid, model, created, got, planned.spec), headers=headers)

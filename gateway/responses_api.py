@@ -34,8 +34,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..scheduler.request import FinishEvent, FinishReason
+from . import openai_reply, translate
 from . import protocol as p
-from . import translate
 from .agent_output import (
     ArgsDelta,
     Block,
@@ -448,7 +448,7 @@ class ResponsesStream(StreamFormat):
         return self._spell(self.blocks.feed(text))
 
     def closing(self, finish: FinishEvent, text: str) -> list[bytes]:
-        err = translate.failure(finish)
+        err = openai_reply.failure(finish)
         status, incomplete = status_of(finish) if err is None else ("failed", None)
         out = [self._spell(self.blocks.finish(text), "incomplete" if status == "incomplete" else "completed")]
         output = output_items(
@@ -500,7 +500,7 @@ async def create_response(gw: Gateway, request: Request, store: ResponseStore) -
     got = await collect(handle, request.receive)
     if got is None:  # the client left; the request was cancelled and acknowledged
         return error_response(APIError(499, "client closed the request", code="client_closed_request"))
-    failed = translate.failure(got.finish)
+    failed = openai_reply.failure(got.finish)
     if failed is not None:
         raise failed
     blocks = split_output(got.text, tools)

@@ -1,0 +1,363 @@
+"""Scheduler events -> OpenAI response bodies and SSE chunks (chat and text completions).
+
+The response half of the OpenAI translation (translate.py builds the requests): finish reasons,
+usage and `slotserve` info, errors a finish event stands for, logprobs, tool calls parsed from
+the reply, whole responses, and the two stream formats (`ChatStream`, `CompletionStream`).
+`OutputSpec` is the one object a translated request hands over: how its events become its answer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from ..scheduler.request import FinishEvent, FinishReason, TokenEvent, TokenLogprob
+from . import protocol as p
+from .errors import APIError
+from .streaming import Collected, StreamFormat, sse_data
+from .tool_calls import ParsedOutput, StreamingToolParser, ToolCallFamily, parse_tool_calls
+
+_encode = msgspec.json.Encoder().encode
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """How a request's events become its answer, beyond text: choices, tool calls, logprobs."""
+
+    n: int = 1
+    tool_family: ToolCallFamily | None = None  # parse tool calls in this syntax (None: off)
+    tool_names: frozenset[str] | None = None  # the functions offered
+    max_calls: int | None = None  # parallel_tool_calls=false: 1
+    logprobs: int | None = None  # None: off; k: top k per token
+    token_bytes: Callable[[int], bytes] | None = None  # id -> bytes, for logprobs
+
+
+def finish_reason(finish: FinishEvent) -> str:
+    """OpenAI's finish_reason. NOTE: a timeout that produced tokens reports "length", as llama.cpp
+    does when its prediction time limit stops a request: the output was cut short (`failure`
+    turns a timeout without any token into an error instead)."""
+    if finish.reason is FinishReason.STOP:
+        return "stop"
+    return "length"
+
+
+def usage(finish: FinishEvent) -> p.Usage:
+    return usage_of([finish])
+
+
+def usage_of(finishes: list[FinishEvent]) -> p.Usage:
+    """Usage of a request's choices: the prompt counted once (it was prefilled once and copied),
+    completion tokens summed; cached tokens are the first choice's."""
+    first = finishes[0]
+    cached = first.reuse.reused_tokens if first.reuse is not None else 0
+    completion = sum(f.completion_tokens for f in finishes)
+    return p.Usage(
+        prompt_tokens=first.prompt_tokens,
+        completion_tokens=completion,
+        total_tokens=first.prompt_tokens + completion,
+        prompt_tokens_details=p.PromptTokensDetails(cached_tokens=cached),
+    )
+
+
+def slotserve_info(finish: FinishEvent) -> p.SlotserveInfo:
+    r = finish.reuse
+    return p.SlotserveInfo(
+        reuse_source=r.source.value if r is not None else "none",
+        reused_tokens=r.reused_tokens if r is not None else 0,
+        prefilled_tokens=r.prefilled_tokens if r is not None else 0,
+        slot=r.slot if r is not None else None,
+        timings=dict(finish.timings),
+    )
+
+
+def failure(finish: FinishEvent) -> APIError | None:
+    """The error a finish event stands for, if it is not a normal end of generation."""
+    if finish.reason is FinishReason.ERROR:
+        return APIError(
+            500,
+            f"generation failed: {finish.error or 'engine error'}",
+            type="server_error",
+            code="engine_error",
+        )
+    if finish.reason is FinishReason.CANCELLED:  # the server cancelled it: drain past its grace period
+        return APIError(
+            503,
+            "the request was cancelled because the server is shutting down",
+            type="service_unavailable_error",
+            code="cancelled",
+        )
+    if finish.reason is FinishReason.TIMEOUT and finish.completion_tokens == 0:
+        return APIError(
+            503,
+            "the request reached the server's time limit (--request-timeout) before its first "
+            "token; the server is busy or the prompt is long: retry later",
+            type="service_unavailable_error",
+            code="timeout",
+        )
+    return None
+
+
+def _token_str(spec: OutputSpec, tid: int) -> tuple[str, list[int]]:
+    assert spec.token_bytes is not None
+    raw = spec.token_bytes(tid)
+    return raw.decode("utf-8", errors="replace"), list(raw)
+
+
+def chat_logprobs(spec: OutputSpec, lps: tuple[TokenLogprob, ...] | list[TokenLogprob]) -> p.ChoiceLogprobs:
+    content = []
+    for lp in lps:
+        token, raw = _token_str(spec, lp.token_id)
+        top = []
+        for tid, value in lp.top:
+            t, r = _token_str(spec, tid)
+            top.append(p.TopLogprob(token=t, logprob=value, bytes=r))
+        content.append(p.TokenLogprobOut(token=token, logprob=lp.logprob, bytes=raw, top_logprobs=top))
+    return p.ChoiceLogprobs(content=content)
+
+
+def completion_logprobs(
+    spec: OutputSpec, lps: tuple[TokenLogprob, ...] | list[TokenLogprob], offset: int = 0
+) -> p.CompletionLogprobs:
+    """The legacy shape; `offset`: characters of this choice's text before these tokens."""
+    tokens, values, tops, offsets = [], [], [], []
+    for lp in lps:
+        token, _ = _token_str(spec, lp.token_id)
+        tokens.append(token)
+        values.append(lp.logprob)
+        tops.append({_token_str(spec, t)[0]: v for t, v in lp.top})
+        offsets.append(offset)
+        offset += len(token)
+    return p.CompletionLogprobs(tokens=tokens, token_logprobs=values, top_logprobs=tops, text_offset=offsets)
+
+
+def parse_reply(spec: OutputSpec, text: str) -> ParsedOutput:
+    """The reply as content and tool calls (no tool parsing: all content)."""
+    if spec.tool_family is None:
+        return ParsedOutput(text, ())
+    parsed = parse_tool_calls(text, spec.tool_family, tool_names=spec.tool_names)
+    if spec.max_calls is not None and len(parsed.tool_calls) > spec.max_calls:
+        parsed = ParsedOutput(parsed.content, parsed.tool_calls[: spec.max_calls])
+    return parsed
+
+
+def _chat_choice(index: int, got: Collected, spec: OutputSpec) -> p.ChatChoice:
+    parsed = parse_reply(spec, got.text)
+    reason = finish_reason(got.finish)
+    calls = None
+    if parsed.tool_calls:
+        reason = "tool_calls"
+        calls = [
+            p.ToolCallOut(id=c.id, function=p.FunctionCallOut(name=c.name, arguments=c.arguments))
+            for c in parsed.tool_calls
+        ]
+        content = parsed.content
+    else:
+        content = got.text
+    return p.ChatChoice(
+        index=index,
+        message=p.AssistantMessage(role="assistant", content=content, tool_calls=calls),
+        finish_reason=reason,
+        logprobs=chat_logprobs(spec, got.logprobs) if spec.logprobs is not None else None,
+    )
+
+
+def chat_completion(
+    request_id: str, model: str, created: int, choices: list[Collected], spec: OutputSpec
+) -> p.ChatCompletion:
+    return p.ChatCompletion(
+        id=request_id,
+        created=created,
+        model=model,
+        choices=[_chat_choice(i, got, spec) for i, got in enumerate(choices)],
+        usage=usage_of([c.finish for c in choices]),
+        slotserve=slotserve_info(choices[0].finish),
+    )
+
+
+def completion(
+    request_id: str, model: str, created: int, choices: list[Collected], spec: OutputSpec
+) -> p.Completion:
+    return p.Completion(
+        id=request_id,
+        object="text_completion",
+        created=created,
+        model=model,
+        choices=[
+            p.CompletionChoice(
+                index=i,
+                text=got.text,
+                finish_reason=finish_reason(got.finish),
+                logprobs=completion_logprobs(spec, got.logprobs) if spec.logprobs is not None else None,
+            )
+            for i, got in enumerate(choices)
+        ],
+        usage=usage_of([c.finish for c in choices]),
+        slotserve=slotserve_info(choices[0].finish),
+    )
+
+
+def _error_chunk(err: APIError) -> bytes:
+    return sse_data(_encode(err.body()))
+
+
+class _OpenAIStream(StreamFormat):
+    """What chat and text-completion streams share: their ids, the per-choice finish chunks
+    (with `slotserve` info; one error chunk for a failed choice), and the usage chunk after
+    every choice finished (stream_options.include_usage)."""
+
+    def __init__(self, request_id: str, model: str, include_usage: bool, spec: OutputSpec | None = None):
+        self.request_id = request_id
+        self.model = model
+        self.created = int(time.time())
+        self.include_usage = include_usage
+        self.spec = spec or OutputSpec()
+        self._finishes: list[FinishEvent | None] = [None] * self.spec.n
+
+    def _envelope(self, choices: list[Any], **extra: Any) -> msgspec.Struct:
+        raise NotImplementedError
+
+    def _finish_chunk(self, index: int, reason: str, info: p.SlotserveInfo) -> bytes:
+        raise NotImplementedError
+
+    def _text_chunks(
+        self, index: int, text: str, logprobs: tuple[TokenLogprob, ...], final: bool
+    ) -> list[bytes]:
+        """Chunks for released text (and its tokens' logprobs) of choice `index`."""
+        raise NotImplementedError
+
+    def _reason(self, index: int, finish: FinishEvent) -> str:
+        return finish_reason(finish)
+
+    def delta(self, text: str) -> bytes:
+        return b"".join(self._text_chunks(0, text, (), False))
+
+    def on_token(self, index: int, event: TokenEvent) -> list[bytes]:
+        lps = event.logprobs if self.spec.logprobs is not None else ()
+        return self._text_chunks(index, event.text, lps, False)
+
+    def on_finish(self, index: int, finish: FinishEvent) -> list[bytes]:
+        self._finishes[index] = finish
+        err = failure(finish)
+        if err is not None:
+            return [_error_chunk(err)]
+        out = self._text_chunks(index, finish.text, (), True)
+        out.append(self._finish_chunk(index, self._reason(index, finish), slotserve_info(finish)))
+        return out
+
+    def closing(self, finish: FinishEvent, text: str) -> list[bytes]:
+        return self.on_finish(0, finish) + self.ending()
+
+    def ending(self) -> list[bytes]:
+        done = [f for f in self._finishes if f is not None]
+        if not self.include_usage or len(done) != len(self._finishes) or any(failure(f) for f in done):
+            return []
+        return [sse_data(_encode(self._envelope([], usage=usage_of(done))))]
+
+
+class ChatStream(_OpenAIStream):
+    """chat.completion.chunk events: role delta per choice, content / tool-call deltas (with
+    logprobs when asked), finish chunk per choice, optional usage."""
+
+    def __init__(self, request_id: str, model: str, include_usage: bool, spec: OutputSpec | None = None):
+        super().__init__(request_id, model, include_usage, spec)
+        s = self.spec
+        self._parsers = (
+            [StreamingToolParser(s.tool_family, tool_names=s.tool_names) for _ in range(s.n)]
+            if s.tool_family is not None
+            else None
+        )
+
+    def _chunk(
+        self, index: int, delta: p.Delta, finish: str | None = None, logprobs: Any = None, **extra: Any
+    ) -> bytes:
+        choice = p.ChatChunkChoice(index=index, delta=delta, finish_reason=finish, logprobs=logprobs)
+        return sse_data(_encode(self._envelope([choice], **extra)))
+
+    def _envelope(self, choices: list[Any], **extra: Any) -> p.ChatCompletionChunk:
+        return p.ChatCompletionChunk(
+            id=self.request_id,
+            object="chat.completion.chunk",
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            **extra,
+        )
+
+    def _finish_chunk(self, index: int, reason: str, info: p.SlotserveInfo) -> bytes:
+        return self._chunk(index, p.Delta(), reason, slotserve=info)
+
+    def _reason(self, index: int, finish: FinishEvent) -> str:
+        if self._parsers is not None and self._parsers[index].tool_calls:
+            return "tool_calls"
+        return finish_reason(finish)
+
+    def opening(self) -> list[bytes]:
+        return [self._chunk(i, p.Delta(role="assistant", content="")) for i in range(self.spec.n)]
+
+    def _text_chunks(
+        self, index: int, text: str, logprobs: tuple[TokenLogprob, ...], final: bool
+    ) -> list[bytes]:
+        deltas: list[Any] = []
+        if self._parsers is not None:
+            parser = self._parsers[index]
+            text, deltas = parser.feed(text)
+            if final:
+                more, tail = parser.finish()
+                text, deltas = text + more, deltas + tail
+            if self.spec.max_calls is not None:
+                deltas = [d for d in deltas if d.index < self.spec.max_calls]
+        lp = chat_logprobs(self.spec, logprobs) if logprobs else None
+        if not text and not deltas and lp is None:
+            return []
+        calls = [
+            p.ToolCallDeltaOut(
+                index=d.index,
+                id=d.id,
+                type="function" if d.id is not None else None,
+                function=p.FunctionDelta(name=d.name, arguments=d.arguments),
+            )
+            for d in deltas
+        ]
+        delta = p.Delta(content=text if text or not calls else None, tool_calls=calls or None)
+        return [self._chunk(index, delta, logprobs=lp)]
+
+
+class CompletionStream(_OpenAIStream):
+    """text_completion events: text deltas (with logprobs when asked), finish chunk per choice,
+    optional usage."""
+
+    def __init__(self, request_id: str, model: str, include_usage: bool, spec: OutputSpec | None = None):
+        super().__init__(request_id, model, include_usage, spec)
+        self._offsets = [0] * self.spec.n  # characters streamed per choice (logprobs text_offset)
+
+    def _chunk(
+        self, index: int, text: str, finish: str | None = None, logprobs: Any = None, **extra: Any
+    ) -> bytes:
+        choice = p.CompletionChoice(index=index, text=text, finish_reason=finish, logprobs=logprobs)
+        return sse_data(_encode(self._envelope([choice], **extra)))
+
+    def _envelope(self, choices: list[Any], **extra: Any) -> p.Completion:
+        return p.Completion(
+            id=self.request_id,
+            object="text_completion",
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            **extra,
+        )
+
+    def _finish_chunk(self, index: int, reason: str, info: p.SlotserveInfo) -> bytes:
+        return self._chunk(index, "", reason, slotserve=info)
+
+    def _text_chunks(
+        self, index: int, text: str, logprobs: tuple[TokenLogprob, ...], final: bool
+    ) -> list[bytes]:
+        if not text and not logprobs:
+            return []
+        lp = completion_logprobs(self.spec, logprobs, self._offsets[index]) if logprobs else None
+        self._offsets[index] += len(text)
+        return [self._chunk(index, text, logprobs=lp)]

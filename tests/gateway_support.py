@@ -172,10 +172,17 @@ class ASGIDriver:
         self.app = app
 
     async def request(
-        self, method: str, path: str, body: bytes, disconnect: asyncio.Event
+        self,
+        method: str,
+        path: str,
+        body: bytes,
+        disconnect: asyncio.Event,
+        *,
+        hold_body: asyncio.Event | None = None,
     ) -> tuple[list[dict[str, Any]], asyncio.Task[None]]:
         """Start a request; returns (sent messages, task running the app). Setting `disconnect`
-        makes receive() report http.disconnect."""
+        makes receive() report http.disconnect. `hold_body`: the first body message waits for
+        this event (a slow client that reads nothing until then)."""
         sent: list[dict[str, Any]] = []
         body_sent = False
 
@@ -188,6 +195,11 @@ class ASGIDriver:
             return {"type": "http.disconnect"}
 
         async def send(message: dict[str, Any]) -> None:
+            is_first_body = (
+                message["type"] == "http.response.body" and sent[-1]["type"] == "http.response.start"
+            )
+            if hold_body is not None and is_first_body:
+                await hold_body.wait()
             sent.append(message)
 
         scope = {
@@ -207,6 +219,20 @@ class ASGIDriver:
         }
         task = asyncio.ensure_future(self.app(scope, receive, send))
         return sent, task
+
+
+def body_of(sent: list[dict[str, Any]]) -> str:
+    """The response body an ASGIDriver request sent, as text."""
+    return b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body").decode()
+
+
+async def wait_until(pred: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Wait (on the event loop) until pred() is true; AssertionError after `timeout` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not pred():
+        assert loop.time() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
 
 
 class LiveServer:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,6 +17,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def serve_command(model: Path | str, port: int, *flags: str) -> list[str]:
+    """The argv of `slotserve serve --model MODEL` on 127.0.0.1:PORT with `flags`, run by this
+    interpreter (the tests' installed slotserve)."""
+    return [sys.executable, "-m", "slotserve", "serve", "--model", str(model), "--host", "127.0.0.1",
+            "--port", str(port), *flags]  # fmt: skip
 
 
 def log_tail(log: Path | None, num_chars: int = 3000) -> str:

@@ -157,6 +157,23 @@ class ManualClock:
         self.now += seconds
 
 
+class ForwardLog:
+    """Forward hook: the (slot, start_pos, num_tokens) of every item of every forward call."""
+
+    def __init__(self, pool) -> None:
+        self.calls: list[list[tuple[int, int, int]]] = []
+        pool.forward_hook = self
+
+    def __call__(self, batch) -> None:
+        self.calls.append([(it.slot, it.start_pos, len(it.tokens)) for it in batch])
+
+    def prefill_done_at(self, slot: int, prompt_len: int) -> int:
+        """Index of the call that fed the last prompt token into `slot`."""
+        return next(
+            i for i, items in enumerate(self.calls) for s, p, n in items if s == slot and p + n == prompt_len
+        )
+
+
 class StepGate:
     """A fake-engine forward hook that holds the `pause_at`-th forward call (1-based) until
     `release` is set, so a test can act while that step is in flight."""

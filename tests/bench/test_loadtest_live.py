@@ -11,14 +11,12 @@ offsets against both.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from loadtest_support import assert_consistent, run_loadtest
-from process_support import wait_http_ready
+from process_support import free_port, serve_command, wait_http_ready
 from slotserve.bench.loadtest import results
 from slotserve.bench.loadtest.plots import PLOT_FILES
 from slotserve.bench.loadtest.trace import write_trace
@@ -48,21 +46,11 @@ class ServeProcess:
     """`slotserve serve` on a free loopback port; always terminated on exit."""
 
     def __init__(self, model: Path, log: Path, *flags: str) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self._args = [
-            sys.executable,
-            "-m",
-            "slotserve",
-            "serve",
-            "--model",
-            str(model),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
+        self._args = serve_command(
+            model,
+            self.port,
             "--batched-session",
             "2",
             "--ctx-size",
@@ -70,7 +58,7 @@ class ServeProcess:
             "--log-level",
             "warning",
             *flags,
-        ]
+        )
         self._log = log
         self._proc: subprocess.Popen[bytes] | None = None
 

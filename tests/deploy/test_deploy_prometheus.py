@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from process_support import free_port, wait_http_ready
+from process_support import free_port, serve_command, wait_http_ready
 from prometheus_client.parser import text_string_to_metric_families
 
 REPO = Path(__file__).resolve().parents[2]
@@ -179,21 +178,7 @@ def run_slotserve(model: Path, workdir: Path, *args: str) -> Iterator[str]:
     log_path = workdir / "slotserve.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "slotserve",
-                "serve",
-                "--model",
-                str(model),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-                *args,
-            ],
+            serve_command(model, port, "--log-level", "warning", *args),
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

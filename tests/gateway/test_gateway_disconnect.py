@@ -13,7 +13,16 @@ import threading
 from typing import Any
 
 import pytest
-from gateway_support import ASGIDriver, chat_body, make_runtime, running_app, serve_config, sse_events
+from gateway_support import (
+    ASGIDriver,
+    body_of,
+    chat_body,
+    make_runtime,
+    running_app,
+    serve_config,
+    sse_events,
+    wait_until,
+)
 from slotserve.gateway.app import create_app
 from slotserve.scheduler.request import FinishReason
 
@@ -49,18 +58,6 @@ def setup(num_slots: int = 1, max_queue: int = 4) -> tuple[Any, Any, Any, Cancel
     spy = CancelSpy(runtime.scheduler)
     app = create_app(runtime, serve_config(max_tokens_limit=4096, default_max_tokens=16))
     return app, runtime, pool, spy
-
-
-def body_of(sent: list[dict[str, Any]]) -> str:
-    return b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body").decode()
-
-
-async def wait_until(pred: Any, timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not pred():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.005)
 
 
 def assert_slots_free(runtime: Any) -> None:

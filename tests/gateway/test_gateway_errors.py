@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from gateway_support import MODEL, chat_body, make_runtime, running_app, serve_config
+from gateway_support import MODEL, chat_body, make_runtime, running_app, serve_config, wait_until
 from slotserve.gateway.app import create_app
 
 USER = {"role": "user", "content": "hello"}
@@ -237,14 +237,6 @@ class Gate:
     def _hook(self, batch: Any) -> None:
         self.entered.set()
         self.release.wait(timeout=30)
-
-
-async def wait_until(pred: Any, timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not pred():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
 
 
 async def test_full_queue_is_429_with_retry_after() -> None:

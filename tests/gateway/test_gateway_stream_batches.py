@@ -9,10 +9,10 @@ import json
 import time
 from typing import Any
 
-from gateway_support import MODEL, chat_body, make_runtime, serve_config, sse_events
+from gateway_support import MODEL, ASGIDriver, chat_body, make_runtime, serve_config, sse_events, wait_until
 from slotserve.gateway.app import create_app
+from slotserve.gateway.openai_reply import ChatStream
 from slotserve.gateway.streaming import EventStream
-from slotserve.gateway.translate import ChatStream
 from slotserve.scheduler.request import FinishReason, GenerationRequest, SamplingParams, TokenEvent
 
 PROMPT = [5, 17, 99, 3, 42, 8]
@@ -21,14 +21,6 @@ PROMPT = [5, 17, 99, 3, 42, 8]
 def greedy(max_tokens: int, **params: Any) -> GenerationRequest:
     sampling = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, **params)
     return GenerationRequest(prompt_ids=list(PROMPT), params=sampling)
-
-
-async def wait_until(pred: Any, timeout: float = 30.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not pred():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.005)
 
 
 def content_of(events: list[Any]) -> str:
@@ -82,42 +74,12 @@ async def test_a_slow_client_gets_batched_body_messages_and_the_whole_answer():
     app = create_app(runtime, serve_config(max_tokens_limit=4096))
     messages = [{"role": "user", "content": "Tell me everything."}]
     body = json.dumps(chat_body(messages, max_tokens=50, stream=True, ignore_eos=True)).encode()
-    sent: list[dict[str, Any]] = []
-    release = asyncio.Event()
-
-    async def send(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.body" and sent[-1]["type"] == "http.response.start":
-            await release.wait()  # the client reads nothing until the answer is complete
-        sent.append(message)
-
-    done = asyncio.Event()
-    gave_body = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal gave_body
-        if not gave_body:
-            gave_body = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await done.wait()
-        return {"type": "http.disconnect"}
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0", "spec_version": "2.3"},
-        "http_version": "1.1",
-        "method": "POST",
-        "path": "/v1/chat/completions",
-        "raw_path": b"/v1/chat/completions",
-        "root_path": "",
-        "query_string": b"",
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        "client": ("127.0.0.1", 1),
-        "server": ("test", 80),
-        "state": {},
-    }
+    release, done = asyncio.Event(), asyncio.Event()
     async with app.router.lifespan_context(app):
         sched = runtime.scheduler
-        task = asyncio.ensure_future(app(scope, receive, send))
+        sent, task = await ASGIDriver(app).request(
+            "POST", "/v1/chat/completions", body, done, hold_body=release
+        )
         # the response started (so the request was submitted), and it has run to its end
         await wait_until(
             lambda: len(sent) == 1 and sched.stats().num_running == sched.stats().queue_depth == 0

@@ -15,7 +15,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import msgpack
 import pytest
-from process_support import free_port, wait_http_ready
+from process_support import free_port, serve_command, wait_http_ready
 
 pytestmark = pytest.mark.slow
 
@@ -107,17 +106,9 @@ def test_live_server_events_match_slots(tiny_model_path, tmp_path):
     log = tmp_path / "server.log"
     with open(log, "wb") as out:
         server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "slotserve",
-                "serve",
-                "--model",
-                str(tiny_model_path),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
+            serve_command(
+                tiny_model_path,
+                port,
                 "--batched-session",
                 str(SLOTS),
                 "--ctx-size",
@@ -132,7 +123,7 @@ def test_live_server_events_match_slots(tiny_model_path, tmp_path):
                 str(BLOCK),
                 "--log-level",
                 "warning",
-            ],
+            ),
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from process_support import free_port
+from process_support import free_port, serve_command, wait_http_ready
 
 pytestmark = [pytest.mark.router, pytest.mark.slow]
 
@@ -102,17 +102,9 @@ def cluster(model: Path, policy: str, log_dir: Path) -> Iterator[tuple[str, list
             procs.append(
                 spawn(
                     f"{policy}-replica{i}",
-                    [
-                        sys.executable,
-                        "-m",
-                        "slotserve",
-                        "serve",
-                        "--model",
-                        str(model),
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        str(port),
+                    serve_command(
+                        model,
+                        port,
                         "--batched-session",
                         str(SLOTS),
                         "--ctx-size",
@@ -121,12 +113,12 @@ def cluster(model: Path, policy: str, log_dir: Path) -> Iterator[tuple[str, list
                         "1",
                         "--log-level",
                         "warning",
-                    ],
+                    ),  # fmt: skip
                     log_dir,
                 )
             )
-        for url in urls:
-            wait_until(lambda: httpx.get(f"{url}/ready", timeout=2).status_code == 200, f"{url}/ready", procs)  # noqa: B023
+        for url, replica in zip(urls, procs, strict=True):
+            wait_http_ready(replica.popen, f"{url}/ready", what=replica.name, log=replica.log, timeout_s=90)
         router_port = free_port()
         router = f"http://127.0.0.1:{router_port}"
         procs.append(

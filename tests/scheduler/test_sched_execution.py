@@ -11,6 +11,7 @@ import time
 import pytest
 from sched_support import (
     EOS,
+    ForwardLog,
     ManualClock,
     RecordingSink,
     StepGate,
@@ -37,20 +38,9 @@ from slotserve.scheduler.request import (
 )
 
 
-class BatchLog:
-    """Forward hook recording each batch as [(slot, n_tokens, start_pos)]."""
-
-    def __init__(self, pool) -> None:
-        self.batches: list[list[tuple[int, int, int]]] = []
-        pool.forward_hook = self
-
-    def __call__(self, batch) -> None:
-        self.batches.append([(it.slot, len(it.tokens), it.start_pos) for it in batch])
-
-
 async def test_long_prefill_does_not_stall_a_streaming_slot():
     pool = make_pool(2, 8192)
-    log = BatchLog(pool)
+    log = ForwardLog(pool)
     config = make_config(segment_tokens=512, step_token_budget=512)
     async with make_scheduler(pool, config) as sched:
         stream = sched.submit(make_request(prompt_of(1, 20), 60))
@@ -59,24 +49,24 @@ async def test_long_prefill_does_not_stall_a_streaming_slot():
         long = sched.submit(make_request(prompt_of(2, 4000), 2))
         long_out, stream_out = await asyncio.gather(collect(long), collect(stream))
     long_slot = long_out.finish.reuse.slot
-    prefill_steps = [b for b in log.batches if any(s == long_slot and n > 1 for s, n, _ in b)]
+    prefill_steps = [b for b in log.calls if any(s == long_slot and n > 1 for s, _, n in b)]
     assert len(prefill_steps) == 8  # ceil(4000 / 512) segments, one per step
-    assert [n for b in prefill_steps for s, n, _ in b if s == long_slot] == [512] * 7 + [416]
+    assert [n for b in prefill_steps for s, _, n in b if s == long_slot] == [512] * 7 + [416]
     # every one of those steps also carried the stream's next token
     stream_slot = 1 - long_slot
-    assert all(any(s == stream_slot and n == 1 for s, n, _ in b) for b in prefill_steps)
+    assert all(any(s == stream_slot and n == 1 for s, _, n in b) for b in prefill_steps)
     assert stream_out.finish.completion_tokens == 60
     assert len(stream_out.tokens) == 59  # the first token was read above
-    assert pool.num_forward_calls == len(log.batches)
+    assert pool.num_forward_calls == len(log.calls)
 
 
 async def test_decoding_slots_share_one_forward_per_step():
     pool = make_pool(3, 512)
-    log = BatchLog(pool)
+    log = ForwardLog(pool)
     async with make_scheduler(pool) as sched:
         handles = [sched.submit(make_request(prompt_of(10 + i, 30), 10)) for i in range(3)]
         outs = await asyncio.gather(*(collect(h) for h in handles))
-    decode_steps = [b for b in log.batches if all(n == 1 for _, n, _ in b)]
+    decode_steps = [b for b in log.calls if all(n == 1 for _, _, n in b)]
     assert max(len(b) for b in decode_steps) == 3
     assert pool.num_forward_calls < 3 * 10  # batched, not one call per request and token
     for i, o in enumerate(outs):
@@ -85,14 +75,14 @@ async def test_decoding_slots_share_one_forward_per_step():
 
 async def test_step_budget_splits_prefill_between_requests():
     pool = make_pool(2, 1024)
-    log = BatchLog(pool)
+    log = ForwardLog(pool)
     config = make_config(segment_tokens=64, step_token_budget=100)
     async with make_scheduler(pool, config) as sched:
         a = sched.submit(make_request(prompt_of(20, 200), 1))
         b = sched.submit(make_request(prompt_of(21, 200), 1))
         await asyncio.gather(collect(a), collect(b))
-    assert all(sum(n for _, n, _ in batch) <= 100 for batch in log.batches)
-    assert [sum(n for _, n, _ in batch) for batch in log.batches[:2]] == [100, 100]
+    assert all(sum(n for _, _, n in batch) <= 100 for batch in log.calls)
+    assert [sum(n for _, _, n in batch) for batch in log.calls[:2]] == [100, 100]
     assert pool.num_computed_tokens == 400
 
 

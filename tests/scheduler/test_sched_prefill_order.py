@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from sched_support import (
+    ForwardLog,
     ManualClock,
     RecordingSink,
     collect,
@@ -36,23 +37,6 @@ from slotserve.scheduler.prefill_order import (
 from slotserve.scheduler.request import ReuseSource
 
 SEGMENT = 64
-
-
-class ForwardLog:
-    """Forward hook: the (slot, start_pos, num_tokens) of every item of every forward call."""
-
-    def __init__(self, pool) -> None:
-        self.calls: list[list[tuple[int, int, int]]] = []
-        pool.forward_hook = self
-
-    def __call__(self, batch) -> None:
-        self.calls.append([(it.slot, it.start_pos, len(it.tokens)) for it in batch])
-
-    def prefill_done_at(self, slot: int, prompt_len: int) -> int:
-        """Index of the call that fed the last prompt token into `slot`."""
-        return next(
-            i for i, items in enumerate(self.calls) for s, p, n in items if s == slot and p + n == prompt_len
-        )
 
 
 def _config(order: PrefillOrder, **kw) -> SchedulerConfig:

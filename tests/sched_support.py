@@ -229,15 +229,19 @@ class RecordingSink:
 
 
 class CountingPool:
-    """Delegates to a real SlotPool and counts the tokens fed to forward."""
+    """Delegates to a real SlotPool and counts the tokens fed to forward; calls `forward_hook`
+    (if set, as FakeSlotPool does: e.g. a ForwardLog) with each batch first."""
 
     def __init__(self, pool) -> None:
         self._pool = pool
         self.num_computed_tokens = 0
+        self.forward_hook = None
 
     def __getattr__(self, name):
         return getattr(self._pool, name)
 
     def forward(self, batch):
+        if self.forward_hook is not None:
+            self.forward_hook(batch)
         self.num_computed_tokens += sum(len(it.tokens) for it in batch)
         return self._pool.forward(batch)

@@ -57,6 +57,7 @@ class ServeConfig:
     prefill_order: str = "cost"  # queue and prefill order (scheduler/prefill_order.py): cost | fifo
     prefill_aging_tokens_per_s: float | None = None  # cost order's aging rate; None = auto (measured)
     no_reuse: bool = False  # disable every form of prefix reuse (benchmark baseline)
+    no_decode_chain: bool = False  # every engine step planned by the event loop (scheduler/chain.py)
     swa_full: bool = False  # sliding-window layers keep every row (no rings): more KV memory
     max_batch_tokens: int | None = None  # rows of one engine step (and of a ring past the window); None = 512
     log_level: str = "info"
@@ -329,6 +330,14 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "no_reuse", ("--no-reuse",), parse_bool, "disable all prefix reuse (benchmark baseline)", kind="flag"
+    ),
+    Option(
+        "no_decode_chain",
+        ("--no-decode-chain",),
+        parse_bool,
+        "the event loop plans every engine step (default: plain decode steps chain on the engine "
+        "worker, which picks their tokens)",
+        kind="flag",
     ),
     Option(
         "swa_full",

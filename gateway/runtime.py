@@ -294,6 +294,7 @@ def scheduler_config(config: ServeConfig, budget: CheckpointBudget | None = None
     kwargs: dict[str, Any] = {
         "max_queue": config.max_queue,
         "reuse_enabled": not config.no_reuse,
+        "decode_chain": not config.no_decode_chain,
         "prefill_order": PrefillOrder(config.prefill_order),
         "prefill_aging_tokens_per_s": config.prefill_aging_tokens_per_s,
     }

@@ -195,6 +195,14 @@ class PushedMetrics:
             "slotserve_engine_tokens_total", "Tokens fed to the engine, by phase.", ("phase",)
         )
         self.engine_tokens = {p: engine_tokens.labels(p.value) for p in ENGINE_PHASES}
+        self.chained_steps = counter(
+            "slotserve_engine_chained_steps_total",
+            "Decode steps the engine worker started itself, without waiting for the event loop.",
+        )
+        self.discarded_tokens = counter(
+            "slotserve_engine_discarded_tokens_total",
+            "Rows a chained step computed for requests that had already ended (cut off again).",
+        )
 
         # -- cancels and preemptions
         cancels = counter("slotserve_cancels_total", "Acknowledged cancels, by request phase.", ("phase",))

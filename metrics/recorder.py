@@ -54,6 +54,10 @@ class StatsRecorder:
         m.step_batch.observe(s.batch_size)
         m.engine_tokens[Phase.PREFILL].inc(s.num_prefill_tokens)
         m.engine_tokens[Phase.DECODE].inc(s.num_decode_tokens)
+        if s.chained:
+            m.chained_steps.inc()
+        if s.num_discarded_tokens:
+            m.discarded_tokens.inc(s.num_discarded_tokens)
 
     def on_request(self, s: RequestStats) -> None:
         """One finished request (any outcome).

@@ -66,6 +66,8 @@ class SchedulerConfig:
     # COST aging: a request with C tokens left is overtaken only by requests admitted less than
     # C / this many seconds after it; None: auto (measured prefill tokens/s / 4, prefill_order.py)
     prefill_aging_tokens_per_s: float | None = None
+    # plain decode steps chain on the engine worker without waiting for the loop (chain.py)
+    decode_chain: bool = True
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:

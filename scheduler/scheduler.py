@@ -11,9 +11,14 @@ boundary, which is at most one prefill segment away. The slot mirror (`SlotTable
 as pool operations are planned; the plan executes them in the same order, and a failure
 resynchronises the mirror from the pool.
 
-Between two engine steps the loop does only what the next plan needs (sample, stop checks,
-events, schedule); the step's stats go to the sink after the next step was handed to the
-worker, while the engine computes (`_pending_steps`).
+Between two engine steps the loop does only what the next plan needs (stop checks, events,
+schedule; the tokens are picked on the worker, step.py); the step's stats go to the sink after
+the next step was handed to the worker, while the engine computes (`_pending_steps`). When a
+plan is nothing but plain decodes, the worker chains the following decode steps itself
+(`chain.py`) and the loop applies each step while the engine computes the next, until
+something needs the loop to schedule (`_kick`: a submit, a cancel, a request it ended, a
+deadline); rows the worker computed for a request the loop had already ended are cut off in
+the next plan (`_trims`).
 
 Admission walks the queue by priority, then by prefill order (`prefill_order.py`: least prompt
 left to prefill first, aged by waiting time, or FIFO), and the step's prefill budget goes to
@@ -35,6 +40,7 @@ from collections.abc import Sequence as Seq
 import numpy as np
 
 from .admission import Admission
+from .chain import DecodeChain
 from .checkpoint_policy import CheckpointPolicy, auto_interval_tokens
 from .checkpoint_store import CaptureRule
 from .config import SchedulerConfig, reuse_log_from_env
@@ -69,7 +75,7 @@ from .stats import (
     StatsSink,
     StepStats,
 )
-from .step import Capture, StepPlan, StepResult, execute_plan
+from .step import Capture, StepPlan, StepResult, Trim, execute_plan
 from .validation import validate_request
 from .worker import EngineWorker
 
@@ -138,6 +144,9 @@ class Scheduler:
         self._worker = EngineWorker()
         self._aging = AgingRate(config.prefill_aging_tokens_per_s)  # fed by _apply
         self._pending_steps: list[StepStats] = []  # applied steps whose stats the sink has not had
+        self._chain: DecodeChain | None = None  # the decode chain the worker runs, if any
+        self._chain_deadline: float | None = None  # earliest deadline when the chain started
+        self._trims: dict[int, int] = {}  # slot -> rows its ended request holds (cut in the next plan)
         self._admission = Admission(
             config,
             caps=self._caps,
@@ -149,7 +158,7 @@ class Scheduler:
             plan_capture=self._plan_capture,
             emit_checkpoint=self._emit_checkpoint,
             on_preemption=lambda: self._sink_call(self._sink.on_preemption),
-            wake=self._wake.set,
+            wake=self._kick,
             log_reuse=config.reuse_log or reuse_log_from_env(),
             restored_floor=pool.restored_min_truncate_len,
             emit_route=self._emit_route,
@@ -262,7 +271,7 @@ class Scheduler:
             events=asyncio.Queue(),
         )
         self._admission.enqueue(seq)
-        self._wake.set()
+        self._kick()
         return RequestHandle(self, seq)
 
     def _reject(self, req: GenerationRequest) -> None:
@@ -309,6 +318,7 @@ class Scheduler:
 
     async def check_integrity(self) -> None:
         """Assert the slot mirror equals the pool and the stores are consistent (tests)."""
+        self._kick()  # a decode chain holds the step lock until it ends
         async with self._step_lock:
             await self._worker.run(self._slots.check_integrity, self._pool)
             self._ckpt.memory.check_integrity()
@@ -328,7 +338,7 @@ class Scheduler:
             seq.cancel_at = now
         if seq.ack is None:
             seq.ack = asyncio.get_running_loop().create_future()
-        self._wake.set()
+        self._kick()
         return await asyncio.shield(seq.ack)
 
     # -- the loop --------------------------------------------------------------------------
@@ -340,6 +350,10 @@ class Scheduler:
                     now = self._clock()
                     plan = self._schedule(now)
                     if plan is not None:
+                        chain = self._chain_for(plan)
+                        if chain is not None:
+                            await self._run_chain(plan, chain, now)
+                            continue
                         step = self._worker.submit(execute_plan, self._pool, plan)
                         self._flush_step_stats()  # while the engine computes
                         result = await step
@@ -360,14 +374,77 @@ class Scheduler:
                 self._finish(seq, FinishReason.ERROR, now, error="scheduler failure")
             raise
 
-    def _next_deadline_in(self, now: float) -> float | None:
+    def _next_deadline(self) -> float | None:
         deadlines = [
             s.deadline for s in itertools.chain(self._queue, self._running.values()) if s.deadline is not None
         ]
-        return max(0.0, min(deadlines) - now) if deadlines else None
+        return min(deadlines) if deadlines else None
+
+    def _next_deadline_in(self, now: float) -> float | None:
+        deadline = self._next_deadline()
+        return None if deadline is None else max(0.0, deadline - now)
+
+    def _kick(self) -> None:
+        """Something needs a schedule: wake the loop, and end a running decode chain at its
+        next step boundary."""
+        self._wake.set()
+        if self._chain is not None:
+            self._chain.stop()
+
+    # -- decode chains (chain.py) ----------------------------------------------------------
+    def _chain_for(self, plan: StepPlan) -> DecodeChain | None:
+        """A chain for `plan` if it is nothing but decodes the worker can pick and nothing
+        waits for the loop, else None."""
+        if not self._config.decode_chain or self._wake.is_set() or self._closing:
+            return None
+        if plan.trims or plan.captures or plan.prepares:
+            return None
+        for e in plan.items:
+            seq = e.owner
+            if (
+                e.sampler is None
+                or seq.phase is not Phase.DECODE
+                or seq.capture_points
+                or seq.cancel_requested
+            ):
+                return None
+        return DecodeChain(plan, self._eos, self._pool.ctx_len)
+
+    async def _run_chain(self, plan: StepPlan, chain: DecodeChain, now: float) -> None:
+        """Hand `plan` to the worker as a chain and apply its steps as they come, stopping it
+        when something needs a schedule (`_kick`) or a deadline passes."""
+        self._chain, self._chain_deadline = chain, self._next_deadline()
+        job = self._worker.submit(chain.run, self._pool, plan)
+        chain.watch(job)
+        self._flush_step_stats()  # while the engine computes
+        try:
+            while (step := await chain.next()) is not None:
+                now = self._clock()
+                self._apply(*step, now)
+                if self._chain_deadline is not None and now >= self._chain_deadline:
+                    chain.stop()
+                chain.applied()
+                self._flush_step_stats()
+        finally:
+            chain.stop()
+            self._chain = None
+        await job
+
+    def _plan_trims(self, plan: StepPlan) -> None:
+        """Cut each slot whose request a chain outran back to that request's rows (as far as
+        its ring allows: any length from the floor up is exact)."""
+        for slot, n in self._trims.items():
+            assert slot not in self._running, f"slot {slot} was handed on before its trim"
+            n = max(n, self._slots.floors[slot])
+            if self._slots.lens[slot] > n:
+                plan.trims.append(Trim(slot, n))
+                self._slots.truncate(slot, n)
+        self._trims.clear()
 
     def _schedule(self, now: float) -> StepPlan | None:
         plan = StepPlan()
+        if self._trims:
+            self._plan_trims(plan)
         for seq in [*self._queue, *self._running.values()]:
             if seq.deadline is not None and seq.deadline <= now:
                 self._finish(seq, FinishReason.TIMEOUT, now)
@@ -447,6 +524,9 @@ class Scheduler:
 
     # -- applying results ------------------------------------------------------------------
     def _apply(self, plan: StepPlan, result: StepResult, now: float) -> None:
+        if plan.chained:  # the worker planned it: its rows enter the mirror now
+            for e in plan.items:
+                self._slots.append(e.batch.slot, e.batch.tokens)
         for cap, snap in zip(plan.captures, result.snapshots):
             if isinstance(snap, BaseException):
                 log.warning("checkpoint capture of %d tokens failed: %s", cap.num_tokens, snap)
@@ -478,8 +558,18 @@ class Scheduler:
             return
         num_prefill = sum(len(it.tokens) for it, seq in ran if seq.phase is Phase.PREFILL)
         num_tokens = sum(len(it.tokens) for it, _ in ran)
+        # rows a chain computed for a request the loop had already ended (cut off by _trims)
+        num_discarded = sum(len(it.tokens) for it, seq in ran if seq.phase is Phase.DONE)
         self._pending_steps.append(
-            StepStats(result.forward_s, num_tokens, num_prefill, num_tokens - num_prefill, len(ran))
+            StepStats(
+                result.forward_s,
+                num_tokens,
+                num_prefill,
+                num_tokens - num_prefill,
+                len(ran),
+                chained=plan.chained,
+                num_discarded_tokens=num_discarded,
+            )
         )
         if result.forward_error is not None:
             self._apply_forward_error(ran, result.forward_error, now)
@@ -496,9 +586,10 @@ class Scheduler:
                 if it.want_logits:
                     seq.phase = Phase.DECODE
                     self._on_logits(seq, result, k, now)
-            else:
+            elif seq.phase is Phase.DECODE:
                 seq.pending_token = None
                 self._on_logits(seq, result, k, now)
+            # else DONE: a chained step's row for a request that had ended, discarded (_trims)
             k += it.want_logits
 
     def _apply_forward_error(
@@ -545,8 +636,11 @@ class Scheduler:
         if seq.slot is not None and self._running.get(seq.slot) is seq:
             del self._running[seq.slot]
             self._slots.last_used[seq.slot] = now
+            if self._chain is not None and seq.slot in self._chain.slots:
+                # the worker may already be computing the next row of this slot (chain.py)
+                self._trims[seq.slot] = self._slots.lens[seq.slot]
         seq.pending_token = None
-        self._wake.set()
+        self._kick()
 
     def _finish(
         self,

@@ -80,6 +80,8 @@ class StepStats:
     num_prefill_tokens: int
     num_decode_tokens: int
     batch_size: int  # slots in the step
+    chained: bool = False  # started by the engine worker without the loop (scheduler/chain.py)
+    num_discarded_tokens: int = 0  # rows computed for requests that had already ended (cut off)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,13 @@ while it computes):
     worker: done -> call_soon_threadsafe -> (asks for the GIL) ...> take job, ack -> fn: compute
     loop:           wakes: apply, schedule -> put job, wait for ack -^ -> SSE writes, HTTP, stats
 
+A decode chain (chain.py) is one job that runs many steps: the worker picks each step's tokens
+and starts the next forward itself, handing each step to the loop with `call_soon_threadsafe`,
+so while it lasts the only hand-off per step is worker -> loop, off the critical path:
+
+    worker: done -> pick, publish ---------------------------> forward N+1 (compute) ...
+    loop:                  wakes: apply N, SSE writes, HTTP (while N+1 computes)
+
 NOTE: `submit` blocks the loop (GIL released) until the worker has taken the job, at most
 `pickup_timeout_s`. Without that wait the worker, which asked for the GIL while the loop held
 it, would get it only when the loop next sleeps in its selector: after every stream's SSE

@@ -142,6 +142,12 @@ def test_no_reuse_flag_and_env() -> None:
     assert parse([], {"SLOTSERVE_NO_REUSE": "0"}).no_reuse is False
 
 
+def test_no_decode_chain_flag_reaches_the_scheduler_config() -> None:
+    assert scheduler_config(parse([])).decode_chain is True
+    assert scheduler_config(parse(["--no-decode-chain"])).decode_chain is False
+    assert scheduler_config(parse([], {"SLOTSERVE_NO_DECODE_CHAIN": "1"})).decode_chain is False
+
+
 def test_cli_run_reports_bad_env_and_exits_2(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,0 +1,150 @@
+"""Decode chaining: the engine worker starts the next decode step itself, without the loop.
+
+Design: when every item of a step is a plain decode whose token the worker can pick (its
+sampler runs off the loop: no grammar) and the step plans nothing else (no trims, captures or
+prepares, no capture point pending, nothing already asking the loop to schedule), the loop
+hands the worker a `DecodeChain` instead of a bare plan. The worker runs the plan, picks the
+tokens (step.py), checks the stop rules it can (eos and stop token ids, max_tokens, the slot's
+context) and, if no request ended and the loop has not asked it to stop, builds the next
+decode plan from the picked tokens and runs it at once. Each step goes to the loop as it
+completes, (plan, result) in order; the loop applies them as usual (events, detokenizing, stop
+strings, stats) while the engine computes the next one:
+
+    worker:  step N | pick, publish N, step N+1 ........ | pick, publish N+1, step N+2 ...
+    loop:                     wake: apply N, SSE writes ^             wake: apply N+1 ...
+
+So one wake-up per step remains (worker -> loop), off the critical path; the loop -> worker
+hand-off is gone while the chain lasts.
+
+The worker never runs more than one step ahead of what the loop has applied: before step N+2
+it waits until the loop applied step N (`applied()`; normally long done, so it does not wait).
+Whatever the loop decides that the worker could not (a stop string matched, a cancel, a new
+request, a deadline) it signals with `stop()`, and the chain ends at the next step boundary.
+The step the worker computed meanwhile may hold a row for a request the loop has already ended:
+the loop discards that row (no event, counted as discarded) and cuts the slot back to the
+request's own rows in its next plan (`StepPlan.trims`), so what a slot holds never depends on
+how the two threads raced. With the one-step bound that is at most one row per slot, within
+the slack rows of a sliding-window ring (`min_truncate_len`).
+
+Ownership: while the chain job runs, the worker alone uses the members' samplers; the loop only
+reads the steps it is handed and writes the stop flag. The per-request counters the worker
+needs (tokens generated) are its own copies, taken when the chain starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+from collections.abc import Set
+
+import numpy as np
+
+from .interface import BatchItem, SlotPool
+from .step import PlannedItem, StepPlan, StepResult, execute_plan
+
+ChainStep = tuple[StepPlan, StepResult]
+
+
+class DecodeChain:
+    """One chained job: the worker's side is `run`; the loop's side `next`, `applied`, `stop`.
+
+    Build it on the loop thread (it reads each item owner's generated-token count), hand
+    `run` to the engine worker with the first plan, then `watch` the job's future."""
+
+    def __init__(self, plan: StepPlan, eos: Set[int], ctx_len: int) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._eos = eos
+        self._ctx_len = ctx_len
+        # slot -> tokens its request has generated once the step in flight is applied (worker's copy)
+        self._generated = {e.batch.slot: e.owner.num_generated for e in plan.items}
+        self._stopped = False  # set by the loop (stop), read by the worker between steps
+        self._turns = threading.Semaphore(1)  # steps the worker may start before the loop applied more
+        self._steps: collections.deque[ChainStep] = collections.deque()  # delivered, not yet taken
+        self._waiter: asyncio.Future[None] | None = None
+        self._done = False  # the job has returned (every step it published is delivered)
+        self.num_steps = 0  # steps the worker started without the loop (worker writes, loop reads after)
+
+    @property
+    def slots(self) -> frozenset[int]:
+        return frozenset(self._generated)
+
+    # -- worker side -----------------------------------------------------------------------
+    def run(self, pool: SlotPool, plan: StepPlan) -> None:
+        """The job: run `plan`, then chained decode steps until a request ends, a step fails or
+        the loop stops the chain. Engine worker thread only."""
+        while True:
+            result = execute_plan(pool, plan)
+            nxt = self._follow(plan, result)
+            self._loop.call_soon_threadsafe(self._deliver, (plan, result))
+            if nxt is None or not self._take_turn():
+                return
+            self.num_steps += 1
+            plan = nxt
+
+    def _follow(self, plan: StepPlan, result: StepResult) -> StepPlan | None:
+        """The decode plan after `plan`, or None if the chain must end here."""
+        if self._stopped or result.forward_error is not None or result.prepare_errors:
+            return None
+        nxt = StepPlan(chained=True)
+        for e, pick in zip(plan.items, result.picks, strict=True):
+            assert pick is not None and e.sampler is not None, "chained items are worker-picked decodes"
+            tok = pick[0]
+            slot = e.batch.slot
+            self._generated[slot] += 1
+            p = e.owner.req.params
+            pos = e.batch.start_pos + len(e.batch.tokens)  # the slot's length after the step
+            if (
+                (tok in self._eos and not p.ignore_eos)
+                or tok in p.stop_token_ids
+                or self._generated[slot] >= p.max_tokens
+                or pos >= self._ctx_len
+            ):
+                return None  # the loop finishes that request (same rules) and reschedules
+            toks = np.array([tok], dtype=np.int32)
+            nxt.items.append(PlannedItem(BatchItem(slot, toks, pos, True), e.owner, None, e.sampler))
+        return nxt
+
+    def _take_turn(self) -> bool:
+        """Wait (GIL released) until the loop applied the step before the one just published;
+        False if the loop stopped the chain."""
+        self._turns.acquire()
+        return not self._stopped
+
+    # -- loop side -------------------------------------------------------------------------
+    def watch(self, job: asyncio.Future[None]) -> None:
+        """Let `next` end when the job (the future of `run` on the worker) is done."""
+        job.add_done_callback(self._job_done)
+
+    def _deliver(self, step: ChainStep) -> None:
+        self._steps.append(step)
+        self._wake_waiter()
+
+    def _job_done(self, _: asyncio.Future[None]) -> None:
+        self._done = True
+        self._wake_waiter()
+
+    def _wake_waiter(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def next(self) -> ChainStep | None:
+        """The next step the worker completed, in order; None once the chain ended and every
+        step was taken."""
+        while not self._steps:
+            if self._done:
+                return None
+            self._waiter = self._loop.create_future()
+            await self._waiter
+        return self._steps.popleft()
+
+    def applied(self) -> None:
+        """The loop applied one more step: the worker may start one more."""
+        self._turns.release()
+
+    def stop(self) -> None:
+        """End the chain at the next step boundary (idempotent; the step in flight completes)."""
+        if not self._stopped:
+            self._stopped = True
+            self._turns.release()  # a worker waiting for its turn sees the flag at once

@@ -133,15 +133,16 @@ class CheckpointPolicy:
         every prompt starts with)."""
         if not self.enabled:
             return []
-        found: list[CheckpointMatch | None] = [self.memory.find(prompt)]
+        least = self._config.min_checkpoint_tokens
+        found: list[CheckpointMatch | None] = [self.memory.find(prompt, least)]
         if staged is not None:
             tokens, _ = staged
             c = common_prefix_len(prompt, tokens)
             n = len(tokens)
             found.append(CheckpointMatch(CheckpointTier.DISK, tokens_key(tokens), n, c, self._floor(n)))
         elif self.disk is not None:
-            found.append(self.disk.find(prompt, self._floor))
-        L, least = int(prompt.shape[0]), self._config.min_checkpoint_tokens
+            found.append(self.disk.find(prompt, self._floor, least))
+        L = int(prompt.shape[0])
         return [
             m
             for m in found

@@ -149,17 +149,19 @@ class MemoryCheckpointStore:
         e = self._entries.get(tokens_key(tokens))
         return e is not None and np.array_equal(e.tokens, tokens)
 
-    def find(self, prompt: np.ndarray) -> CheckpointMatch | None:
+    def find(self, prompt: np.ndarray, least: int = 1) -> CheckpointMatch | None:
         """The entry that supplies the most prompt tokens (`usable_len`: with a ring, an entry
         longer than the common prefix may be unable to be cut back to it); ties: the shorter
-        entry. None if no entry supplies any. Looks at the entries in order of their common
-        prefix with the prompt, longest first, and stops where that falls below the best's
-        usable length (with full KV: after the best and its ties)."""
+        entry. None if no entry shares at least `least` tokens with the prompt or none supplies
+        any. Looks at the entries in order of their common prefix with the prompt, longest
+        first, and stops where that falls below `least` or the best's usable length (with full
+        KV: after the best and its ties), so entries sharing only a short header with the prompt
+        cost nothing even where a ring makes every long one unusable."""
         best: tuple[int, int, str, int] | None = None
         L = int(prompt.shape[0])
         for key, c in self._index.sharing(prompt):
-            if c == 0 or (best is not None and c < best[0]):
-                break  # the rest share fewer tokens than the best supplies
+            if c < max(least, 1) or (best is not None and c < best[0]):
+                break  # the rest share fewer tokens than asked for or than the best supplies
             e = self._entries[key]
             u = usable_len(c, e.num_tokens, L, self._floor(e.num_tokens))
             cand = (u, -e.num_tokens, key, c)

@@ -321,16 +321,19 @@ class DiskCheckpointStore:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def find(self, prompt: np.ndarray, restored_floor: RestoredFloor = no_floor) -> CheckpointMatch | None:
+    def find(
+        self, prompt: np.ndarray, restored_floor: RestoredFloor = no_floor, least: int = 1
+    ) -> CheckpointMatch | None:
         """The indexed file that supplies the most prompt tokens (`usable_len` under the pool's
         `restored_floor`; ties: the shorter file); None before the index is built or if none
-        supplies any. Cheap: the files in order of their common prefix with the prompt, longest
-        first, until that falls below the best's usable length (MemoryCheckpointStore.find)."""
+        shares `least` tokens or supplies any. Cheap: the files in order of their common prefix
+        with the prompt, longest first, until that falls below `least` or the best's usable
+        length (MemoryCheckpointStore.find)."""
         best: tuple[int, int, DiskEntry, int] | None = None
         L = int(prompt.shape[0])
         with self._lock:
             for key, c in self._index.sharing(prompt):
-                if c == 0 or (best is not None and c < best[0]):
+                if c < max(least, 1) or (best is not None and c < best[0]):
                     break
                 e = self._entries[key]
                 n = int(e.tokens.shape[0])

@@ -101,3 +101,19 @@ def test_find_skips_the_many_entries_that_share_only_a_header(monkeypatch):
     m = store.find(np.concatenate([conv, toks(2, 10)]))
     assert m is not None and (m.key, m.common) == (ck.tokens_key(conv), 40)
     assert len(calls) == 1  # the best alone: every other entry shares 4 < 40 tokens
+
+
+def test_find_with_least_skips_header_sharers_even_when_a_ring_makes_them_unusable(monkeypatch):
+    """Ring KV: an entry longer than what it shares cannot be cut back (floor n), so no entry
+    sharing only the 4-token header supplies anything; with least=64 (the routing floor) find
+    stops at once instead of comparing the prompt with all of them."""
+    header = np.asarray([7, 8, 9, 10], np.int32)
+    store = MemoryCheckpointStore(1 << 30, restored_floor=lambda n: n)
+    for i in range(300):
+        store.insert(np.concatenate([header, toks(100 + i, 100)]), bytes(1), CaptureRule.EVICT)
+    calls = []
+    real = ck.usable_len
+    monkeypatch.setattr(ck, "usable_len", lambda *a: calls.append(a) or real(*a))
+    prompt = np.concatenate([header, toks(1, 50)])
+    assert store.find(prompt, least=64) is None and calls == []
+    assert store.find(prompt) is None and len(calls) == 300  # without it: every one, all unusable

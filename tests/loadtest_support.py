@@ -6,6 +6,11 @@ messages ChatML style, and reports `cached_tokens` = the longest common prefix o
 with anything it has seen (prompts at arrival; prompt + generated tokens when a stream ends),
 capped at len(prompt) - 1 like real servers. That is the oracle's definition minus the cap, so
 the harness's report can be checked exactly: cached <= oracle on every request.
+
+`llama_cpp=True` makes it answer as llama.cpp's server does: POST /tokenize reads only
+`content` (anything else gets `{"tokens": []}`), chat prompts are rendered by POST
+/apply-template, and the cached count comes as `timings.cache_n` beside a `usage` without
+`prompt_tokens_details` (as llama.cpp reported it before it had that field).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ class MockLLM:
         self.seen: list[list[int]] = []  # every sequence the 'server' computed
         self.num_disconnects = 0
         self.num_requests = 0
+        self.num_apply_template = 0  # POST /apply-template calls (llama.cpp dialect)
 
     def encode(self, text: str) -> list[int]:
         return [self.vocab.setdefault(p, len(self.vocab)) for p in _PIECES.findall(text)]
@@ -74,7 +80,9 @@ class MockLLM:
         return [w if i in (0, 3) else "\n" if i == 2 else " " + w for i, w in enumerate(words)]
 
 
-def build_app(llm: MockLLM, has_tokenize: bool, api_key: str | None = None) -> Starlette:
+def build_app(
+    llm: MockLLM, has_tokenize: bool, api_key: str | None = None, llama_cpp: bool = False
+) -> Starlette:
     def error(status: int, message: str) -> JSONResponse:
         return JSONResponse(
             {"error": {"message": message, "type": "invalid_request_error"}}, status_code=status
@@ -117,9 +125,13 @@ def build_app(llm: MockLLM, has_tokenize: bool, api_key: str | None = None) -> S
                         "prompt_tokens": len(ids),
                         "completion_tokens": len(pieces),
                         "total_tokens": len(ids) + len(pieces),
-                        "prompt_tokens_details": {"cached_tokens": cached},
                     }
-                    yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n"
+                    final: dict = {"choices": [], "usage": usage}
+                    if llama_cpp:
+                        final["timings"] = {"cache_n": cached, "prompt_n": len(ids) - cached}
+                    else:
+                        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+                    yield f"data: {json.dumps(final)}\n\n"
                 yield "data: [DONE]\n\n"
             finally:
                 if not is_seen:  # the client went away mid-stream
@@ -132,12 +144,20 @@ def build_app(llm: MockLLM, has_tokenize: bool, api_key: str | None = None) -> S
         if not has_tokenize:
             return error(404, "not found")
         body = await request.json()
+        if llama_cpp:
+            return JSONResponse({"tokens": llm.encode(body["content"]) if "content" in body else []})
         if "messages" in body:
             text = llm.render(body["messages"], body.get("add_generation_prompt", True))
         else:
             text = body["prompt"]
         ids = llm.encode(text)
         return JSONResponse({"tokens": ids, "count": len(ids)})
+
+    async def apply_template(request: Request) -> JSONResponse:
+        if not llama_cpp:
+            return error(404, "not found")
+        llm.num_apply_template += 1
+        return JSONResponse({"prompt": llm.render((await request.json())["messages"])})
 
     async def models(request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{"id": "mock-model", "object": "model"}]})
@@ -153,6 +173,7 @@ def build_app(llm: MockLLM, has_tokenize: bool, api_key: str | None = None) -> S
             Route("/v1/chat/completions", completions, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/apply-template", apply_template, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
         ],
     )
@@ -167,13 +188,14 @@ class MockServer:
         has_tokenize: bool = True,
         api_key: str | None = None,
         token_delay_s: float = 0.0005,
+        llama_cpp: bool = False,
     ) -> None:
         self.llm = MockLLM(reuse, token_delay_s)
         self._sock = socket.socket()
         self._sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
         config = uvicorn.Config(
-            build_app(self.llm, has_tokenize, api_key), log_level="warning", lifespan="off"
+            build_app(self.llm, has_tokenize, api_key, llama_cpp), log_level="warning", lifespan="off"
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
@@ -233,5 +255,7 @@ def assert_consistent(res: results.Results, one_chunk_per_token: bool = False) -
             else:  # a chunk carries at least one token
                 assert len(r.itl_s) <= r.completion_tokens - 1
     assert sum(p.n for p in s.ttft_by_turn.values()) == sum(r.ttft_s is not None for r in res.requests)
+    num_returning = sum(p.n for t, p in s.ttft_by_turn.items() if t >= 1)
+    assert (s.ttft_returning.n if s.ttft_returning else 0) == num_returning
     assert s.ttft_p50 <= s.ttft_p90 <= s.ttft_p99
     assert s.requests_per_s == pytest.approx(s.num_ok / s.duration_s)

@@ -5,7 +5,8 @@ reads the server-sent events and stamps the arrival of every chunk that carries 
 send -> first text chunk, inter-token latencies are the gaps between text chunks (a server that
 packs several tokens in one chunk shows one gap for them), end-to-end is send -> end of stream.
 Token counts come from the final `usage` chunk; `prompt_tokens_details.cached_tokens` is the
-server's own count of prompt tokens it did not compute. An abort closes the response after
+server's own count of prompt tokens it did not compute (or, from a server that reports no
+`prompt_tokens_details`, llama.cpp's `timings.cache_n`: the same count). An abort closes the response after
 `abort_after_tokens` text chunks, which drops the connection: the server sees a disconnect.
 """
 
@@ -107,6 +108,11 @@ def _apply_chunk(ex: Exchange, chunk: Any, now: float) -> None:
         details = usage.get("prompt_tokens_details")
         if isinstance(details, dict):
             ex.cached_tokens = details.get("cached_tokens")
+    timings = chunk.get("timings")
+    if ex.cached_tokens is None and isinstance(timings, dict) and isinstance(timings.get("cache_n"), int):
+        # NOTE: llama.cpp's server before it reported prompt_tokens_details: its own count of
+        # prompt tokens taken from the slot's cache, beside `usage` in the last chunks.
+        ex.cached_tokens = timings["cache_n"]
     for choice in choices:
         delta = choice.get("delta")
         piece = (

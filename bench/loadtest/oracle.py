@@ -22,8 +22,9 @@ it. Its sum is the figure a server can reach; per request, arrival races may let
 the other request of a pair, so the per-request bound stays the oracle above.
 
 Token ids come from the server's POST /tokenize (`messages` rendered with the generation
-prompt for chat; the reply as plain text without special tokens). When the server has no
-/tokenize, `oracle_from_usage` estimates from usage counts at message granularity instead.
+prompt for chat; the reply as plain text without special tokens), in either of the two request
+shapes servers use (`ServerTokenizer`). When the server has no /tokenize,
+`oracle_from_usage` estimates from usage counts at message granularity instead.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import httpx
@@ -162,42 +164,96 @@ class TokenizeUnavailable(Exception):
     """The server has no usable POST /tokenize."""
 
 
+class Dialect(Enum):
+    """The request shape of a server's POST /tokenize."""
+
+    MESSAGES = "messages"  # {"messages": [...]} or {"prompt": text} (slotserve, vLLM, SGLang)
+    CONTENT = "content"  # {"content": text} only; chat via POST /apply-template (llama.cpp)
+
+
+# A text every tokenizer turns into at least one token: the dialect probe.
+_PROBE_TEXT = "Hello world"
+
+
 class ServerTokenizer:
-    """Token ids from the server's POST /tokenize ({"tokens": [...]} in the reply)."""
+    """Token ids from the server's POST /tokenize ({"tokens": [...]} in the reply).
+
+    The dialect is found on first use: a server that answers `{"prompt": ...}` with tokens
+    speaks MESSAGES; one that answers it with an empty list but `{"content": ...}` with tokens
+    speaks CONTENT (llama.cpp's server reads only `content` and answers anything else with
+    `{"tokens": []}`, which would otherwise pass for a prompt of no tokens). In CONTENT, a chat
+    prompt is rendered by the server's POST /apply-template and tokenised with special tokens
+    added and parsed, as its chat endpoint does; a reply is parsed without added specials."""
 
     def __init__(self, client: httpx.AsyncClient, base_url: str, model: str) -> None:
-        self._client, self._url, self._model = client, base_url + "/tokenize", model
+        self._client, self._base, self._model = client, base_url, model
         self._memo: dict[str, list[int]] = {}
         self._gate = asyncio.Semaphore(4)  # a few calls at a time: the run is over, be gentle
+        self._dialect_lock = asyncio.Lock()
+        self.dialect: Dialect | None = None  # found by the first call
+
+    async def _post(self, path: str, body: dict[str, Any]) -> Any:
+        """The JSON reply of a 200 to POST `path` (TokenizeUnavailable otherwise)."""
+        async with self._gate:
+            try:
+                resp = await self._client.post(self._base + path, json={"model": self._model, **body})
+            except httpx.HTTPError as exc:
+                raise TokenizeUnavailable(f"POST {path} failed: {exc}") from None
+        if resp.status_code != 200:
+            raise TokenizeUnavailable(f"POST {path} answered HTTP {resp.status_code}")
+        try:
+            return resp.json()
+        except ValueError:
+            raise TokenizeUnavailable(f"POST {path} reply is not JSON") from None
 
     async def _tokenize(self, body: dict[str, Any]) -> list[int]:
         key = json.dumps(body, sort_keys=True)
         if key in self._memo:
             return self._memo[key]
-        async with self._gate:
-            try:
-                resp = await self._client.post(self._url, json={"model": self._model, **body})
-            except httpx.HTTPError as exc:
-                raise TokenizeUnavailable(f"POST /tokenize failed: {exc}") from None
-        if resp.status_code != 200:
-            raise TokenizeUnavailable(f"POST /tokenize answered HTTP {resp.status_code}")
+        reply = await self._post("/tokenize", body)
         try:
-            tokens = resp.json()["tokens"]
-            ids = [int(t) for t in tokens]
-        except (ValueError, KeyError, TypeError):
+            ids = [int(t) for t in reply["tokens"]]
+        except (KeyError, TypeError, ValueError):
             raise TokenizeUnavailable("POST /tokenize reply has no integer list `tokens`") from None
         self._memo[key] = ids
         return ids
 
+    async def _get_dialect(self) -> Dialect:
+        async with self._dialect_lock:
+            if self.dialect is None:
+                if await self._tokenize({"prompt": _PROBE_TEXT}):
+                    self.dialect = Dialect.MESSAGES
+                elif await self._tokenize({"content": _PROBE_TEXT}):
+                    self.dialect = Dialect.CONTENT
+                else:
+                    raise TokenizeUnavailable(
+                        f"POST /tokenize answers {_PROBE_TEXT!r} with no tokens, "
+                        "given as `prompt` or as `content`"
+                    )
+            return self.dialect
+
     async def prompt_ids(self, ex: Exchange) -> list[int]:
+        dialect = await self._get_dialect()
+        if dialect is Dialect.MESSAGES:
+            if ex.spec.messages is not None:
+                return await self._tokenize(
+                    {"messages": list(ex.spec.messages), "add_generation_prompt": True}
+                )
+            return await self._tokenize({"prompt": ex.spec.prompt})
+        text = ex.spec.prompt
         if ex.spec.messages is not None:
-            return await self._tokenize({"messages": list(ex.spec.messages), "add_generation_prompt": True})
-        return await self._tokenize({"prompt": ex.spec.prompt})
+            rendered = await self._post("/apply-template", {"messages": list(ex.spec.messages)})
+            text = rendered.get("prompt") if isinstance(rendered, dict) else None
+            if not isinstance(text, str):
+                raise TokenizeUnavailable("POST /apply-template reply has no string `prompt`")
+        return await self._tokenize({"content": text, "add_special": True, "parse_special": True})
 
     async def text_ids(self, text: str) -> list[int]:
         if not text:
             return []
-        return await self._tokenize({"prompt": text, "add_special_tokens": False})
+        if await self._get_dialect() is Dialect.MESSAGES:
+            return await self._tokenize({"prompt": text, "add_special_tokens": False})
+        return await self._tokenize({"content": text, "add_special": False, "parse_special": True})
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """From exchanges to records and a summary; the end-of-run table and `compare`.
 
 Which requests count where:
-- TTFT (overall and by turn): every request that streamed a first token (completed or aborted);
+- TTFT (overall, by turn, and over returning turns: turn index >= 1): every request that
+  streamed a first token (completed or aborted);
 - ITL and end-to-end: completed requests;
 - requests/s, goodput: completed requests over the run's duration (first send -> last end);
 - output tokens/s: completion tokens of every request, aborted ones included;
@@ -104,6 +105,7 @@ def summarize(
     )
     per_s = (lambda n: n / duration_s) if duration_s > 0 else (lambda n: 0.0)
     ttft, itl, e2e = _pcts(ttfts), _pcts(itls), _pcts(e2es)
+    returning = [x for turn, xs in by_turn.items() if turn >= 1 for x in xs]
     return Summary(
         num_requests=len(records),
         num_ok=len(ok),
@@ -120,6 +122,7 @@ def summarize(
         e2e_p90=e2e.p90,
         e2e_p99=e2e.p99,
         ttft_by_turn={t: _pcts(v) for t, v in sorted(by_turn.items())},
+        ttft_returning=_pcts(returning) if returning else None,
         requests_per_s=per_s(len(ok)),
         output_tokens_per_s=per_s(sum(r.completion_tokens or 0 for r in records)),
         slo_ttft_s=slo_ttft_s,
@@ -169,6 +172,9 @@ def summary_tables(results: Results) -> list[RenderableType]:
     )
     for turn, p in s.ttft_by_turn.items():
         lat.add_row(f"  TTFT turn {turn}", str(p.n), _ms(p.p50), _ms(p.p90), _ms(p.p99))
+    if s.ttft_returning is not None and len(s.ttft_by_turn) > 2:
+        p = s.ttft_returning
+        lat.add_row("  TTFT turns >= 1", str(p.n), _ms(p.p50), _ms(p.p90), _ms(p.p99))
     lat.add_row("ITL", "", _ms(s.itl_p50), _ms(s.itl_p90), _ms(s.itl_p99))
     lat.add_row("end-to-end", str(ok_n), _ms(s.e2e_p50), _ms(s.e2e_p90), _ms(s.e2e_p99))
     thr = Table()
@@ -222,6 +228,10 @@ COMPARED = (
 def compare_rows(a: Summary, b: Summary) -> list[tuple[str, str, float | None, float | None]]:
     """(label, unit, A, B) for every compared metric, TTFT p50 per shared turn included."""
     rows = [(label, unit, getattr(a, attr), getattr(b, attr)) for label, attr, unit in COMPARED]
+    ra, rb = a.ttft_returning, b.ttft_returning
+    if ra is not None and rb is not None:
+        rows.append(("TTFT p50 turns >= 1", "ms", ra.p50, rb.p50))
+        rows.append(("TTFT p99 turns >= 1", "ms", ra.p99, rb.p99))
     for turn in sorted(set(a.ttft_by_turn) & set(b.ttft_by_turn)):
         rows.append((f"TTFT p50 turn {turn}", "ms", a.ttft_by_turn[turn].p50, b.ttft_by_turn[turn].p50))
     return rows

@@ -80,6 +80,7 @@ class Summary(msgspec.Struct, kw_only=True):
     e2e_p90: float | None
     e2e_p99: float | None
     ttft_by_turn: dict[int, Percentiles]
+    ttft_returning: Percentiles | None = None  # turn index >= 1 (None: no such request streamed)
     requests_per_s: float  # completed (ok) requests / duration
     output_tokens_per_s: float  # completion tokens of every request / duration
     slo_ttft_s: float

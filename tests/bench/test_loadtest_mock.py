@@ -149,6 +149,28 @@ def test_oracle_falls_back_to_usage_without_tokenize(tmp_path: Path):
             assert r.oracle_cached_tokens == 0
 
 
+@pytest.mark.parametrize("workload", ["multi-turn", "abort-resend"])
+def test_llama_cpp_dialect_gives_the_exact_oracle(workload: str, tmp_path: Path):
+    # llama.cpp's server answers /tokenize {"prompt": ...} with no tokens and reports cached
+    # tokens as timings.cache_n: the harness must find its dialect, not report an empty oracle.
+    with MockServer(reuse=True, llama_cpp=True) as server:
+        res = run_loadtest(server.url, workload, tmp_path / "l.json", "--concurrency", "2")
+        num_templates = server.llm.num_apply_template
+    assert_consistent(res, one_chunk_per_token=True)
+    s = res.summary
+    assert s.oracle_source == "tokenize" and s.oracle_len_mismatches == 0
+    assert num_templates == len(res.requests)  # every chat prompt rendered by the server
+    ok = [r for r in res.requests if r.status == "ok"]
+    assert ok and all(r.cached_tokens is not None for r in ok)  # read from timings.cache_n
+    later = [r for r in ok if r.turn_index >= 1 or r.attempt == 1]
+    assert later and s.cached_tokens > 0
+    for r in later:  # as with slotserve's dialect: exactly the mock's cache, capped
+        assert r.cached_tokens == min(r.oracle_cached_tokens, r.prompt_tokens - 1) > 0
+    with MockServer(reuse=True) as server:  # the other dialect never renders through the server
+        run_loadtest(server.url, workload, tmp_path / "m.json", "--concurrency", "2")
+        assert server.llm.num_apply_template == 0
+
+
 def test_request_budget_and_open_loop(reuse_server: MockServer, tmp_path: Path):
     res = run_loadtest(
         reuse_server.url, "oversubscribed", tmp_path / "o.json", "--rate", "200", "--requests", "10"

@@ -69,6 +69,34 @@ async def test_a_malformed_stream_chunk_is_an_error_exchange_not_an_exception(pa
     assert ex.error is not None and "malformed" in ex.error
 
 
+@pytest.mark.parametrize(
+    "usage_extra, timings, cached",
+    [
+        ({"prompt_tokens_details": {"cached_tokens": 7}}, None, 7),
+        ({}, {"cache_n": 5, "prompt_n": 4}, 5),  # llama.cpp before prompt_tokens_details
+        ({"prompt_tokens_details": {"cached_tokens": 7}}, {"cache_n": 5}, 7),  # the standard field wins
+        ({}, None, None),
+    ],
+)
+async def test_cached_tokens_from_usage_or_llama_cpp_timings(usage_extra, timings, cached):
+    import httpx
+    from slotserve.bench.loadtest.client import send
+
+    final: dict = {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 1, **usage_extra}}
+    if timings is not None:
+        final["timings"] = timings
+    text = {"choices": [{"index": 0, "text": "x", "finish_reason": "length"}]}
+    body = f"data: {json.dumps(text)}\n\ndata: {json.dumps(final)}\n\ndata: [DONE]\n\n".encode()
+    transport = httpx.MockTransport(
+        lambda request: httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+    )
+    spec = RequestSpec(conversation_id="c", turn_index=0, max_tokens=1, prompt="hi")
+    async with httpx.AsyncClient(transport=transport) as client:
+        ex = await send(client, "http://t", spec, 0, SendParams(model="m"))
+    assert ex.outcome is Outcome.OK and ex.prompt_tokens == 9
+    assert ex.cached_tokens == cached
+
+
 # ------------------------------------------------------------------ percentiles
 
 
@@ -397,6 +425,12 @@ def test_summary_counts_and_ratios():
     assert s.goodput_per_s == good / 2.0 and s.slo_attainment == good / 8
     assert s.output_tokens_per_s == 40 / 2.0
     assert {t: p.n for t, p in s.ttft_by_turn.items()} == {0: 2, 1: 2, 2: 3, 3: 1}  # i // 3, i % 5 fail
+    returning = [r.ttft_s for r in ok if r.turn_index >= 1]
+    assert s.ttft_returning is not None and s.ttft_returning.n == len(returning) == 6
+    assert s.ttft_returning.p50 == report.percentile(returning, 50)
+    assert s.ttft_returning.p99 == report.percentile(returning, 99)
+    firsts = [r for r in res.requests if r.turn_index == 0]  # no returning turn: None
+    assert report.summarize(firsts, 1.0, 0.2, "tokenize").ttft_returning is None
 
 
 def test_results_round_trip_and_bad_files(tmp_path: Path):
@@ -421,6 +455,7 @@ def test_compare_rows_and_ratios():
     rows = {label: (va, vb) for label, _, va, vb in report.compare_rows(a.summary, b.summary)}
     assert rows["TTFT p50"] == (a.summary.ttft_p50, b.summary.ttft_p50)
     assert rows["TTFT p50 turn 2"] == (a.summary.ttft_by_turn[2].p50, b.summary.ttft_by_turn[2].p50)
+    assert rows["TTFT p50 turns >= 1"] == (a.summary.ttft_returning.p50, b.summary.ttft_returning.p50)
     assert report.ratio(2.0, 3.0) == 1.5 and report.ratio(0.0, 1.0) is None
     assert report.ratio(None, 1.0) is None
 

@@ -11,7 +11,17 @@ if TYPE_CHECKING:
     from .driver import DriveConfig
 
 API_KEY_ENV = "SLOTSERVE_LOADTEST_API_KEY"  # the --api-key default
-WORKLOADS = ("multi-turn", "agent", "abort-resend", "shared-prefix", "oversubscribed", "edit-turn", "trace")
+# workloads.SYNTHETIC_WORKLOADS, then workloads.PRESETS, then trace (not imported: fast --help)
+WORKLOADS = (
+    "multi-turn",
+    "agent",
+    "abort-resend",
+    "shared-prefix",
+    "oversubscribed",
+    "edit-turn",
+    "sessions",
+    "trace",
+)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -51,7 +61,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help=f"send 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, which keeps the "
         "key out of the process list)",
     )
-    sizes = run_p.add_argument_group("workload sizes (lengths in words, ~1 token each)")
+    sizes = run_p.add_argument_group(
+        "workload sizes (lengths in words, ~1 token each; sessions: 8 conversations, 3 turns, "
+        "system 1400, turn 40, reply 32, C = 4)"
+    )
     sizes.add_argument(
         "--conversations",
         type=int,
@@ -63,14 +76,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="turns per conversation (default 4; shared-prefix 1; agent: tool rounds + 1)",
     )
-    sizes.add_argument("--system-len", type=int, default=400, help="system prompt (default 400)")
-    sizes.add_argument("--turn-len", type=int, default=40, help="user message (default 40)")
-    sizes.add_argument("--reply-len", type=int, default=32, help="max_tokens per reply (32)")
-    sizes.add_argument("--tool-result-len", type=int, default=80, help="agent tool result (80)")
+    sizes.add_argument("--system-len", type=int, help="system prompt (default 400)")
+    sizes.add_argument("--turn-len", type=int, help="user message (default 40)")
+    sizes.add_argument("--reply-len", type=int, help="max_tokens per reply (32)")
+    sizes.add_argument("--tool-result-len", type=int, help="agent tool result (80)")
     sizes.add_argument(
         "--abort-after",
         type=int,
-        default=4,
         help="abort-resend: disconnect after this many tokens (default 4)",
     )
     run_p.add_argument(
@@ -123,16 +135,19 @@ def _run(args: argparse.Namespace) -> int:
     from .client import SendParams
     from .driver import DriveConfig
     from .trace import load_trace
-    from .workloads import WorkloadConfig, build_conversations, num_planned_requests
+    from .workloads import PRESETS, WorkloadConfig, build_conversations, num_planned_requests
 
     if (args.workload == "trace") != (args.trace is not None):
         raise ValueError("--workload trace needs --trace FILE, and --trace needs --workload trace")
     if args.slo_ttft <= 0 or args.timeout <= 0:
         raise ValueError("--slo-ttft and --timeout must be > 0 seconds")
     url = args.url.rstrip("/").removesuffix("/v1")
+    preset = PRESETS.get(args.workload)
+    workload = preset.workload if preset else args.workload  # what builds the requests
+    defaults = preset.sizes if preset else WorkloadConfig()
     concurrency = args.concurrency
     if concurrency is None and args.rate is None and args.workload != "trace":
-        concurrency = 4
+        concurrency = preset.concurrency if preset else 4
     # Validated before anything connects; the model name is filled in once known.
     cfg = DriveConfig(
         base_url=url,
@@ -158,19 +173,20 @@ def _run(args: argparse.Namespace) -> int:
         planned = sum(len(c.specs) for c in conversations)
     else:
         base = concurrency if concurrency is not None else 8
-        is_many = args.workload in ("shared-prefix", "oversubscribed")
+        is_many = workload in ("shared-prefix", "oversubscribed")
+        num_conversations = preset.sizes.num_conversations if preset else 4 * base if is_many else base
         wl = WorkloadConfig(
             seed=args.seed,
-            num_conversations=_given(args.conversations, 4 * base if is_many else base),
-            num_turns=_given(args.turns, 1 if args.workload == "shared-prefix" else 4),
-            system_len=args.system_len,
-            turn_len=args.turn_len,
-            reply_len=args.reply_len,
-            tool_result_len=args.tool_result_len,
-            abort_after=args.abort_after,
+            num_conversations=_given(args.conversations, num_conversations),
+            num_turns=_given(args.turns, 1 if workload == "shared-prefix" else defaults.num_turns),
+            system_len=_given(args.system_len, defaults.system_len),
+            turn_len=_given(args.turn_len, defaults.turn_len),
+            reply_len=_given(args.reply_len, defaults.reply_len),
+            tool_result_len=_given(args.tool_result_len, defaults.tool_result_len),
+            abort_after=_given(args.abort_after, defaults.abort_after),
         )
-        conversations = build_conversations(args.workload, wl)
-        planned = num_planned_requests(args.workload, wl)
+        conversations = build_conversations(workload, wl)
+        planned = num_planned_requests(workload, wl)
         sizes = {k: getattr(wl, k) for k in wl.__dataclass_fields__ if k != "seed"}
     total = min(planned, args.requests) if args.requests else planned
     return asyncio.run(_run_async(args, cfg, conversations, sizes, total))

@@ -237,6 +237,27 @@ class AgentConversation:
 SYNTHETIC_WORKLOADS = ("multi-turn", "agent", "abort-resend", "shared-prefix", "oversubscribed", "edit-turn")
 
 
+@dataclass(frozen=True, slots=True)
+class Preset:
+    """A named case: one synthetic workload at its own default sizes and closed-loop width.
+    It sends exactly the requests of `workload` at those sizes; flags given explicitly win."""
+
+    workload: str  # one of SYNTHETIC_WORKLOADS
+    sizes: WorkloadConfig  # the default sizes (its seed is unused: --seed sets it)
+    concurrency: int  # the closed loop's default C (an open loop still takes --rate)
+
+
+PRESETS = {
+    # Issue 16's returning conversations: 8 chats, each with its own ~1,500-token system
+    # prompt, 3 turns, 4 at a time (serve with --batched-session 4 --ctx-size 8192).
+    "sessions": Preset(
+        workload="multi-turn",
+        sizes=WorkloadConfig(num_conversations=8, num_turns=3, system_len=1400, turn_len=40, reply_len=32),
+        concurrency=4,
+    ),
+}
+
+
 def build_conversations(workload: str, cfg: WorkloadConfig) -> list[Conversation]:
     """The conversations of a synthetic workload, identical for identical (workload, cfg)."""
     if workload not in SYNTHETIC_WORKLOADS:

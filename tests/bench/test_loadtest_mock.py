@@ -171,6 +171,41 @@ def test_llama_cpp_dialect_gives_the_exact_oracle(workload: str, tmp_path: Path)
         assert server.llm.num_apply_template == 0
 
 
+def test_sessions_preset_is_multi_turn_at_issue_16_sizes(tmp_path: Path):
+    out = tmp_path / "s.json"
+    with MockServer(reuse=True) as server:  # the preset's own sizes, first 4 requests
+        argv = ["loadtest", "run", "--url", server.url, "--workload", "sessions", "--quiet"]
+        assert slotserve_main([*argv, "--json", str(out), "--requests", "4"]) == 0
+    res = results.load(out)
+    assert res.config.workload == "sessions" and (res.config.mode, res.config.concurrency) == ("closed", 4)
+    assert res.config.sizes == {
+        "num_conversations": 8,
+        "num_turns": 3,
+        "system_len": 1400,
+        "turn_len": 40,
+        "reply_len": 32,
+        "tool_result_len": 80,
+        "abort_after": 4,
+    }
+    assert len(res.requests) == 4 and all(r.prompt_tokens > 1400 for r in res.requests)
+    # The same requests as multi-turn at those sizes (explicit flags still win over the preset).
+    runs = {}
+    for workload, extra in (("sessions", []), ("multi-turn", ["--conversations", "8", "--turns", "3"])):
+        with MockServer(reuse=True) as server:
+            runs[workload] = run_loadtest(server.url, workload, tmp_path / f"{workload}.json", *extra)
+    assert len(runs["sessions"].requests) == 24
+    prompts = {
+        w: sorted((r.conversation_id, r.turn_index, r.prompt_tokens) for r in res.requests)
+        for w, res in runs.items()
+    }
+    assert prompts["sessions"] == prompts["multi-turn"]
+    assert runs["sessions"].summary.ttft_returning.n == 16
+    with MockServer(reuse=True) as server:  # and as an open loop: 8 conversations still
+        opened = run_loadtest(server.url, "sessions", tmp_path / "o.json", "--rate", "100")
+    assert opened.config.mode == "open" and opened.config.sizes["num_conversations"] == 8
+    assert len(opened.requests) == 24
+
+
 def test_request_budget_and_open_loop(reuse_server: MockServer, tmp_path: Path):
     res = run_loadtest(
         reuse_server.url, "oversubscribed", tmp_path / "o.json", "--rate", "200", "--requests", "10"

@@ -506,3 +506,12 @@ def test_cli_refuses_bad_flags_before_connecting(flags, message, tmp_path: Path,
     )
     assert rc == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "r.json").exists()
+
+
+def test_cli_workload_choices_are_the_workloads_presets_and_trace():
+    from slotserve.bench.loadtest.cli import WORKLOADS
+    from slotserve.bench.loadtest.workloads import PRESETS, SYNTHETIC_WORKLOADS
+
+    assert WORKLOADS == (*SYNTHETIC_WORKLOADS, *PRESETS, "trace")
+    for preset in PRESETS.values():
+        assert preset.workload in SYNTHETIC_WORKLOADS

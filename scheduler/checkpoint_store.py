@@ -50,6 +50,53 @@ def usable_len(common: int, num_tokens: int, prompt_len: int, floor: int) -> int
     return 0 if u < num_tokens and u < floor else max(u, 0)
 
 
+MAX_TIES = 16  # entries a lookup compares after its best that can only tie with it (see best_match)
+
+
+def best_match(
+    index: PrefixIndex, prompt: np.ndarray, floor: RestoredFloor, least: int = 1
+) -> tuple[str, int, int] | None:
+    """(key, tokens it holds, common prefix) of the entry in `index` that supplies the most
+    prompt tokens (`usable_len` under `floor`), ties: the shorter entry; None if none that
+    shares at least `least` tokens with the prompt supplies any. Both tiers' `find`.
+
+    The entries come in order of their common prefix c with the prompt, longest first
+    (`PrefixIndex.sharing`); an entry supplies 0 or min(c, L - 1). So once one supplies u > 0,
+    no later entry supplies more: the walk stops at an entry sharing less than u, or after
+    MAX_TIES more entries that did not beat it (then a shorter tie further on may be missed: it
+    would restore fewer bytes, nothing more). Before any entry supplies something (a ring: longer
+    entries cannot be cut back to c), each new c first tries the entry that is exactly the
+    prompt's first c tokens (a hint at the end of a system prompt, say), found by its key: it
+    supplies what any entry sharing c tokens could. Entries sharing fewer than `least` tokens
+    are never compared."""
+    L = int(prompt.shape[0])
+    best: tuple[int, int, str, int] | None = None  # (usable, -num_tokens, key, common)
+    level, ties = -1, 0
+
+    def consider(key: str, c: int) -> None:
+        nonlocal best, ties
+        n = int(index.tokens(key).shape[0])
+        u = usable_len(c, n, L, floor(n))
+        cand = (u, -n, key, c)
+        if u > 0 and (best is None or cand[:2] > best[:2]):
+            best, ties = cand, 0
+        elif best is not None:
+            ties += 1  # can only tie with the best, or supplies nothing
+
+    for key, c in index.sharing(prompt):
+        if c < max(least, 1) or (best is not None and (c < best[0] or ties >= MAX_TIES)):
+            break
+        if best is None and c != level:
+            level = c
+            exact = tokens_key(prompt[:c])
+            if exact != key and exact in index and np.array_equal(index.tokens(exact), prompt[:c]):
+                consider(exact, c)
+        consider(key, c)
+    if best is None:
+        return None
+    return best[2], -best[1], best[3]
+
+
 # (a live slot's record int32 [n], the shortest length it can be cut back to)
 LiveRecord = tuple[np.ndarray, int]
 
@@ -152,26 +199,13 @@ class MemoryCheckpointStore:
     def find(self, prompt: np.ndarray, least: int = 1) -> CheckpointMatch | None:
         """The entry that supplies the most prompt tokens (`usable_len`: with a ring, an entry
         longer than the common prefix may be unable to be cut back to it); ties: the shorter
-        entry. None if no entry shares at least `least` tokens with the prompt or none supplies
-        any. Looks at the entries in order of their common prefix with the prompt, longest
-        first, and stops where that falls below `least` or the best's usable length (with full
-        KV: after the best and its ties), so entries sharing only a short header with the prompt
-        cost nothing even where a ring makes every long one unusable."""
-        best: tuple[int, int, str, int] | None = None
-        L = int(prompt.shape[0])
-        for key, c in self._index.sharing(prompt):
-            if c < max(least, 1) or (best is not None and c < best[0]):
-                break  # the rest share fewer tokens than asked for or than the best supplies
-            e = self._entries[key]
-            u = usable_len(c, e.num_tokens, L, self._floor(e.num_tokens))
-            cand = (u, -e.num_tokens, key, c)
-            if best is None or cand[:2] > best[:2]:
-                best = cand
-        if best is None or best[0] == 0:
+        entry. None if no entry sharing at least `least` tokens with the prompt supplies any.
+        Compares only the entries next to the prompt in token order (`best_match`)."""
+        found = best_match(self._index, prompt, self._floor, least)
+        if found is None:
             return None
-        e = self._entries[best[2]]
-        n = e.num_tokens
-        return CheckpointMatch(CheckpointTier.MEMORY, e.key, n, best[3], self._floor(n))
+        key, n, common = found
+        return CheckpointMatch(CheckpointTier.MEMORY, key, n, common, self._floor(n))
 
     def covering(self, tokens: np.ndarray) -> CheckpointEntry | None:
         """An entry that holds `tokens` first and that a restored slot can be cut back to them

@@ -49,7 +49,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from .checkpoint_store import RestoredFloor, covers, no_floor, tokens_key, usable_len
+from .checkpoint_store import RestoredFloor, best_match, covers, no_floor, tokens_key
 from .policy import CheckpointMatch, CheckpointTier
 from .prefix_index import PrefixIndex
 
@@ -326,24 +326,14 @@ class DiskCheckpointStore:
     ) -> CheckpointMatch | None:
         """The indexed file that supplies the most prompt tokens (`usable_len` under the pool's
         `restored_floor`; ties: the shorter file); None before the index is built or if none
-        shares `least` tokens or supplies any. Cheap: the files in order of their common prefix
-        with the prompt, longest first, until that falls below `least` or the best's usable
-        length (MemoryCheckpointStore.find)."""
-        best: tuple[int, int, DiskEntry, int] | None = None
-        L = int(prompt.shape[0])
+        sharing at least `least` tokens supplies any. Compares only the files next to the
+        prompt in token order (`best_match`)."""
         with self._lock:
-            for key, c in self._index.sharing(prompt):
-                if c < max(least, 1) or (best is not None and c < best[0]):
-                    break
-                e = self._entries[key]
-                n = int(e.tokens.shape[0])
-                u = usable_len(c, n, L, restored_floor(n))
-                if best is None or (u, -n) > best[:2]:
-                    best = (u, -n, e, c)
-        if best is None or best[0] == 0:
+            found = best_match(self._index, prompt, restored_floor, least)
+        if found is None:
             return None
-        e, n = best[2], int(best[2].tokens.shape[0])
-        return CheckpointMatch(CheckpointTier.DISK, e.key, n, best[3], restored_floor(n))
+        key, n, common = found
+        return CheckpointMatch(CheckpointTier.DISK, key, n, common, restored_floor(n))
 
     def contains(self, tokens: np.ndarray) -> bool:
         with self._lock:

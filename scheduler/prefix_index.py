@@ -64,6 +64,10 @@ class PrefixIndex:
     def __contains__(self, key: object) -> bool:
         return key in self._tokens
 
+    def tokens(self, key: str) -> np.ndarray:
+        """The tokens filed under `key` (KeyError if none)."""
+        return self._tokens[key]
+
     def _insertion_point(self, q: np.ndarray) -> int:
         """The first position whose entry does not sort before `q`."""
         lo, hi = 0, len(self._sorted)

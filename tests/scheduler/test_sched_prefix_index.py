@@ -117,3 +117,72 @@ def test_find_with_least_skips_header_sharers_even_when_a_ring_makes_them_unusab
     prompt = np.concatenate([header, toks(1, 50)])
     assert store.find(prompt, least=64) is None and calls == []
     assert store.find(prompt) is None and len(calls) == 300  # without it: every one, all unusable
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    entries=st.lists(seqs, max_size=30),
+    prompt=seqs,
+    reach=st.sampled_from([None, 0, 3, 10]),
+    least=st.integers(1, 6),
+)
+def test_best_match_supplies_what_brute_force_says(entries, prompt, reach, least):
+    """Full KV (reach None) or a ring that can cut a restored entry back only if it holds at
+    most `reach` tokens: the match supplies the most any entry sharing `least` tokens does."""
+
+    def floor(n: int) -> int:
+        return 0 if reach is None or n <= reach else n
+
+    index = PrefixIndex()
+    for t in {ck.tokens_key(t): t for t in entries}.values():
+        index.add(ck.tokens_key(t), t)
+    L = len(prompt)
+    want = 0
+    for t in entries:
+        c = common_prefix_len(prompt, t)
+        if c >= least:
+            want = max(want, ck.usable_len(c, len(t), L, floor(len(t))))
+    got = ck.best_match(index, prompt, floor, least)
+    if want == 0:
+        assert got is None
+    else:
+        key, n, common = got
+        t = index.tokens(key)
+        assert (n, common) == (len(t), common_prefix_len(prompt, t))
+        assert ck.usable_len(common, n, L, floor(n)) == want
+
+
+def counting_usable_len(monkeypatch) -> list:
+    calls = []
+    real = ck.usable_len
+    monkeypatch.setattr(ck, "usable_len", lambda *a: calls.append(a) or real(*a))
+    return calls
+
+
+def test_thousands_of_ties_cost_a_bounded_number_of_comparisons(monkeypatch):
+    """2,000 conversations share a 100-token system prompt and nothing more with a new one: each
+    supplies those 100 tokens; the lookup takes one and compares at most MAX_TIES others."""
+    system = toks(1, 100)
+    store = MemoryCheckpointStore(1 << 30)
+    for i in range(2000):
+        store.insert(np.concatenate([system, toks(100 + i, 200)]), bytes(1), CaptureRule.EVICT)
+    calls = counting_usable_len(monkeypatch)
+    m = store.find(np.concatenate([system, toks(2, 50)]), least=64)
+    assert m is not None and m.common >= 100  # one may share a token more by chance
+    assert len(calls) <= 1 + ck.MAX_TIES
+
+
+def test_a_ring_finds_the_system_prompts_own_checkpoint_among_unusable_longer_ones(monkeypatch):
+    """Ring KV: 500 conversations extend a 100-token system prompt whose own (hint) checkpoint is
+    stored too; the longer ones cannot be cut back to 100 tokens. The lookup goes to the hint by
+    its key instead of comparing the prompt with every conversation."""
+    system = toks(1, 100)
+    store = MemoryCheckpointStore(1 << 30, restored_floor=lambda n: n)
+    store.insert(system, bytes(1), CaptureRule.HINT)
+    for i in range(500):
+        store.insert(np.concatenate([system, toks(100 + i, 200)]), bytes(1), CaptureRule.EVICT)
+    assert len(store) == 501  # a ring keeps the prefix entry beside the longer ones
+    calls = counting_usable_len(monkeypatch)
+    m = store.find(np.concatenate([system, toks(2, 50)]), least=64)
+    assert m is not None and (m.key, m.common) == (ck.tokens_key(system), 100)
+    assert len(calls) <= 2 + ck.MAX_TIES

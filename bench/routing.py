@@ -4,6 +4,11 @@ Each slot holds a record as long as the prompt that shares most of it (the worst
 prefix comparison: the mismatch is near the end, so every token is compared). The benchmark
 first checks the decision against a brute-force answer, then times `policy.route` (all the
 slots' common prefixes, source and destination choice) and the bare common-prefix kernel.
+
+With `--checkpoints N` it also times the checkpoint lookup (`MemoryCheckpointStore.find`)
+among N stored conversations that all share a system prompt (`--system-tokens`) with the
+prompt and nothing more, so every one supplies the same tokens: the lookup's worst case for
+ties. The match is checked against a brute-force scan first.
 """
 
 from __future__ import annotations
@@ -18,6 +23,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slots", type=int, default=8, help="live slots to route against")
     parser.add_argument("--repeat", type=int, default=200, help="timed routing calls")
     parser.add_argument("--vocab", type=int, default=49152, help="token id range")
+    parser.add_argument(
+        "--checkpoints", type=int, default=0, help="also time a checkpoint lookup among this many entries"
+    )
+    parser.add_argument("--system-tokens", type=int, default=100, help="system prompt the entries share")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -82,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
         "lcp_us_per_slot": lcp_s * 1e6 / args.slots,
         "decision": f"{d.action.value} slot={d.dest} reuse={d.reuse_len}",
     }
+    if args.checkpoints > 0:
+        result.update(_checkpoint_lookup(args))
     if args.json:
         print(json.dumps(result))
     else:
@@ -92,4 +103,37 @@ def run(args: argparse.Namespace) -> int:
             f"  common_prefix_len(): {result['lcp_us_per_slot']:9.1f} us per slot\n"
             f"  decision: {result['decision']}"
         )
+        if args.checkpoints > 0:
+            print(
+                f"  checkpoint find():   {result['find_us']:9.1f} us among {args.checkpoints} entries "
+                f"sharing {args.system_tokens} tokens with the prompt (match: {result['find_common']} tokens)"
+            )
     return 0
+
+
+def _checkpoint_lookup(args: argparse.Namespace) -> dict[str, float | int]:
+    """Median time of one `find` among args.checkpoints entries that tie (module doc)."""
+    import numpy as np
+    from slotserve.scheduler.checkpoint_store import CaptureRule, MemoryCheckpointStore
+    from slotserve.scheduler.prefix import common_prefix_len
+
+    rng = np.random.default_rng(1)
+    system = rng.integers(0, args.vocab, args.system_tokens, dtype=np.int32)
+    store = MemoryCheckpointStore(1 << 40)
+    entries = [
+        np.concatenate([system, rng.integers(0, args.vocab, 400, dtype=np.int32)])
+        for _ in range(args.checkpoints)
+    ]
+    for e in entries:
+        store.insert(e, b"", CaptureRule.EVICT)
+    prompt = np.concatenate([system, rng.integers(0, args.vocab, 300, dtype=np.int32)])
+    want = max(common_prefix_len(prompt, e) for e in entries)
+    m = store.find(prompt)
+    if m is None or m.common != want:
+        raise SystemExit(f"checkpoint find returned {m}, brute force says {want} common tokens")
+    times = []
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        store.find(prompt)
+        times.append(time.perf_counter() - t0)
+    return {"checkpoints": args.checkpoints, "find_us": float(np.median(times)) * 1e6, "find_common": want}

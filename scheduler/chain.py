@@ -13,8 +13,14 @@ strings, stats) while the engine computes the next one:
     worker:  step N | pick, publish N, step N+1 ........ | pick, publish N+1, step N+2 ...
     loop:                     wake: apply N, SSE writes ^             wake: apply N+1 ...
 
-So one wake-up per step remains (worker -> loop), off the critical path; the loop -> worker
-hand-off is gone while the chain lasts.
+So the loop -> worker hand-off is gone while the chain lasts, and the loop is woken once per
+step off the critical path. NOTE: not by the worker: waking the loop is a write to its
+self-pipe, and CPython releases the GIL around that syscall, so the woken loop would take the
+GIL and run its whole burst (apply, every stream's SSE write) before the worker got it back to
+start the next step. Instead the worker only appends the step to a deque, and the loop sleeps
+on a timer until the step in flight should be done (its start plus a little more than the last
+step's forward time); only if the step is late does it ask the worker for a wake-up (`_want_wake`), so a
+slower step costs the old hand-off once, never a lost step.
 
 The worker never runs more than one step ahead of what the loop has applied: before step N+2
 it waits until the loop applied step N (`applied()`; normally long done, so it does not wait).
@@ -36,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
+import time
 from collections.abc import Set
 
 import numpy as np
@@ -44,6 +51,12 @@ from .interface import BatchItem, SlotPool
 from .step import PlannedItem, StepPlan, StepResult, execute_plan
 
 ChainStep = tuple[StepPlan, StepResult]
+
+# The loop expects a step at its start + _LATE x the last step's forward time + _LATE_S: a
+# little late, since a wake-up the worker must give costs the hand-off chaining avoids, while
+# a late look only delays streaming by a fraction of a step (the worker computes on meanwhile)
+_LATE = 1.1
+_LATE_S = 0.0003
 
 
 class DecodeChain:
@@ -60,7 +73,11 @@ class DecodeChain:
         self._generated = {e.batch.slot: e.owner.num_generated for e in plan.items}
         self._stopped = False  # set by the loop (stop), read by the worker between steps
         self._turns = threading.Semaphore(1)  # steps the worker may start before the loop applied more
-        self._steps: collections.deque[ChainStep] = collections.deque()  # delivered, not yet taken
+        # published by the worker, not yet taken by the loop (deque appends and pops are atomic)
+        self._steps: collections.deque[ChainStep] = collections.deque()
+        self._want_wake = False  # the loop waits for a step: the worker must wake it
+        self._started_at = 0.0  # time.monotonic() when the worker started its latest forward
+        self._forward_s = 0.0  # the latest applied step's forward time (loop's estimate of the next)
         self._waiter: asyncio.Future[None] | None = None
         self._done = False  # the job has returned (every step it published is delivered)
         self.num_steps = 0  # steps the worker started without the loop (worker writes, loop reads after)
@@ -74,9 +91,12 @@ class DecodeChain:
         """The job: run `plan`, then chained decode steps until a request ends, a step fails or
         the loop stops the chain. Engine worker thread only."""
         while True:
+            self._started_at = time.monotonic()
             result = execute_plan(pool, plan)
             nxt = self._follow(plan, result)
-            self._loop.call_soon_threadsafe(self._deliver, (plan, result))
+            self._steps.append((plan, result))
+            if self._want_wake:  # (read after the append: see `next`)
+                self._loop.call_soon_threadsafe(self._wake_waiter)
             if nxt is None or not self._take_turn():
                 return
             self.num_steps += 1
@@ -116,10 +136,6 @@ class DecodeChain:
         """Let `next` end when the job (the future of `run` on the worker) is done."""
         job.add_done_callback(self._job_done)
 
-    def _deliver(self, step: ChainStep) -> None:
-        self._steps.append(step)
-        self._wake_waiter()
-
     def _job_done(self, _: asyncio.Future[None]) -> None:
         self._done = True
         self._wake_waiter()
@@ -132,12 +148,24 @@ class DecodeChain:
     async def next(self) -> ChainStep | None:
         """The next step the worker completed, in order; None once the chain ended and every
         step was taken."""
+        if not self._steps and not self._done:
+            # asyncio's clock is time.monotonic: sleep until the step in flight should be done
+            delay = self._started_at + _LATE * self._forward_s + _LATE_S - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
         while not self._steps:
             if self._done:
                 return None
             self._waiter = self._loop.create_future()
-            await self._waiter
-        return self._steps.popleft()
+            self._want_wake = True
+            # NOTE: flag first, then look: the worker appends, then reads the flag, so either
+            # this sees its step or it sees the flag (the GIL orders the four operations)
+            if not self._steps:
+                await self._waiter
+            self._want_wake = False
+        plan, result = step = self._steps.popleft()
+        self._forward_s = result.forward_s
+        return step
 
     def applied(self) -> None:
         """The loop applied one more step: the worker may start one more."""

@@ -18,9 +18,9 @@ step off the critical path. NOTE: not by the worker: waking the loop is a write 
 self-pipe, and CPython releases the GIL around that syscall, so the woken loop would take the
 GIL and run its whole burst (apply, every stream's SSE write) before the worker got it back to
 start the next step. Instead the worker only appends the step to a deque, and the loop sleeps
-on a timer until the step in flight should be done (its start plus a little more than the last
-step's forward time); only if the step is late does it ask the worker for a wake-up (`_want_wake`), so a
-slower step costs the old hand-off once, never a lost step.
+on a timer until the step in flight should be done (its start plus the shortest recent forward
+time), looks again a few times, and only if the step is still late asks the
+worker for a wake-up (`_want_wake`): a slow step costs the old hand-off once, never a lost step.
 
 The worker never runs more than one step ahead of what the loop has applied: before step N+2
 it waits until the loop applied step N (`applied()`; normally long done, so it does not wait).
@@ -52,11 +52,16 @@ from .step import PlannedItem, StepPlan, StepResult, execute_plan
 
 ChainStep = tuple[StepPlan, StepResult]
 
-# The loop expects a step at its start + _LATE x the last step's forward time + _LATE_S: a
-# little late, since a wake-up the worker must give costs the hand-off chaining avoids, while
-# a late look only delays streaming by a fraction of a step (the worker computes on meanwhile)
-_LATE = 1.1
-_LATE_S = 0.0003
+# The loop first looks for a step at its start + the shortest of the last _EST_STEPS forward
+# times + _LATE_S (a stalled step must not make it sleep through the next one), then every
+# _POLL of that estimate (at least _POLL_MIN_S) up to _POLLS times, and only then asks the
+# worker for a wake-up: a look while the worker computes costs the worker nothing (the GIL is
+# free), a wake-up it must give costs the hand-off chaining avoids.
+_EST_STEPS = 4
+_LATE_S = 0.0002
+_POLL = 0.1
+_POLL_MIN_S = 0.0005
+_POLLS = 5
 
 
 class DecodeChain:
@@ -77,7 +82,8 @@ class DecodeChain:
         self._steps: collections.deque[ChainStep] = collections.deque()
         self._want_wake = False  # the loop waits for a step: the worker must wake it
         self._started_at = 0.0  # time.monotonic() when the worker started its latest forward
-        self._forward_s = 0.0  # the latest applied step's forward time (loop's estimate of the next)
+        # the latest applied steps' forward times (the loop's estimate of the next)
+        self._forward_s: collections.deque[float] = collections.deque(maxlen=_EST_STEPS)
         self._waiter: asyncio.Future[None] | None = None
         self._done = False  # the job has returned (every step it published is delivered)
         self.num_steps = 0  # steps the worker started without the loop (worker writes, loop reads after)
@@ -148,11 +154,17 @@ class DecodeChain:
     async def next(self) -> ChainStep | None:
         """The next step the worker completed, in order; None once the chain ended and every
         step was taken."""
-        if not self._steps and not self._done:
+        if not self._steps and not self._done and self._forward_s:
             # asyncio's clock is time.monotonic: sleep until the step in flight should be done
-            delay = self._started_at + _LATE * self._forward_s + _LATE_S - time.monotonic()
+            est = min(self._forward_s)
+            delay = self._started_at + est + _LATE_S - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
+            poll = max(_POLL * est, _POLL_MIN_S)
+            for _ in range(_POLLS):
+                if self._steps or self._done:
+                    break
+                await asyncio.sleep(poll)
         while not self._steps:
             if self._done:
                 return None
@@ -164,7 +176,7 @@ class DecodeChain:
                 await self._waiter
             self._want_wake = False
         plan, result = step = self._steps.popleft()
-        self._forward_s = result.forward_s
+        self._forward_s.append(result.forward_s)
         return step
 
     def applied(self) -> None:

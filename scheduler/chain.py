@@ -159,12 +159,12 @@ class DecodeChain:
             est = min(self._forward_s)
             delay = self._started_at + est + _LATE_S - time.monotonic()
             if delay > 0:
-                await asyncio.sleep(delay)
+                await self._nap(delay)
             poll = max(_POLL * est, _POLL_MIN_S)
             for _ in range(_POLLS):
                 if self._steps or self._done:
                     break
-                await asyncio.sleep(poll)
+                await self._nap(poll)
         while not self._steps:
             if self._done:
                 return None
@@ -179,6 +179,17 @@ class DecodeChain:
         self._forward_s.append(result.forward_s)
         return step
 
+    async def _nap(self, delay: float) -> None:
+        """Sleep `delay` seconds, or until the job is done (a chain that ends wakes the loop
+        at once: the next plan, e.g. a new request's prefill, must not wait for a timer)."""
+        fut = self._loop.create_future()
+        self._waiter = fut
+        timer = self._loop.call_later(delay, _resolve, fut)
+        try:
+            await fut
+        finally:
+            timer.cancel()
+
     def applied(self) -> None:
         """The loop applied one more step: the worker may start one more."""
         self._turns.release()
@@ -188,3 +199,8 @@ class DecodeChain:
         if not self._stopped:
             self._stopped = True
             self._turns.release()  # a worker waiting for its turn sees the flag at once
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

@@ -182,13 +182,21 @@ async def test_disconnect_during_prefill_cancels_between_segments() -> None:
     assert r.json()["choices"][0]["message"]["content"] == await reference_text(other, 12)
 
 
+# greedy: a sampled reply could reach eos before the hook holds the engine (it did, 1 run in 10)
 AGENT_BODIES = {
-    "/v1/messages": {"model": "fake-model", "max_tokens": 2000, "messages": [USER], "stream": True},
+    "/v1/messages": {
+        "model": "fake-model",
+        "max_tokens": 2000,
+        "messages": [USER],
+        "stream": True,
+        "temperature": 0,
+    },
     "/v1/responses": {
         "model": "fake-model",
         "max_output_tokens": 2000,
         "input": USER["content"],
         "stream": True,
+        "temperature": 0,
     },
 }
 

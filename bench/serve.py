@@ -28,6 +28,15 @@ Design: one run, three parts, never overlapping:
    (every tensor but the embedding table, which a step reads one row of, unless it is tied to
    the output).
 
+The streaming client (--client): `raw` (default) is `raw_stream`, an asyncio-stream HTTP/1.1
+client that reads the chunked body, splits it into SSE events and parses JSON only for the
+events that decide the result (those up to the first chunk carrying text, and the last few,
+kept raw in a small ring until the stream ends); `httpx` is the load-test client
+(bench/loadtest/client.py), which parses every chunk. The client runs on the same cores as the
+server, so its CPU is taken from the engine's threads; each phase reports the client's CPU
+seconds (time.process_time of this process, taken around the served rounds only) and the
+server process's (utime + stime of /proc/PID/stat).
+
 NOTE: on a machine where one core cannot saturate memory, a one-thread triad gives a bound
 that a multi-threaded engine beats; hence the triad's threads follow the engine's.
 """
@@ -45,7 +54,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +72,8 @@ BANDWIDTH_CHUNK = 1 << 15  # float64 elements per triad chunk (256 KiB: three fi
 READY_TIMEOUT_S = 180.0
 TTFT_QUESTIONS = ("What is 2 + 2?", "Name a colour.", "Say hello.", "What day follows Monday?")
 STREAM_PROMPT = "Write a long story about a lighthouse keeper and the sea."
+CLIENTS = ("raw", "httpx")
+TAIL_EVENTS = 4  # raw client: events kept unparsed until the stream ends (the final ones decide)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -99,6 +112,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_ROUNDS,
         help=f"served + engine pairs per stream count, medians reported (default {DEFAULT_ROUNDS})",
+    )
+    parser.add_argument(
+        "--client",
+        choices=CLIENTS,
+        default="raw",
+        help="streaming client: raw (asyncio streams, parses only the chunks it checks; default) "
+        "or httpx (the load-test client, parses every chunk)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -163,49 +183,204 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
+@dataclass(slots=True)
+class StreamResult:
+    """One streamed chat request as the benchmark checks it. Times are time.perf_counter()."""
+
+    t_send: float
+    t_first: float = 0.0  # arrival of the first chunk carrying text (0.0: none came)
+    t_last: float = 0.0  # arrival of the last chunk carrying text
+    events: int = 0  # data events before `[DONE]`
+    completion_tokens: int | None = None  # from the final usage chunk
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+def server_cpu_seconds(pid: int) -> float:
+    """utime + stime of process `pid` (all its threads), from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    fields = stat[stat.rindex(b")") + 2 :].split()  # after "pid (comm) ": field 3 is fields[0]
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _fold(out: StreamResult, payload: bytes, now: float) -> bool:
+    """Parse one event's JSON into `out`; True if it carried text. ValueError for an error
+    chunk or a chunk that is not an object."""
+    chunk = json.loads(payload)
+    if not isinstance(chunk, dict):
+        raise ValueError(f"malformed stream chunk: {payload[:200]!r}")
+    if "error" in chunk:
+        err = chunk["error"]
+        raise ValueError(err.get("message", str(err)) if isinstance(err, dict) else str(err))
+    usage = chunk.get("usage")
+    if isinstance(usage, dict):
+        out.completion_tokens = usage.get("completion_tokens")
+    text = False
+    for choice in chunk.get("choices") or ():
+        delta = choice.get("delta")
+        if (delta.get("content") if isinstance(delta, dict) else choice.get("text")) or None:
+            text = True
+        if choice.get("finish_reason"):
+            out.finish_reason = choice["finish_reason"]
+    if text:
+        out.t_first = out.t_first or now
+        out.t_last = now
+    return text
+
+
+async def _read_raw(host: str, port: int, path: str, payload: bytes, out: StreamResult) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(
+            f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
+            f"accept: text/event-stream\r\ncontent-length: {len(payload)}\r\nconnection: close\r\n\r\n".encode()
+            + payload
+        )
+        status_line = await reader.readline()
+        headers = {}
+        while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip().lower()
+        parts = status_line.split(None, 2)
+        if len(parts) < 2 or parts[1] != b"200":
+            out.error = f"HTTP {status_line.decode('latin-1').strip()!r}: {(await reader.read())[:300]!r}"
+            return
+        if headers.get("transfer-encoding") != "chunked":
+            raise ValueError(f"expected a chunked event stream, got headers {headers}")
+        buf = b""
+        head = True  # no text yet: every event is parsed
+        tail: deque[tuple[float, bytes]] = deque(maxlen=TAIL_EVENTS)
+        done = False
+        while not done:
+            size_line = await reader.readline()
+            if not size_line:
+                raise ValueError(f"connection closed after {out.events} events, before [DONE]")
+            size = int(size_line.split(b";", 1)[0], 16)
+            if size == 0:
+                raise ValueError(f"body ended after {out.events} events, before [DONE]")
+            chunk = await reader.readexactly(size + 2)  # the chunk and its CRLF
+            now = time.perf_counter()
+            buf += chunk[:-2]
+            while (i := buf.find(b"\n\n")) >= 0:
+                event, buf = buf[:i], buf[i + 2 :]
+                if event.startswith(b":"):
+                    continue  # a comment (keep-alive)
+                if not event.startswith(b"data: ") or b"\n" in event:
+                    raise ValueError(f"unexpected event {event[:200]!r}")
+                if event == b"data: [DONE]":
+                    done = True
+                    break
+                out.events += 1
+                if head:
+                    head = not _fold(out, event[6:], now)
+                else:
+                    tail.append((now, event[6:]))
+        for now, data in tail:
+            _fold(out, data, now)
+    finally:
+        writer.close()
+
+
+async def raw_stream(url: str, path: str, body: dict[str, Any], timeout_s: float) -> StreamResult:
+    """POST `body` to `url` + `path` and read its event stream (module docstring: the raw
+    client); never raises for server or network failures (`error` is set). The events between
+    the first text chunk and the last TAIL_EVENTS are counted, not parsed: the result's token
+    count is the final usage chunk's, its first and last text times are exact."""
+    host, _, port = url.removeprefix("http://").rpartition(":")
+    out = StreamResult(t_send=time.perf_counter())
+    try:
+        await asyncio.wait_for(_read_raw(host, int(port), path, json.dumps(body).encode(), out), timeout_s)
+    except asyncio.TimeoutError:
+        out.error = f"no complete reply within {timeout_s} s"
+    except (OSError, ValueError, asyncio.IncompleteReadError) as exc:
+        out.error = f"{type(exc).__name__}: {exc}"
+    return out
+
+
 async def measure_served(
-    url: str, tokens: int, streams: list[int], rounds: int, engine_decode: Callable[[int], float]
+    url: str,
+    tokens: int,
+    streams: list[int],
+    rounds: int,
+    engine_decode: Callable[[int], float],
+    client: str = "raw",
+    server_cpu: Callable[[], float] | None = None,
 ) -> dict[str, Any]:
     """TTFT of a short prompt, then for each stream count n, `rounds` times: a served round of
     n streams, then `engine_decode(n)` (blocking the loop: nothing else runs on it), so each
     served figure has an engine figure measured seconds apart. SystemExit if a stream fails or
-    does not run to `tokens`."""
+    does not run to `tokens`. Each phase's client CPU (this process) and server CPU
+    (`server_cpu()`) are summed over its served rounds only."""
     import httpx
 
-    from .loadtest.client import SendParams, send
+    from .loadtest.client import SendParams, endpoint, request_body, send
     from .loadtest.workloads import RequestSpec
 
-    async with httpx.AsyncClient(timeout=None, trust_env=False) as client:
-        model_name = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
+    async with httpx.AsyncClient(timeout=None, trust_env=False) as http:
+        model_name = (await http.get(url + "/v1/models")).json()["data"][0]["id"]
         params = SendParams(model=model_name, temperature=0.0, ignore_eos=True, timeout_s=600.0)
 
-        async def round_of(specs: list[RequestSpec]) -> list[Any]:
-            exchanges = await asyncio.gather(*(send(client, url, s, i, params) for i, s in enumerate(specs)))
-            for ex in exchanges:
-                if ex.error is not None or not ex.token_times:
-                    raise SystemExit(f"slotserve bench serve: a request failed: {ex.error}")
-            return list(exchanges)
+        async def one(spec: RequestSpec, i: int) -> StreamResult:
+            if client == "raw":
+                return await raw_stream(url, endpoint(spec), request_body(spec, params), params.timeout_s)
+            ex = await send(http, url, spec, i, params)
+            t = ex.token_times
+            return StreamResult(
+                ex.t_send, t[0] if t else 0.0, t[-1] if t else 0.0, len(t),
+                ex.completion_tokens, ex.finish_reason, ex.error,
+            )  # fmt: skip
+
+        cpu = {"client_cpu_s": 0.0, "server_cpu_s": 0.0, "wall_s": 0.0}
+
+        async def round_of(specs: list[RequestSpec]) -> list[StreamResult]:
+            c0, s0, w0 = time.process_time(), server_cpu() if server_cpu else 0.0, time.perf_counter()
+            results = await asyncio.gather(*(one(s, i) for i, s in enumerate(specs)))
+            cpu["wall_s"] += time.perf_counter() - w0
+            cpu["client_cpu_s"] += time.process_time() - c0
+            cpu["server_cpu_s"] += (server_cpu() if server_cpu else 0.0) - s0
+            for res in results:
+                if res.error is not None or not res.t_first:
+                    raise SystemExit(f"slotserve bench serve: a request failed: {res.error or 'no text'}")
+            return list(results)
+
+        def take_cpu() -> dict[str, float]:
+            taken = dict(cpu)
+            for k in cpu:
+                cpu[k] = 0.0
+            return taken
 
         ttfts = []
         for i in range(TTFT_REPS):
             question = TTFT_QUESTIONS[i % len(TTFT_QUESTIONS)]
             spec = RequestSpec(f"ttft{i}", 0, 1, messages=({"role": "user", "content": question},))
-            (ex,) = await round_of([spec])
-            ttfts.append(ex.token_times[0] - ex.t_send)
-        out: dict[str, Any] = {"model_name": model_name, "ttft_s": statistics.median(ttfts), "decode": {}}
+            (res,) = await round_of([spec])
+            ttfts.append(res.t_first - res.t_send)
+        out: dict[str, Any] = {
+            "model_name": model_name,
+            "ttft_s": statistics.median(ttfts),
+            "ttft_cpu": take_cpu(),
+            "decode": {},
+        }
         for n in streams:
             served, engine = [], []
             for r in range(rounds):
                 rate, completion_tokens = await served_round(round_of, tokens, n, r)
                 served.append(rate)
                 engine.append(engine_decode(n))
-            out["decode"][n] = {"served": served, "engine": engine, "completion_tokens": completion_tokens}
+            out["decode"][n] = {
+                "served": served,
+                "engine": engine,
+                "completion_tokens": completion_tokens,
+                "cpu": take_cpu(),
+            }
     return out
 
 
 async def served_round(round_of: Any, tokens: int, n: int, r: int) -> tuple[float, list[int]]:
     """Aggregate decode tokens/s of n concurrent streams of `tokens` tokens (module docstring)
-    and each stream's completion tokens; `round_of` sends the specs and checks for errors."""
+    and each stream's completion tokens (the final usage chunk's); `round_of` sends the specs
+    and checks for errors."""
     from .loadtest.workloads import RequestSpec
 
     specs = [
@@ -214,18 +389,18 @@ async def served_round(round_of: Any, tokens: int, n: int, r: int) -> tuple[floa
         )
         for i in range(n)
     ]
-    exchanges = await round_of(specs)
-    for ex in exchanges:
-        if ex.completion_tokens != tokens or ex.finish_reason != "length":
+    results = await round_of(specs)
+    for res in results:
+        if res.completion_tokens != tokens or res.finish_reason != "length":
             raise SystemExit(
-                f"slotserve bench serve: a stream ended after {ex.completion_tokens} of {tokens} "
-                f"tokens (finish_reason {ex.finish_reason!r})"
+                f"slotserve bench serve: a stream ended after {res.completion_tokens} of {tokens} "
+                f"tokens (finish_reason {res.finish_reason!r})"
             )
-    first = min(ex.token_times[0] for ex in exchanges)
-    last = max(ex.token_times[-1] for ex in exchanges)
-    after_first = sum(ex.completion_tokens - 1 for ex in exchanges)
+    first = min(res.t_first for res in results)
+    last = max(res.t_last for res in results)
+    after_first = sum(res.completion_tokens - 1 for res in results)
     rate = after_first / (last - first) if last > first else float("nan")
-    return rate, [ex.completion_tokens for ex in exchanges]
+    return rate, [res.completion_tokens for res in results]
 
 
 # --- parts 2 and 3: the engine and the machine ---
@@ -334,6 +509,7 @@ def run(args: argparse.Namespace) -> int:
         "tokens": args.tokens,
         "parallel": args.parallel,
         "rounds": args.rounds,
+        "client": args.client,
         "machine": machine(),
     }
 
@@ -346,7 +522,17 @@ def run(args: argparse.Namespace) -> int:
         proc = start_server(path, args, port, log)
         try:
             wait_ready(proc, url, log)
-            served = asyncio.run(measure_served(url, args.tokens, streams, args.rounds, engine_decode))
+            served = asyncio.run(
+                measure_served(
+                    url,
+                    args.tokens,
+                    streams,
+                    args.rounds,
+                    engine_decode,
+                    args.client,
+                    lambda: server_cpu_seconds(proc.pid),
+                )
+            )
         finally:
             stop_server(proc)
     del engine_decode  # frees the in-process pool before the bandwidth passes
@@ -356,6 +542,7 @@ def run(args: argparse.Namespace) -> int:
     weight_bytes = decode_weight_bytes(model)
     bound = bandwidth / weight_bytes
     info["ttft_s"] = served["ttft_s"]
+    info["ttft_cpu"] = {k: round(v, 3) for k, v in served["ttft_cpu"].items()}
     info["bandwidth_gb_s"] = bandwidth / 1e9
     info["bandwidth_threads"] = engine_threads
     info["read_bandwidth_gb_s"] = read_bw / 1e9
@@ -372,6 +559,8 @@ def run(args: argparse.Namespace) -> int:
             "served_over_engine": statistics.median(ratios),  # of each round's pair
             "served_over_engine_rounds": ratios,
             "completion_tokens": d["completion_tokens"],
+            # CPU seconds over the served rounds only (wall_s: their wall time), client = this process
+            "cpu": {k: round(v, 3) for k, v in d["cpu"].items()},
         }
     one = info["streams"].get("1")
     if one is not None:
@@ -396,6 +585,17 @@ def run(args: argparse.Namespace) -> int:
             f"{n:>8} {r['served_tokens_per_s']:>13.1f} {r['engine_tokens_per_s']:>13.1f} "
             f"{r['served_over_engine']:>14.3f}  "
             + " ".join(f"{x:.2f}" for x in r["served_over_engine_rounds"])
+        )
+    print(f"CPU over the served rounds ({args.client} client, on the server's cores):")
+    print(f"{'streams':>8} {'wall s':>8} {'client s':>9} {'server s':>9} {'client ms/token':>16}")
+    for n in streams:
+        c, total = (
+            info["streams"][str(n)]["cpu"],
+            sum(info["streams"][str(n)]["completion_tokens"]) * args.rounds,
+        )
+        print(
+            f"{n:>8} {c['wall_s']:>8.2f} {c['client_cpu_s']:>9.2f} {c['server_cpu_s']:>9.2f} "
+            f"{1000 * c['client_cpu_s'] / total:>16.3f}"
         )
     print(
         f"triad bandwidth {info['bandwidth_gb_s']:.2f} GB/s ({engine_threads} threads) | decode reads "

@@ -82,6 +82,23 @@ static inline __m256i q6_high(__m256i vh, int g) {
     }
 }
 
+/* Q4_K / Q5_K: super-block s's correction for the mins, the same in both variants: cor[r] takes off
+ * dmin * m[j] * (row r's activation sum over sub-block j) per lane. blk0 points at x8 super-block s0. */
+static inline __attribute__((always_inline)) void k4_min_correction(int five, const int R, const void *blk0, int s0,
+                                                                    int s, const act_rows *x, int r0, __m256 *cor) {
+    const int nb = x->k / QK;
+    const block_q5_Kx8 *b5 = (const block_q5_Kx8 *)blk0 + (s - s0);
+    const block_q4_Kx8 *b4 = (const block_q4_Kx8 *)blk0 + (s - s0);
+    const uint16_t *dminp = five ? b5->dmin : b4->dmin;
+    const uint8_t(*mn)[ROW_GROUP] = five ? b5->m : b4->m;
+    const __m256 dmin8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dminp));
+    for (int j = 0; j < 8; j++) {
+        const __m256 mf = _mm256_mul_ps(dmin8, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn[j]))));
+        for (int r = 0; r < R; r++)
+            cor[r] = _mm256_fnmadd_ps(mf, _mm256_set1_ps(x->s[(size_t)(r0 + r) * nb + (size_t)s * 8 + j]), cor[r]);
+    }
+}
+
 /* ---- micro-kernels: one group of 8 weight rows, blocks [b0, b1), R activation rows -------------- */
 
 #if !X8_VNNI
@@ -139,15 +156,15 @@ static inline __attribute__((always_inline)) void tile_k4(int kind, const int R,
     const int five = kind == KIND_Q5_K, runs = five ? 4 : 8; /* runs summed in int16 */
     const __m256i low4 = _mm256_set1_epi8(15);
     for (int s = s0; s < s1; s++) {
-        const uint16_t *dp, *dminp;
-        const uint8_t(*sc)[ROW_GROUP], (*mn)[ROW_GROUP];
+        const uint16_t *dp;
+        const uint8_t(*sc)[ROW_GROUP];
         const uint8_t *qs, *qh = NULL;
         if (five) {
             const block_q5_Kx8 *blk = (const block_q5_Kx8 *)blk0 + (s - s0);
-            dp = blk->d, dminp = blk->dmin, sc = blk->sc, mn = blk->m, qs = blk->qs, qh = blk->qh;
+            dp = blk->d, sc = blk->sc, qs = blk->qs, qh = blk->qh;
         } else {
             const block_q4_Kx8 *blk = (const block_q4_Kx8 *)blk0 + (s - s0);
-            dp = blk->d, dminp = blk->dmin, sc = blk->sc, mn = blk->m, qs = blk->qs;
+            dp = blk->d, sc = blk->sc, qs = blk->qs;
         }
         const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dp));
         for (int c = 0; c < 4; c++) {
@@ -183,12 +200,7 @@ static inline __attribute__((always_inline)) void tile_k4(int kind, const int R,
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i_hi[r]), _mm256_mul_ps(d8, _mm256_set1_ps(x->d[rb + 1])), acc[r]);
             }
         }
-        const __m256 dmin8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dminp));
-        for (int j = 0; j < 8; j++) {
-            const __m256 mf = _mm256_mul_ps(dmin8, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn[j]))));
-            for (int r = 0; r < R; r++)
-                cor[r] = _mm256_fnmadd_ps(mf, _mm256_set1_ps(x->s[(size_t)(r0 + r) * nb + (size_t)s * 8 + j]), cor[r]);
-        }
+        k4_min_correction(five, R, blk0, s0, s, x, r0, cor);
     }
 }
 
@@ -415,23 +427,8 @@ static inline __attribute__((always_inline)) void tile_k4(int kind, const int R,
             }
         }
     }
-    for (int s = s0; s < s1; s++) {
-        const uint16_t *dminp;
-        const uint8_t(*mn)[ROW_GROUP];
-        if (five) {
-            const block_q5_Kx8 *blk = (const block_q5_Kx8 *)blk0 + (s - s0);
-            dminp = blk->dmin, mn = blk->m;
-        } else {
-            const block_q4_Kx8 *blk = (const block_q4_Kx8 *)blk0 + (s - s0);
-            dminp = blk->dmin, mn = blk->m;
-        }
-        const __m256 dmin8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dminp));
-        for (int j = 0; j < 8; j++) {
-            const __m256 mf = _mm256_mul_ps(dmin8, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn[j]))));
-            for (int r = 0; r < R; r++)
-                cor[r] = _mm256_fnmadd_ps(mf, _mm256_set1_ps(x->s[(size_t)(r0 + r) * nb + (size_t)s * 8 + j]), cor[r]);
-        }
-    }
+    for (int s = s0; s < s1; s++)
+        k4_min_correction(five, R, blk0, s0, s, x, r0, cor);
 }
 
 /* Q6_K: the 6-bit quants unsigned (q + 32, as stored) into vpdpbusd, then 32 x the activation's

@@ -18,6 +18,23 @@ the slot. A full-KV pool answers 0 everywhere (`kv_window` None). A snapshot car
 rows its length needs (the ring rows of the last window, not the whole ring), so a slot restored
 from a snapshot of n tokens can be cut back to `restored_min_truncate_len(n)`, a pure function of
 n that routing uses to tell which checkpoints can serve a shorter prefix.
+
+Recurrent state (hybrid models: Gated DeltaNet, short convolutions, SSM): a recurrent layer
+keeps one state per slot that summarises every position seen, with no row per position, so it
+can only move forward or be replaced by a snapshot. For a slot of such a pool:
+- `min_truncate_len(slot) == slot_len(slot)`: extend only; truncate(slot, 0) still empties it.
+  An optional rollback ring of the last k states (k small, off by default) lowers it by at most
+  k: every length from min_truncate_len up is reachable, exactly as for a ring.
+- `restored_min_truncate_len(n) == n` for every n >= 1 (a snapshot holds one state, the one at
+  its end), which is also how the scheduler tells such a pool from a ring (a ring answers 0 for
+  n within its window). A slot restored or copied into starts with no rollback history.
+- snapshot / restore carry the recurrent state with the attention KV; restore refuses a
+  snapshot of another layout (another model, recurrent vs not, another ring); `snapshot_nbytes`
+  is exact (KV rows of n tokens plus the fixed bytes of the state).
+- copy_prefix accepts the lengths truncate does, so a whole slot (n == slot_len) can always be
+  copied: that is how n > 1 forks a prompt.
+So routing can reuse a recurrent slot only when its record is a prefix of the prompt (an exact
+extension), and a checkpoint only when it ends at or below the point where the prompt diverges.
 """
 
 from __future__ import annotations
@@ -77,12 +94,14 @@ class SlotPool(Protocol):
         """The shortest length `slot` can be cut back to with its state exact (0 <= it <=
         slot_len). 0 for full KV and for a ring that has not wrapped; for a wrapped ring,
         slot_len minus the positions the ring holds beyond the window (a rewind of at most one
-        step's tokens)."""
+        step's tokens). For recurrent state slot_len, or slot_len minus the states its rollback
+        ring still holds (module docstring)."""
 
     def restored_min_truncate_len(self, n: int) -> int:
         """min_truncate_len of a slot right after restoring a snapshot of n tokens: 0 for full
-        KV or n within the window, else n (the snapshot restores only its own length). Pure: may be
-        called from any thread (routing calls it on the event loop)."""
+        KV or n within the window, else n (the snapshot restores only its own length); n for
+        recurrent state, whatever n. Pure: may be called from any thread (routing calls it on the
+        event loop)."""
 
     def truncate(self, slot: int, n: int) -> None:
         """Keep the first n tokens of `slot`: n == 0 (empty it) or

@@ -20,6 +20,16 @@ still held), and the logits at p also mix the window rows wrow[p-W+1 .. p]. So a
 than `min_truncate_len` is refused exactly where the real ring must refuse it, and a restore or
 copy that dropped ring rows would change the sampled tokens. A snapshot carries the full-layer
 rows of every position but only the W - 1 window rows before its end.
+
+Recurrent (optional, `recurrent=True`): the fake also models a recurrent layer's state (a Gated
+DeltaNet matrix, a convolution tail): one value per slot, srow[p] = mix'(srow[p-1], token[p], p),
+a second chain the logits at p also mix in, held only for the current length, so the slot can
+only be extended (`min_truncate_len == slot_len`; interface.py). `rollback=k` keeps the states
+of the last k lengths as well, so a cut of at most k tokens is exact. States the pool no longer
+holds are scrambled, so a restore, copy or rewind that used one would change the sampled tokens
+(and trips an assert first). A snapshot carries the state at its end, padded to `state_bytes`
+(a real one is tens of MiB: tests that size budgets set it); a restored or copied slot starts
+with no rollback history. Copies and snapshots accept the lengths truncate does.
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ _LAYOUT = 1
 # magic, version, layout, n_tokens, row_bytes, window (0: none), first window row, fingerprint length
 _HEADER = struct.Struct("<8sIIIIIII")
 _DIGEST_LEN = 16
+_STATE_SALT = 0xD3C0DE5EEDF00D  # makes the recurrent chain differ from the KV chain
 
 
 def _window_seed(h: int, wrows: np.ndarray) -> int:
@@ -77,6 +88,9 @@ class FakeSlotPool:
         can_snapshot: bool = True,
         window: int | None = None,
         step_tokens: int = 64,
+        recurrent: bool = False,
+        rollback: int = 0,
+        state_bytes: int = 256,
     ) -> None:
         if num_slots < 1 or ctx_len < 2 or n_vocab < 4:
             raise ValueError("FakeSlotPool needs num_slots >= 1, ctx_len >= 2, n_vocab >= 4")
@@ -84,15 +98,26 @@ class FakeSlotPool:
             raise ValueError("row_bytes must be >= 12 (4 for the token id, 8 for the row)")
         if window is not None and (window < 2 or step_tokens < 1):
             raise ValueError("FakeSlotPool needs window >= 2 and step_tokens >= 1 (or window=None)")
+        if rollback < 0 or (rollback > 0 and not recurrent) or state_bytes < 8:
+            raise ValueError(
+                "FakeSlotPool needs rollback >= 0 (only with recurrent=True) and state_bytes >= 8"
+            )
         self.num_slots = num_slots
         self.ctx_len = ctx_len
         self.n_vocab = n_vocab
         self.row_bytes = row_bytes
         self.kv_window = window
         self.ring_len = 0 if window is None else min(ctx_len, window + step_tokens)  # rows per ring
-        self.kv_bytes = num_slots * (ctx_len + self.ring_len) * row_bytes
-        self.fingerprint = f"{model_id}/fake-kv-v{_LAYOUT}/vocab={n_vocab}/row={row_bytes}" + (
-            f"/window={window}" if window is not None else ""
+        self.recurrent = recurrent
+        self.rollback = rollback
+        self.state_bytes = state_bytes if recurrent else 0  # one state's bytes in a snapshot
+        self.kv_bytes = num_slots * (
+            (ctx_len + self.ring_len) * row_bytes + (1 + rollback) * self.state_bytes
+        )
+        self.fingerprint = (
+            f"{model_id}/fake-kv-v{_LAYOUT}/vocab={n_vocab}/row={row_bytes}"
+            + (f"/window={window}" if window is not None else "")
+            + (f"/recurrent={state_bytes}" if recurrent else "")
         )
         # NOTE: can_truncate=False models a pool that can never cut a slot back (min_truncate_len
         # is always slot_len); it is not part of the protocol any more.
@@ -103,6 +128,8 @@ class FakeSlotPool:
         self._rows = np.zeros((num_slots, ctx_len), dtype=np.uint64)  # [slot, pos] hash chain
         self._wrows = np.zeros((num_slots, ctx_len), dtype=np.uint64)  # [slot, pos] window rows
         self._lo = [0] * num_slots  # lowest position whose window row the ring still holds
+        self._srows = np.zeros((num_slots, ctx_len), dtype=np.uint64)  # [slot, pos] state after pos
+        self._sfloor = [0] * num_slots  # shortest length whose recurrent state the slot holds
         self._len = [0] * num_slots
         self._faults: set[int] = set()
         self._busy = threading.Lock()
@@ -144,6 +171,9 @@ class FakeSlotPool:
             first = max(0, pos - self._reach)
             assert first >= self._lo[slot], f"slot {slot}: ring lost row {first} (holds {self._lo[slot]}..)"
             seed = _window_seed(seed, self._wrows[slot, first : pos + 1])
+        if self.recurrent:
+            assert pos + 1 >= self._sfloor[slot], f"slot {slot}: no state at length {pos + 1}"
+            seed = _mix(seed, int(self._srows[slot, pos]) & 0x7FFFFFFF, int(self._srows[slot, pos]) >> 33)
         rng = np.random.default_rng(seed)
         logits: np.ndarray = rng.standard_normal(self.n_vocab, dtype=np.float32) * np.float32(3.0)
         return logits
@@ -153,6 +183,15 @@ class FakeSlotPool:
         if lo > self._lo[slot]:
             self._wrows[slot, self._lo[slot] : lo] = np.uint64(0x5EED)
             self._lo[slot] = lo
+
+    def _drop_states(self, slot: int, floor: int) -> None:
+        """The slot no longer holds the recurrent state of any length below `floor` (nor above
+        its length): scramble them, so a use of one changes the logits."""
+        if not self.recurrent:
+            return
+        self._srows[slot, : max(0, floor - 1)] = np.uint64(0x5EED)
+        self._srows[slot, self._len[slot] :] = np.uint64(0x5EED)
+        self._sfloor[slot] = floor
 
     def _inject_fault(self, slot: int) -> None:
         """Make the next forward that includes `slot` fail (test hook)."""
@@ -174,20 +213,22 @@ class FakeSlotPool:
         self._check_slot(slot)
         if not self._can_truncate:
             return self._len[slot]
-        if self.kv_window is None:
-            return 0
-        lo = self._lo[slot]
-        return 0 if lo == 0 else lo + self._reach
+        ring = 0 if self.kv_window is None or self._lo[slot] == 0 else self._lo[slot] + self._reach
+        return max(ring, self._sfloor[slot]) if self.recurrent else ring
 
     def restored_min_truncate_len(self, n: int) -> int:
-        if not self._can_truncate:
+        if not self._can_truncate or self.recurrent:
             return n
         return 0 if self.kv_window is None or n <= self._reach else n
 
     def snapshot_nbytes(self, n: int) -> int:
         window_rows = 0 if self.kv_window is None else min(n, self._reach)
         return (
-            _HEADER.size + len(self.fingerprint.encode()) + _DIGEST_LEN + (n + window_rows) * self.row_bytes
+            _HEADER.size
+            + len(self.fingerprint.encode())
+            + _DIGEST_LEN
+            + (n + window_rows) * self.row_bytes
+            + self.state_bytes
         )
 
     def _check_cut(self, slot: int, n: int, what: str) -> None:
@@ -196,10 +237,15 @@ class FakeSlotPool:
             raise ValueError(f"{what} slot {slot} to {n}: must be 0..{self._len[slot]}")
         floor = self.min_truncate_len(slot)
         if n < floor:
-            why = "can_truncate=False" if not self._can_truncate else f"window {self.kv_window}"
+            if not self._can_truncate:
+                why = "can_truncate=False"
+            elif self.recurrent and floor == self._sfloor[slot]:
+                why = f"recurrent state, rollback {self.rollback}: it holds no state that short"
+            else:
+                why = f"window {self.kv_window}: the ring has overwritten the rows a deeper cut needs"
             raise ValueError(
-                f"{what} slot {slot} to {n}: the slot can only be cut back to {floor} ({why}: the "
-                "ring has overwritten the rows a deeper cut needs); restore a checkpoint instead"
+                f"{what} slot {slot} to {n}: the slot can only be cut back to {floor} ({why}); "
+                "restore a checkpoint instead"
             )
 
     def forward(self, batch: Sequence[BatchItem]) -> np.ndarray:
@@ -238,22 +284,31 @@ class FakeSlotPool:
             for slot in faulted:
                 self._faults.discard(slot)
                 self._len[slot] = 0
+                self._lo[slot] = 0
+                self._drop_states(slot, 0)
             raise FakeEngineError(f"injected fault in slot(s) {faulted}")
         rows = []
         for item in batch:
             slot, pos = item.slot, item.start_pos
             assert self._lo[slot] == 0 or pos - self._reach >= self._lo[slot], "ring state broken"
             h = int(self._rows[slot, pos - 1]) if pos > 0 else 0
+            assert not self.recurrent or self._sfloor[slot] <= pos, "recurrent state broken"
+            st = int(self._srows[slot, pos - 1]) if pos > 0 else 0
             for tok in np.asarray(item.tokens, dtype=np.int64).tolist():
                 h = _mix(h, tok, pos)
                 self._tokens[slot, pos] = tok
                 self._rows[slot, pos] = h
                 self._wrows[slot, pos] = h
+                if self.recurrent:
+                    st = _mix(st ^ _STATE_SALT, tok, pos)
+                    self._srows[slot, pos] = st
                 pos += 1
             n = pos - item.start_pos
             self._len[slot] = pos
             if self.kv_window is not None:  # the ring holds the last ring_len positions
                 self._drop_ring_rows(slot, max(0, pos - self.ring_len))
+            if self.recurrent:  # the current state, and the last `rollback` ones
+                self._drop_states(slot, max(self._sfloor[slot], pos - self.rollback))
             self.computed_tokens[slot] += n
             self.num_computed_tokens += n
             if item.want_logits:
@@ -271,6 +326,7 @@ class FakeSlotPool:
             self._len[slot] = n
             if n == 0:
                 self._lo[slot] = 0
+            self._drop_states(slot, 0 if n == 0 else self._sfloor[slot])
             self.num_truncates += 1
         finally:
             self._exit()
@@ -292,9 +348,11 @@ class FakeSlotPool:
             self._tokens[dst, :n] = self._tokens[src, :n]
             self._rows[dst, :n] = self._rows[src, :n]
             self._wrows[dst, :n] = self._wrows[src, :n]
+            self._srows[dst, :n] = self._srows[src, :n]
             self._lo[dst] = 0
             self._drop_ring_rows(dst, lo)
             self._len[dst] = n
+            self._drop_states(dst, n)
             self.num_copies += 1
             self.num_copied_tokens += n
         finally:
@@ -312,11 +370,15 @@ class FakeSlotPool:
             fp = self.fingerprint.encode()
             wlo = n if self.kv_window is None else max(0, n - self._reach)
             pad = np.zeros(n * (self.row_bytes - 12) + (n - wlo) * (self.row_bytes - 8), dtype=np.uint8)
+            state = b""
+            if self.recurrent:
+                state = self._srows[slot, n - 1 : n].tobytes() + bytes(self.state_bytes - 8)
             payload = (
                 self._tokens[slot, :n].tobytes()
                 + self._rows[slot, :n].tobytes()
                 + self._wrows[slot, wlo:n].tobytes()
                 + pad.tobytes()
+                + state
             )
             digest = hashlib.blake2b(payload, digest_size=_DIGEST_LEN).digest()
             header = _HEADER.pack(
@@ -357,10 +419,14 @@ class FakeSlotPool:
             self._tokens[slot, :n] = np.frombuffer(payload, dtype=np.int32, count=n)
             self._rows[slot, :n] = np.frombuffer(payload, dtype=np.uint64, count=n, offset=4 * n)
             self._wrows[slot, wlo:n] = np.frombuffer(payload, dtype=np.uint64, count=n - wlo, offset=12 * n)
+            if self.recurrent:
+                at = len(payload) - self.state_bytes
+                self._srows[slot, n - 1] = np.frombuffer(payload, dtype=np.uint64, count=1, offset=at)[0]
             self._lo[slot] = 0
             if self.kv_window is not None:
                 self._drop_ring_rows(slot, wlo)
             self._len[slot] = n
+            self._drop_states(slot, n)
             self.num_restores += 1
             return int(n)
         finally:
@@ -376,6 +442,11 @@ class FakeSlotPool:
         if self.kv_window is not None:
             p = len(chain) - 1
             h = _window_seed(h, np.array(chain[max(0, p - self._reach) : p + 1], dtype=np.uint64))
+        if self.recurrent:
+            st = 0
+            for pos, tok in enumerate(tokens):
+                st = _mix(st ^ _STATE_SALT, int(tok), pos)
+            h = _mix(h, st & 0x7FFFFFFF, st >> 33)
         rng = np.random.default_rng(h)
         logits: np.ndarray = rng.standard_normal(self.n_vocab, dtype=np.float32) * np.float32(3.0)
         return logits

@@ -81,6 +81,9 @@ class Runtime:
     kv_bytes: int = 0
     kernel_variant: str = "unknown"
     kv_window: int | None = None  # sliding window kept as a ring (None: full KV on every layer)
+    # a slot cannot be cut back to an earlier turn (ring, recurrent state): chat requests carry
+    # their turns' token offsets for the scheduler's checkpoint rule turn (turns.py)
+    turn_captures: bool = False
     model_path: str = ""
     created: int = 0  # unix time the model was loaded (GET /v1/models)
     extra: dict[str, Any] = field(default_factory=dict)  # owned objects kept alive (model file, pool)
@@ -239,6 +242,7 @@ def build_runtime(config: ServeConfig, model: OpenedModel, *, stats_sink: StatsS
         kv_bytes=int(getattr(model.bundle.pool, "kv_bytes", 0)),
         kernel_variant=str(getattr(model.bundle.pool, "kernel_variant", "unknown")),
         kv_window=getattr(model.bundle.pool, "kv_window", None),
+        turn_captures=model.bundle.pool.restored_min_truncate_len(config.ctx_size) > 0,
         model_path=str(model.path),
         created=int(time.time()),
         extra={"bundle": model.bundle},

@@ -34,6 +34,7 @@ from .openai_reply import usage_of as usage_of
 from .runtime import PromptError, Runtime
 from .structured import GrammarCompiler, GrammarError
 from .tool_calls import ToolCallFamily
+from .turns import turn_offsets
 
 SEED_MOD = 2**63
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -343,7 +344,10 @@ def chat_plan(
         grammar=tool_grammar or json_grammar,
     )
     spec = replace(spec, n=req.n, logprobs=logprobs, token_bytes=_token_bytes_fn(runtime))
-    gen = GenerationRequest(prompt_ids=ids, params=params, request_id=request_id, prefix_hint=hint)
+    turns = turn_offsets(runtime, messages, tools, ids)
+    gen = GenerationRequest(
+        prompt_ids=ids, params=params, request_id=request_id, prefix_hint=hint, turn_offsets=turns
+    )
     return Planned(gen, spec)
 
 

@@ -275,7 +275,9 @@ class Admission:
         if n > 0:
             self._slots.num_reuse_hits[dest] += 1
             self._slots.num_reused_tokens[dest] += n
-        seq.capture_points = self._ckpt.record_routed(seq.prompt, seq.req.prefix_hint, d)
+        seq.capture_points = self._ckpt.record_routed(
+            seq.prompt, seq.req.prefix_hint, d, seq.req.turn_offsets
+        )
         self._emit_route(d)
         if self._reuse_log:
             extra = f" src={d.src_slot}" if d.action is RouteAction.COPY else ""

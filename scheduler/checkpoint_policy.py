@@ -1,21 +1,34 @@
-"""Checkpoint policy: both tiers and the five capture rules, behind one object.
+"""Checkpoint policy: both tiers and the six capture rules, behind one object.
 
 Design: the scheduler asks two questions and reports two facts. `matches(prompt)` gives the
 routing its checkpoint candidates; `wants(...)` says whether a snapshot of given tokens is worth
 taking now (not stored yet, and there is room in memory or a disk tier to take it). It reports
 each routed request with `record_routed(...)`, which remembers the prompt (rule common_prefix
 compares successive unmatched prompts) and answers at which prompt offsets to snapshot it (rules
-hint / common_prefix / prompt_end / interval); `keep(...)` files a snapshot that was taken.
+hint / common_prefix / prompt_end / interval / turn); `keep(...)` files a snapshot that was taken.
 Captures on evict are decided by the routing (`RouteDecision.evicts`) and filed here the same
 way. The memory tier holds distinct rows (checkpoint_store.py): `live_records` tells it which
-entries duplicate a live slot, so those are evicted first. Memory evictions and every capture except prompt_end and interval ones are written through
-to the disk tier.
+entries duplicate a live slot, so those are evicted first. Memory evictions and every capture
+except prompt_end, interval and turn ones are written through to the disk tier.
 
 Rule interval matters for pools that keep sliding-window layers in a ring: such a slot can only
 be cut back about one step, so a prompt that diverges from a live conversation far behind its
 end (an edited early turn) needs a checkpoint at or below the divergence. Every multiple of
 `interval_tokens` that a prefill crosses is snapshotted; the restore then prefills at most
 interval_tokens of gap. `auto_interval_tokens` sizes it from the window and the memory budget.
+
+Recurrent state (interface.py: a slot extends only, a checkpoint restores only its own length)
+is the extreme case: no live slot can be cut back at all, so every point a later prompt may
+diverge at needs its own checkpoint at or below it. Besides the rules above:
+- rule turn: the prompt offsets where turns start as the chat template renders them (the
+  request's `turn_offsets`: the last user message, each assistant turn), on any pool whose
+  restored checkpoints cannot be cut back (rings too): an edited or regenerated turn diverges
+  there;
+- rule prompt_end takes L - 1 instead of L (a checkpoint of the whole prompt could not serve a
+  resend of it: the last prompt token is always refed) and is taken even when the prompt was
+  mostly reused (its live source cannot be cut back to it later);
+- rule interval is on by default, K sized from the snapshot's bytes (tens of MiB for a real
+  Qwen3.5 state) and the budget, with no window to respect.
 """
 
 from __future__ import annotations
@@ -44,7 +57,14 @@ from .stats import CheckpointEventKind
 # (kind, tier, rule, num_bytes, num_tokens) -> None: forwarded to StatsSink.on_checkpoint
 EmitFn = Callable[[CheckpointEventKind, CheckpointTier, CaptureRule | None, int, int], None]
 
-_MEMORY_ONLY = frozenset({CaptureRule.PROMPT_END, CaptureRule.INTERVAL})  # never sent to disk
+# never sent to disk: per-request captures, many and large; evict captures save what matters
+_MEMORY_ONLY = frozenset({CaptureRule.PROMPT_END, CaptureRule.INTERVAL, CaptureRule.TURN})
+
+
+def is_recurrent(restored_floor: RestoredFloor) -> bool:
+    """Whether the pool keeps state that cannot be rewound at all: a restored checkpoint of even
+    one token cannot be cut back (interface.py; a ring answers 0 within its window)."""
+    return restored_floor(1) >= 1
 
 
 def auto_interval_tokens(
@@ -55,16 +75,20 @@ def auto_interval_tokens(
     budget_bytes: int,
     snapshot_nbytes: Callable[[int], int],
     min_tokens: int,
+    restored_floor: RestoredFloor = no_floor,
 ) -> int:
     """Rule interval's K when the operator did not set one: 0 (off) for full KV, which can be
-    cut back anywhere; for a ring, at least the window, and large enough that every slot's
-    conversation at full context, checkpointed every K tokens, fits in half the memory budget
-    (ctx_len / K checkpoints of ctx_len / 2 tokens on average per slot)."""
-    if kv_window is None or budget_bytes <= 0:
+    cut back anywhere; for a ring (at least the window) or recurrent state, large enough that
+    every slot's conversation at full context, checkpointed every K tokens, fits in half the
+    memory budget (ctx_len / K checkpoints of ctx_len / 2 tokens on average per slot). With
+    snapshots of tens of MiB that K can exceed ctx_len: then the budget holds no grid and the
+    other rules' captures are all there is."""
+    recurrent = is_recurrent(restored_floor)
+    if (kv_window is None and not recurrent) or budget_bytes <= 0:
         return 0
     per_slot = ctx_len * snapshot_nbytes(max(1, ctx_len // 2))
     k = math.ceil(2 * num_slots * per_slot / budget_bytes)
-    return max(kv_window, min_tokens, k)
+    return max(kv_window or 0, min_tokens, k)
 
 
 class CheckpointPolicy:
@@ -92,6 +116,9 @@ class CheckpointPolicy:
             )
         self._snapshot_nbytes = snapshot_nbytes
         self._floor = restored_floor
+        self.recurrent = is_recurrent(restored_floor)  # prompt_end at L - 1, turn captures
+        # restored checkpoints cannot be cut back to an earlier turn: rings and recurrent state
+        self.capture_turns = self.recurrent or restored_floor(1 << 30) > 0
         self.interval_tokens = interval_tokens  # rule interval's K; 0: off
         self._emit = emit
         self._live = live_records  # every slot's record and min_truncate_len, as planned
@@ -150,11 +177,12 @@ class CheckpointPolicy:
         ]
 
     def record_routed(
-        self, prompt: np.ndarray, hint: int | None, d: RouteDecision
+        self, prompt: np.ndarray, hint: int | None, d: RouteDecision, turns: Sequence[int] = ()
     ) -> list[tuple[int, CaptureRule]]:
         """Note that `prompt` was routed by `d`, and return the prompt offsets to snapshot once
-        the request's slot holds them, in ascending order. Not a pure query: a prompt that found
-        no live slot becomes the one the next unmatched prompt is compared with."""
+        the request's slot holds them, in ascending order (`turns`: where the template's turns
+        start, rule turn). Not a pure query: a prompt that found no live slot becomes the one
+        the next unmatched prompt is compared with."""
         if not self.enabled:
             return []
         cfg = self._config
@@ -171,7 +199,16 @@ class CheckpointPolicy:
         # NOTE: a prompt mostly reused from a live slot or checkpoint is not captured again at
         # its end: its source still holds it, and capture-on-evict saves the slot when needed.
         # A snapshot copies every row of the prompt, so this keeps captures to fresh work.
-        if cfg.capture_prompt_end and L >= cfg.min_checkpoint_tokens and L - d.reuse_len >= d.reuse_len:
+        if self.capture_turns:  # no slot or checkpoint of this prompt can be cut back to them
+            for t in turns:
+                if d.reuse_len < t < L and t >= cfg.min_checkpoint_tokens:
+                    points.setdefault(t, CaptureRule.TURN)
+        if not cfg.capture_prompt_end:
+            pass
+        elif self.recurrent:  # L - 1: a resend refeeds the last token; its source cannot rewind
+            if L - 1 > d.reuse_len and L - 1 >= cfg.min_checkpoint_tokens:
+                points.setdefault(L - 1, CaptureRule.PROMPT_END)
+        elif L >= cfg.min_checkpoint_tokens and L - d.reuse_len >= d.reuse_len:
             points.setdefault(L, CaptureRule.PROMPT_END)
         k = self.interval_tokens
         if k > 0:

@@ -116,6 +116,7 @@ class CaptureRule(str, enum.Enum):
     PROMPT_END = "prompt_end"  # the whole prompt after its prefill
     EVICT = "evict"  # a slot's record saved before it was overwritten
     INTERVAL = "interval"  # every K tokens of a long prefill (a ring cannot rewind that far)
+    TURN = "turn"  # where a turn starts as the template renders it (rings, recurrent state)
 
     @property
     def keep_class(self) -> int:
@@ -127,6 +128,7 @@ _KEEP_CLASS = {
     CaptureRule.PROMPT_END: 0,
     CaptureRule.INTERVAL: 0,
     CaptureRule.EVICT: 1,
+    CaptureRule.TURN: 1,
     CaptureRule.COMMON_PREFIX: 2,
     CaptureRule.HINT: 2,
 }

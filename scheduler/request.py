@@ -93,6 +93,9 @@ class GenerationRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
     request_id: str = ""  # the scheduler assigns one when empty
     prefix_hint: int | None = None  # token offset where the system turn ends (checkpoint rule 1)
+    # token offsets where the template starts the last user message and each assistant turn,
+    # ascending (checkpoint rule turn: where agent conversations are edited or regenerated)
+    turn_offsets: tuple[int, ...] = ()
     timeout_s: float | None = None
     priority: int = 0  # higher preempts lower between prefill segments
 

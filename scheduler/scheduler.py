@@ -120,6 +120,7 @@ class Scheduler:
                 budget_bytes=config.checkpoint_memory_bytes,
                 snapshot_nbytes=pool.snapshot_nbytes,
                 min_tokens=config.min_checkpoint_tokens,
+                restored_floor=pool.restored_min_truncate_len,
             )
         self._ckpt = CheckpointPolicy(
             config,
@@ -162,7 +163,7 @@ class Scheduler:
             log_reuse=config.reuse_log or reuse_log_from_env(),
             restored_floor=pool.restored_min_truncate_len,
             emit_route=self._emit_route,
-            share_by_checkpoint=pool.kv_window is not None,
+            share_by_checkpoint=pool.restored_min_truncate_len(pool.ctx_len) > 0,  # ring, recurrent
             aging=self._aging,
         )
 

@@ -29,6 +29,11 @@ def validate_request(req: GenerationRequest, n_vocab: int, ctx_len: int) -> np.n
     validate_params(req.params, n_vocab)
     if req.prefix_hint is not None and not 0 < req.prefix_hint <= prompt.shape[0]:
         raise ValueError(f"prefix_hint={req.prefix_hint} must be within the prompt (1..{prompt.shape[0]})")
+    turns = req.turn_offsets
+    if any(not 0 < t <= prompt.shape[0] for t in turns) or list(turns) != sorted(set(turns)):
+        raise ValueError(
+            f"turn_offsets={list(turns)} must be ascending, distinct and within the prompt (1..{prompt.shape[0]})"
+        )
     if req.timeout_s is not None and not req.timeout_s > 0:
         raise ValueError(f"timeout_s={req.timeout_s} must be > 0")
     return np.ascontiguousarray(prompt, dtype=np.int32)

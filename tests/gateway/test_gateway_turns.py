@@ -1,0 +1,84 @@
+"""Turn offsets (gateway/turns.py): where the chat template starts the last user message and
+each assistant turn, as token offsets of the prompt, carried to the scheduler's rule turn."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from gateway_support import (
+    IM_START,
+    ByteTokenizer,
+    ChatML,
+    Reply,
+    running_app,
+    scripted_runtime,
+    serve_config,
+)
+from slotserve.gateway.app import create_app
+from slotserve.gateway.runtime import Runtime
+from slotserve.gateway.turns import MAX_ASSISTANT_TURNS, turn_offsets
+
+TOK = ByteTokenizer()
+CHAT = ChatML()
+
+
+def msg(role: str, content: str) -> dict[str, Any]:
+    return {"role": role, "content": content}
+
+
+def ids(text: str) -> list[int]:
+    return TOK.encode(text)
+
+
+def runtime(**kw: Any) -> Runtime:
+    rt, _ = scripted_runtime(Reply(("ok",)))
+    kw = {"turn_captures": True, "token_bytes": TOK.token_bytes, **kw}
+    return dataclasses.replace(rt, **kw)
+
+
+CONV = [
+    msg("system", "be brief"),
+    msg("user", "first question"),
+    msg("assistant", "first answer"),
+    msg("user", "second question"),
+]
+
+
+def test_the_last_user_message_and_each_assistant_turn_start_are_token_offsets():
+    rt = runtime()
+    prompt = ids(CHAT.render(CONV))
+    got = turn_offsets(rt, CONV, None, prompt)
+    assistant = len(ids(CHAT.render(CONV[:2], add_generation_prompt=True)))  # its reply began here
+    last_user = len(ids(CHAT.render(CONV[:3], add_generation_prompt=False)))
+    assert got == (assistant, last_user)
+    assert TOK.decode(prompt[assistant:]).startswith("first answer")
+    assert prompt[last_user] == IM_START and TOK.decode(prompt[last_user:]).startswith(
+        "<|im_start|>user\nsecond"
+    )
+
+
+def test_only_the_last_assistant_turns_are_rendered():
+    conv = [msg("user", "q0")]
+    for i in range(1, 8):
+        conv += [msg("assistant", f"a{i}"), msg("user", f"q{i}")]
+    got = turn_offsets(runtime(), conv, None, ids(CHAT.render(conv)))
+    assert len(got) == MAX_ASSISTANT_TURNS + 1
+    assert TOK.decode(ids(CHAT.render(conv))[got[0] :]).startswith(f"a{8 - MAX_ASSISTANT_TURNS}")
+
+
+def test_nothing_when_the_pool_rewinds_anywhere_or_the_tokens_do_not_spell_the_text():
+    prompt = ids(CHAT.render(CONV))
+    assert turn_offsets(runtime(turn_captures=False), CONV, None, prompt) == ()
+    assert turn_offsets(runtime(), CONV, None, [*prompt[:-1], 65]) == ()  # another text
+    assert turn_offsets(runtime(), [msg("user", "only")], None, ids(CHAT.render([msg("user", "only")]))) == ()
+
+
+async def test_a_chat_request_carries_its_turn_offsets_to_the_scheduler():
+    rt, sched = scripted_runtime(Reply(("ok",)))
+    rt = dataclasses.replace(rt, turn_captures=True, token_bytes=TOK.token_bytes)
+    async with running_app(create_app(rt, serve_config())) as client:
+        r = await client.post("/v1/chat/completions", json={"model": rt.model_name, "messages": CONV})
+    assert r.status_code == 200, r.text
+    gen = sched.submitted[0]
+    assert gen.turn_offsets == turn_offsets(rt, CONV, None, gen.prompt_ids) and len(gen.turn_offsets) == 2

@@ -30,14 +30,15 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Route
 
-from ..scheduler.request import FinishEvent, FinishReason
-from . import openai_reply, translate
+from ..scheduler.request import FinishEvent, FinishReason, GenerationRequest
+from . import endpoint, openai_reply, translate
 from . import protocol as p
 from .agent_output import (
     ArgsDelta,
@@ -63,13 +64,10 @@ from .anthropic_protocol import (
     ToolUseBlockOut,
     Usage,
 )
+from .endpoint import FrontDoor, Generation
 from .errors import APIError, bad_request, json_response
-from .streaming import EventStream, SSEResponse, StreamFormat, collect, sse_event
-
-if TYPE_CHECKING:
-    from starlette.routing import Route
-
-    from .app import Gateway
+from .state import Gateway
+from .streaming import Collected, StreamFormat, sse_event
 
 _encode = msgspec.json.Encoder().encode
 
@@ -476,13 +474,58 @@ def _rename(err: APIError) -> APIError:
     return err
 
 
-def _plan_request(
-    gw: Gateway, req: MessagesRequest, request_id: str
-) -> tuple[Any, ToolSpec | None, int | None]:
-    """(GenerationRequest, tool-call parsing, cache_control hint) for a Messages request."""
+class MessagesGeneration(Generation):
+    """A Messages request, planned: one choice, answered as a `message` or Anthropic's stream."""
+
+    def __init__(
+        self,
+        gen: GenerationRequest,
+        message_id: str,
+        model: str,
+        tools: ToolSpec | None,
+        hint: int | None,
+        ctx_len: int,
+    ):
+        super().__init__([gen], {"X-Request-Id": message_id, "request-id": message_id})
+        self.gen = gen
+        self.ctx_len = ctx_len  # tokens per slot (named by the refusal of a long prompt)
+        self.message_id = message_id
+        self.model = model
+        self.tools = tools
+        self.hint = hint
+
+    def refused(self, err: APIError) -> APIError:
+        if err.code == "context_length_exceeded":  # Anthropic's spelling, which agents act on
+            limit = self.ctx_len - 1
+            err.message = (
+                f"prompt is too long: {len(self.gen.prompt_ids)} tokens > {limit} maximum ({err.message})"
+            )
+            err.param = None  # the message must start as Anthropic's does
+        return err
+
+    def stream_format(self) -> StreamFormat:
+        return MessagesStream(self.message_id, self.model, len(self.gen.prompt_ids), self.tools, self.hint)
+
+    def answer(self, choices: list[Collected]) -> object:
+        (got,) = choices
+        blocks = split_output(got.text, self.tools)
+        has_calls = any(b.kind is BlockKind.TOOL_CALL for b in blocks)
+        return Message(
+            id=self.message_id,
+            model=self.model,
+            content=content_blocks(blocks),
+            stop_reason=stop_reason(got.finish, has_calls),
+            stop_sequence=got.finish.stop_sequence,
+            usage=usage(got.finish, self.hint),
+        )
+
+
+def plan_message(gw: Gateway, req: MessagesRequest, model: str) -> MessagesGeneration:
+    """The generation request, tool-call parsing and cache_control hint of a Messages request."""
+    rid = f"msg_{uuid.uuid4().hex}"
     plan = to_chat(req)
     try:
-        planned = translate.chat_plan(plan.chat, gw.config, gw.runtime, request_id)
+        planned = translate.chat_plan(plan.chat, gw.config, gw.runtime, rid)
     except APIError as err:
         raise _rename(err) from None
     gen = planned.gen
@@ -493,45 +536,11 @@ def _plan_request(
         hint = breakpoint_offset(gw.runtime, messages, tools, plan.breakpoint, gen.prompt_ids)
         if hint is not None:
             gen.prefix_hint = hint
-    return gen, ToolSpec.from_plan(planned.spec, new_tool_use_id), hint
+    tools = ToolSpec.from_plan(planned.spec, new_tool_use_id)
+    return MessagesGeneration(gen, rid, model, tools, hint, gw.runtime.ctx_len)
 
 
-async def create_message(gw: Gateway, request: Request) -> Response:
-    req = await gw.read_body(request, MessagesRequest)
-    model = gw.check_model(req.model)
-    rid = f"msg_{uuid.uuid4().hex}"
-    gen, tools, hint = _plan_request(gw, req, rid)
-    try:
-        handle = gw.submit(gen, "messages")
-    except APIError as err:
-        if err.code == "context_length_exceeded":  # Anthropic's spelling, which agents act on
-            limit = gw.runtime.ctx_len - 1
-            err.message = (
-                f"prompt is too long: {len(gen.prompt_ids)} tokens > {limit} maximum ({err.message})"
-            )
-            err.param = None  # the message must start as Anthropic's does
-        raise
-    headers = {"X-Request-Id": rid, "request-id": rid}
-    if req.stream:
-        fmt = MessagesStream(rid, model, len(gen.prompt_ids), tools, hint)
-        return SSEResponse(EventStream(handle, fmt), headers=headers)
-    got = await collect(handle, request.receive)
-    if got is None:  # the client left; the request was cancelled and acknowledged
-        return error_response(APIError(499, "client closed the request"))
-    failed = openai_reply.failure(got.finish)
-    if failed is not None:
-        raise failed
-    blocks = split_output(got.text, tools)
-    has_calls = any(b.kind is BlockKind.TOOL_CALL for b in blocks)
-    body = Message(
-        id=rid,
-        model=model,
-        content=content_blocks(blocks),
-        stop_reason=stop_reason(got.finish, has_calls),
-        stop_sequence=got.finish.stop_sequence,
-        usage=usage(got.finish, hint),
-    )
-    return json_response(body, headers=headers)
+MESSAGES = FrontDoor("create_message", MessagesRequest, "messages", plan_message)
 
 
 async def count_tokens(gw: Gateway, request: Request) -> Response:
@@ -547,6 +556,6 @@ async def count_tokens(gw: Gateway, request: Request) -> Response:
 def routes(gw: Gateway) -> list[Route]:
     """POST /v1/messages and /v1/messages/count_tokens, with Anthropic's error shape."""
     return [
-        gw.route("/v1/messages", create_message, ["POST"], render_error=error_response),
+        gw.route("/v1/messages", endpoint.handler(MESSAGES), ["POST"], render_error=error_response),
         gw.route("/v1/messages/count_tokens", count_tokens, ["POST"], render_error=error_response),
     ]

@@ -1,10 +1,11 @@
 """The HTTP routes: an OpenAI-compatible API over one `Runtime`.
 
 Design: `create_app(runtime, config, metrics=...)` returns a Starlette app whose lifespan starts
-and stops the scheduler. Each route is built by `Gateway.route`, which checks the API key when
-the route is protected and turns `APIError` into OpenAI's error JSON; any other exception is a
-bug in slotserve and becomes a logged 500. Request bodies are read under --max-body-bytes and
-decoded by msgspec into the Structs of `protocol.py`; `translate.py` maps them to the scheduler.
+and stops the scheduler. Each route is built by `Gateway.route` (state.py), which checks the API
+key when the route is protected and turns `APIError` into OpenAI's error JSON; any other
+exception is a bug in slotserve and becomes a logged 500. Request bodies are read under
+--max-body-bytes and decoded by msgspec into the Structs of `protocol.py`; the generation routes
+run the one skeleton of `endpoint.py` with `translate.py`'s plans and `openai_reply.py`'s answers.
 
     route                        key   what
     POST /v1/chat/completions    yes   chat (stream or not)
@@ -27,230 +28,32 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import functools
-import hmac
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
-from ..scheduler.api import HandleAPI
-from ..scheduler.request import Draining, GenerationRequest, PromptTooLong, QueueFull
-from ..scheduler.stats import Outcome, SchedulerStats, StatsSink
-from . import anthropic_api, openai_reply, responses_api, router_compat, translate
+from . import anthropic_api, endpoint, openai_reply, responses_api, router_compat, translate
 from . import protocol as p
 from .config import ServeConfig
-from .errors import (
-    APIError,
-    bad_request,
-    body_too_large,
-    client_closed,
-    draining,
-    error_response,
-    from_decode_error,
-    internal_error,
-    json_response,
-    model_not_found,
-    not_ready,
-    queue_full,
-    unauthorized,
-    unsupported_media_type,
-)
+from .endpoint import FrontDoor, Generation
+from .errors import APIError, bad_request, draining, error_response, json_response, not_ready
 from .http_guard import HTTPGuard, mark_accounted
 from .runtime import PromptError, Runtime
-from .streaming import (
-    ChoiceGroup,
-    Collected,
-    EventStream,
-    SSEResponse,
-    StreamFormat,
-    cancel_quietly,
-    collect_choices,
-)
+from .state import Gateway, MetricsExporter
+from .streaming import Collected, StreamFormat
 
 log = logging.getLogger("slotserve.gateway")
-
-T = TypeVar("T")
-
-
-class MetricsExporter(Protocol):
-    """What GET /metrics needs (`slotserve.metrics.ServerMetrics` is one). `sink` is the
-    StatsSink given to the Scheduler at construction (see `runtime.load_runtime`)."""
-
-    @property
-    def sink(self) -> StatsSink: ...
-
-    def render(self, snapshot: SchedulerStats | None = None) -> tuple[bytes, str]: ...
-
-    def on_gateway_request(self, outcome: Outcome) -> None:
-        """Count a request that ended in the gateway, before the scheduler (http_guard.py)."""
-
-
-class Gateway:
-    """Per-app state, owned by the app: the runtime, limits, metrics, and whether it is serving."""
-
-    def __init__(self, runtime: Runtime, config: ServeConfig, metrics: MetricsExporter | None):
-        self.runtime = runtime
-        self.config = config
-        if metrics is None:  # levels only: pushed series need the sink given to the Scheduler
-            from slotserve.metrics import ServerMetrics
-
-            metrics = ServerMetrics()
-        self.metrics = metrics
-        self.is_serving = False  # set while the lifespan holds the scheduler
-        self._api_key = config.api_key.encode() if config.api_key is not None else None
-        self._decoders: dict[type, msgspec.json.Decoder] = {}  # body Struct -> its decoder, built once
-
-    # ---- checks shared by the routes
-
-    def check_auth(self, request: Request) -> None:
-        """The key as `Authorization: Bearer KEY` (OpenAI clients) or `x-api-key: KEY`
-        (Anthropic clients), on every protected route; raises 401 otherwise."""
-        if self._api_key is None:
-            return
-        header = request.headers.get("authorization")
-        if header is not None:
-            scheme, _, token = header.partition(" ")
-            if scheme.lower() != "bearer":
-                raise unauthorized()
-        else:
-            token = request.headers.get("x-api-key", "")
-        # NOTE: compare_digest runs in time independent of where the strings differ
-        if not hmac.compare_digest(token.strip().encode(), self._api_key):
-            raise unauthorized()
-
-    def check_model(self, name: str | None) -> str:
-        """The name to report; raises 404 for a name this server does not serve."""
-        if name is None or name == "":
-            return self.runtime.model_name
-        if name not in self.runtime.model_names:
-            raise model_not_found(name, self.runtime.model_names)
-        return name
-
-    async def read_body(self, request: Request, kind: type[T]) -> T:
-        """Check the content type, read at most --max-body-bytes and decode into `kind` (415 /
-        400 / 413 on failure, also for JSON nested too deeply to decode)."""
-        check_json_content_type(request.headers.get("content-type"))
-        limit = self.config.max_body_bytes
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise body_too_large(limit)
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise body_too_large(limit)
-            chunks.append(chunk)
-        decoder = self._decoders.get(kind)
-        if decoder is None:
-            decoder = self._decoders[kind] = msgspec.json.Decoder(kind)
-        try:
-            return decoder.decode(b"".join(chunks))
-        except msgspec.DecodeError as exc:
-            raise from_decode_error(exc) from None
-        except RecursionError:  # msgspec's answer to arrays/objects nested past the recursion limit
-            raise bad_request(
-                "Request body is not valid JSON: nested too deeply", code="invalid_json"
-            ) from None
-
-    def submit(self, gen: GenerationRequest, prompt_param: str) -> HandleAPI:
-        """Hand `gen` to the scheduler; admission errors become 429/400/503 (`prompt_param`
-        names the request field that held the prompt)."""
-        mark_accounted()  # the scheduler counts every request it sees, admitted or refused...
-        try:
-            return self.runtime.scheduler.submit(gen)
-        except QueueFull as exc:
-            raise queue_full(exc.retry_after_s) from None
-        except PromptTooLong as exc:
-            raise APIError(
-                400,
-                f"{exc} (each slot holds {self.runtime.ctx_len} tokens)",
-                param=prompt_param,
-                code="context_length_exceeded",
-            ) from None
-        except Draining:
-            mark_accounted(False)  # ...but one refused while draining: HTTPGuard counts that
-            raise draining() from None
-        except ValueError as exc:  # the scheduler's own validation of the request
-            raise bad_request(str(exc)) from None
-
-    async def submit_choices(self, gens: list[GenerationRequest], prompt_param: str) -> ChoiceGroup:
-        """Submit the n requests of one API request as a ChoiceGroup. If one is refused, those
-        already submitted are cancelled (acknowledged) before the error is raised."""
-        handles: list[HandleAPI] = []
-        try:
-            for gen in gens:
-                handles.append(self.submit(gen, prompt_param))
-        except APIError:
-            for h in handles:
-                await cancel_quietly(h)
-            raise
-        return ChoiceGroup(handles)
-
-    def is_draining(self) -> bool:
-        return bool(self.runtime.scheduler.stats().draining)
-
-    def route(
-        self,
-        path: str,
-        handler: Handler,
-        methods: list[str],
-        *,
-        protected: bool = True,
-        render_error: Callable[[APIError], Response] = error_response,
-    ) -> Route:
-        """A Starlette route calling `handler(self, request)`: the API key is checked first when
-        `protected`, an `APIError` becomes an error response (OpenAI's JSON unless
-        `render_error` spells it otherwise), any other exception a logged 500."""
-
-        @functools.wraps(handler)
-        async def endpoint(request: Request) -> Response:
-            try:
-                if protected:
-                    self.check_auth(request)
-                return await handler(self, request)
-            except APIError as err:
-                return render_error(err)
-            except ClientDisconnect:  # gone while its body was read: not an error of ours
-                log.debug("client disconnected during the body of %s %s", request.method, request.url.path)
-                return render_error(client_closed())  # counted by HTTPGuard; nobody reads it
-            except Exception:
-                log.exception("unhandled error in %s %s", request.method, request.url.path)
-                return render_error(internal_error())
-
-        return Route(path, endpoint, methods=methods)
-
-
-Handler = Callable[[Gateway, Request], Awaitable[Response]]
-
-
-def check_json_content_type(header: str | None) -> None:
-    """415 unless `header` is application/json, with no charset or a UTF-8 one.
-
-    NOTE: this is also the CSRF guard of a keyless server: a web page may POST `text/plain` (or
-    form data) cross-origin without a preflight, so a body is never taken as JSON unless it says
-    it is; an application/json POST from a page needs a preflight, which only
-    --cors-allow-origin answers.
-    """
-    media, _, params = (header or "").partition(";")
-    if media.strip().lower() != "application/json":
-        raise unsupported_media_type(header)
-    for param in params.split(";"):
-        name, _, value = param.partition("=")
-        if name.strip().lower() == "charset" and value.strip().strip('"').lower() not in ("utf-8", "utf8"):
-            raise unsupported_media_type(header)
 
 
 # ------------------------------------------------------------------ generation routes
@@ -260,68 +63,60 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+class OpenAIGeneration(Generation):
+    """A chat or text completion request, planned: its n choices, answered in OpenAI's shapes."""
+
+    def __init__(
+        self, kind: OpenAIKind, planned: translate.Planned, request_id: str, model: str, usage: bool
+    ):
+        super().__init__(translate.choice_requests(planned), {"X-Request-Id": planned.gen.request_id})
+        self.kind = kind
+        self.planned = planned
+        self.request_id = request_id
+        self.model = model
+        self.include_usage = usage
+        self.created = int(time.time())
+
+    def stream_format(self) -> StreamFormat:
+        return self.kind.stream_format(self.request_id, self.model, self.include_usage, self.planned.spec)
+
+    def answer(self, choices: list[Collected]) -> object:
+        return self.kind.to_response(self.request_id, self.model, self.created, choices, self.planned.spec)
+
+
 @dataclass(frozen=True)
-class GenerationKind:
-    """How one generation endpoint reads its body and spells its answers."""
+class OpenAIKind:
+    """How chat or text completions plan a request and spell its answers."""
 
-    body: type  # the request Struct (protocol.py)
     id_prefix: str  # response ids: f"{id_prefix}-<hex>"
-    prompt_param: str  # the body field that holds the prompt (named by admission errors)
-    to_request: Callable[[Any, ServeConfig, Runtime, str], translate.Planned]  # (req, config, runtime, id)
-    stream_format: Callable[
-        [str, str, bool, openai_reply.OutputSpec], StreamFormat
-    ]  # (id, model, usage, spec)
+    # (request, config, runtime, id) -> the translated request
+    to_request: Callable[[Any, ServeConfig, Runtime, str], translate.Planned]
+    # (id, model, include usage, spec) -> the stream format
+    stream_format: Callable[[str, str, bool, openai_reply.OutputSpec], StreamFormat]
     # (id, model, created, collected choices, spec) -> the response Struct
-    to_response: Callable[[str, str, int, list[Collected], openai_reply.OutputSpec], Any]
+    to_response: Callable[[str, str, int, list[Collected], openai_reply.OutputSpec], object]
+
+    def plan(self, gw: Gateway, req: Any, model: str) -> Generation:
+        rid = _new_id(self.id_prefix)
+        planned = self.to_request(req, gw.config, gw.runtime, rid)
+        usage = bool(req.stream_options and req.stream_options.include_usage)
+        return OpenAIGeneration(self, planned, rid, model, usage)
 
 
-CHAT = GenerationKind(
+CHAT = FrontDoor(
+    "chatcmpl_generate",
     p.ChatCompletionRequest,
-    "chatcmpl",
     "messages",
-    translate.chat_plan,
-    openai_reply.ChatStream,
-    openai_reply.chat_completion,
+    OpenAIKind("chatcmpl", translate.chat_plan, openai_reply.ChatStream, openai_reply.chat_completion).plan,
 )
-COMPLETION = GenerationKind(
+COMPLETION = FrontDoor(
+    "cmpl_generate",
     p.CompletionRequest,
-    "cmpl",
     "prompt",
-    translate.completion_plan,
-    openai_reply.CompletionStream,
-    openai_reply.completion,
+    OpenAIKind(
+        "cmpl", translate.completion_plan, openai_reply.CompletionStream, openai_reply.completion
+    ).plan,
 )
-
-
-def generation_handler(kind: GenerationKind) -> Handler:
-    """The route handler of one generation endpoint: decode, translate, submit, then answer with
-    an SSE stream or one JSON body."""
-
-    async def generate(gw: Gateway, request: Request) -> Response:
-        req: Any = await gw.read_body(request, kind.body)  # kind.body: a protocol.py Struct
-        model = gw.check_model(req.model)
-        rid = _new_id(kind.id_prefix)
-        planned = kind.to_request(req, gw.config, gw.runtime, rid)
-        created = int(time.time())
-        handle = await gw.submit_choices(translate.choice_requests(planned), kind.prompt_param)
-        headers = {"X-Request-Id": planned.gen.request_id}
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return SSEResponse(
-                EventStream(handle, kind.stream_format(rid, model, include_usage, planned.spec)),
-                headers=headers,
-            )
-        got = await collect_choices(handle, request.receive)
-        if got is None:  # the client left; the request was cancelled and acknowledged
-            return error_response(APIError(499, "client closed the request", code="client_closed_request"))
-        for choice in got:
-            err = openai_reply.failure(choice.finish)
-            if err is not None:
-                raise err
-        return json_response(kind.to_response(rid, model, created, got, planned.spec), headers=headers)
-
-    generate.__name__ = f"{kind.id_prefix}_generate"
-    return generate
 
 
 # ------------------------------------------------------------------ other routes
@@ -445,8 +240,8 @@ def create_app(runtime: Runtime, config: ServeConfig, *, metrics: MetricsExporte
 
     route = gw.route
     routes = [
-        route("/v1/chat/completions", generation_handler(CHAT), ["POST"]),
-        route("/v1/completions", generation_handler(COMPLETION), ["POST"]),
+        route("/v1/chat/completions", endpoint.handler(CHAT), ["POST"]),
+        route("/v1/completions", endpoint.handler(COMPLETION), ["POST"]),
         route("/v1/models", list_models, ["GET"]),
         route("/v1/models/{model:path}", get_model, ["GET"]),
         route("/tokenize", tokenize, ["POST"]),

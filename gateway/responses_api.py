@@ -27,14 +27,13 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
-from starlette.requests import Request
-from starlette.responses import Response
+from starlette.routing import Route
 
-from ..scheduler.request import FinishEvent, FinishReason
-from . import openai_reply, translate
+from ..scheduler.request import FinishEvent, FinishReason, GenerationRequest
+from . import endpoint, openai_reply, translate
 from . import protocol as p
 from .agent_output import (
     ArgsDelta,
@@ -47,7 +46,8 @@ from .agent_output import (
     ToolSpec,
     split_output,
 )
-from .errors import APIError, bad_request, error_response, json_response
+from .endpoint import FrontDoor, Generation
+from .errors import APIError, bad_request
 from .response_store import ResponseStore
 from .responses_protocol import (
     ErrorInfo,
@@ -65,12 +65,8 @@ from .responses_protocol import (
     ResponseUsage,
     TextConfig,
 )
-from .streaming import EventStream, SSEResponse, StreamFormat, collect, sse_event
-
-if TYPE_CHECKING:
-    from starlette.routing import Route
-
-    from .app import Gateway
+from .state import Gateway
+from .streaming import Collected, StreamFormat, sse_event
 
 _encode = msgspec.json.Encoder().encode
 
@@ -468,9 +464,32 @@ class ResponsesStream(StreamFormat):
 # ------------------------------------------------------------------ routes
 
 
-async def create_response(gw: Gateway, request: Request, store: ResponseStore) -> Response:
-    req = await gw.read_body(request, ResponsesRequest)
-    model = gw.check_model(req.model)
+class ResponsesGeneration(Generation):
+    """A Responses request, planned: one choice, answered as a response object or its stream."""
+
+    def __init__(self, gen: GenerationRequest, answer: _Answer, tools: ToolSpec | None):
+        super().__init__([gen], {"X-Request-Id": answer.response_id})
+        self.answer_of = answer
+        self.tools = tools
+
+    def stream_format(self) -> StreamFormat:
+        return ResponsesStream(self.answer_of, self.tools)
+
+    def answer(self, choices: list[Collected]) -> object:
+        (got,) = choices
+        blocks = split_output(got.text, self.tools)
+        status, incomplete = status_of(got.finish)
+        self.answer_of.keep(blocks)
+        return self.answer_of.response(
+            status, output_items(blocks, status), usage(got.finish), incomplete=incomplete
+        )
+
+
+def plan_response(
+    gw: Gateway, req: ResponsesRequest, model: str, store: ResponseStore
+) -> ResponsesGeneration:
+    """The generation request of a Responses request, continuing its previous response (404 for
+    one not stored)."""
     history: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
         found = store.get(req.previous_response_id)
@@ -490,31 +509,17 @@ async def create_response(gw: Gateway, request: Request, store: ResponseStore) -
         planned = translate.chat_plan(plan.chat, gw.config, gw.runtime, rid)
     except APIError as err:
         raise _rename(err) from None
-    gen = planned.gen
     tools = ToolSpec.from_plan(planned.spec, new_call_id)
     answer = _Answer(req, plan, rid, model, int(time.time()), store)
-    handle = gw.submit(gen, "input")
-    headers = {"X-Request-Id": rid}
-    if req.stream:
-        return SSEResponse(EventStream(handle, ResponsesStream(answer, tools)), headers=headers)
-    got = await collect(handle, request.receive)
-    if got is None:  # the client left; the request was cancelled and acknowledged
-        return error_response(APIError(499, "client closed the request", code="client_closed_request"))
-    failed = openai_reply.failure(got.finish)
-    if failed is not None:
-        raise failed
-    blocks = split_output(got.text, tools)
-    status, incomplete = status_of(got.finish)
-    answer.keep(blocks)
-    body = answer.response(status, output_items(blocks, status), usage(got.finish), incomplete=incomplete)
-    return json_response(body, headers=headers)
+    return ResponsesGeneration(planned.gen, answer, tools)
 
 
 def routes(gw: Gateway) -> list[Route]:
     """POST /v1/responses, with its own store for previous_response_id."""
     store = ResponseStore()
 
-    async def responses(gw: Gateway, request: Request) -> Response:
-        return await create_response(gw, request, store)
+    def plan(gw: Gateway, req: ResponsesRequest, model: str) -> ResponsesGeneration:
+        return plan_response(gw, req, model, store)
 
-    return [gw.route("/v1/responses", responses, ["POST"])]
+    door = FrontDoor("create_response", ResponsesRequest, "input", plan)
+    return [gw.route("/v1/responses", endpoint.handler(door), ["POST"])]

@@ -29,8 +29,6 @@ request the generation route would reject is rejected here with the same 4xx.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
@@ -41,9 +39,7 @@ from slotserve import __version__
 from . import protocol as p
 from . import translate
 from .errors import json_response
-
-if TYPE_CHECKING:
-    from .app import Gateway
+from .state import Gateway
 
 
 class RenderResponse(msgspec.Struct, kw_only=True):

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from .request import FinishEvent, TokenEvent
 from .sequence import Sequence
 
-if TYPE_CHECKING:
-    from .scheduler import Scheduler
+# the scheduler's cancel of one sequence: True once it finished as cancelled (acknowledged)
+CancelFn = Callable[[Sequence], Awaitable[bool]]
 
 
 class RequestHandle:
@@ -18,12 +17,13 @@ class RequestHandle:
 
     `await handle.cancel()` is idempotent: it returns True once the request is finished as
     cancelled (after the scheduler acknowledged it and released its slot), False if it had
-    already finished for another reason.
+    already finished for another reason. The cancel is the scheduler's, given at construction
+    (the handle knows nothing else of the scheduler).
     """
 
-    def __init__(self, sched: Scheduler, seq: Sequence) -> None:
-        self._sched = sched
+    def __init__(self, seq: Sequence, cancel: CancelFn) -> None:
         self._seq = seq
+        self._cancel = cancel
 
     @property
     def request_id(self) -> str:
@@ -58,4 +58,4 @@ class RequestHandle:
                 return
 
     async def cancel(self) -> bool:
-        return await self._sched._cancel(self._seq)
+        return await self._cancel(self._seq)

@@ -273,7 +273,7 @@ class Scheduler:
         )
         self._admission.enqueue(seq)
         self._kick()
-        return RequestHandle(self, seq)
+        return RequestHandle(seq, self._cancel)
 
     def _reject(self, req: GenerationRequest) -> None:
         self._emit_request_stats(rejected_stats(req))

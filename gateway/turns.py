@@ -9,7 +9,8 @@ messages before it: up to the last user message without a generation prompt, up 
 message with one (where the reply that became it was generated; without one if that is not how
 the conversation renders). A rendering that is not a text prefix of the prompt's is dropped.
 
-Text offsets become token offsets through the tokens' bytes (`Runtime.token_bytes`): a boundary
+Text offsets become token offsets through the tokens' bytes (`Runtime.token_bytes`, else the
+tokenizer's): a boundary
 counts only where a prompt token starts exactly at its byte, and nothing is offered when the
 tokens do not spell the rendered text byte for byte (a tokenizer that adds or drops bytes). The
 offsets only place checkpoints: the checkpoint holds the prompt's own tokens up to the offset,
@@ -41,7 +42,8 @@ def turn_offsets(
     """Ascending token offsets of `prompt_ids` (the chat prompt of `messages`, with the generation
     prompt) where the last user message and the last assistant turns start; () when the pool
     does not need them or they cannot be placed exactly (module docstring)."""
-    if not runtime.turn_captures or runtime.chat is None or runtime.token_bytes is None or not prompt_ids:
+    table = runtime.token_bytes or getattr(runtime.tokenizer, "token_bytes", None)
+    if not runtime.turn_captures or runtime.chat is None or table is None or not prompt_ids:
         return ()
     messages, tools = runtime.tool_messages(messages, tools)
     try:
@@ -51,7 +53,6 @@ def turn_offsets(
     starts = _turn_starts(runtime, messages, tools, full)
     if not starts:
         return ()
-    table = runtime.token_bytes
     pieces = [table[int(t)] for t in prompt_ids]
     data = full.encode()
     if b"".join(pieces) != data:

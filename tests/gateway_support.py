@@ -97,13 +97,14 @@ def make_runtime(
     metrics: ServerMetrics | None = None,
     timeout_s: float | None = None,
     clock: Callable[[], float] = time.monotonic,
+    pool_options: dict[str, Any] | None = None,
     **scheduler_config: Any,
 ) -> tuple[Runtime, FakeSlotPool]:
-    """A Runtime over FakeSlotPool (segments of 64 tokens); `timeout_s` is the scheduler's
-    default per-request timeout, `clock` its time source; other keywords go to SchedulerConfig
-    (e.g. kv_disk_dir)."""
+    """A Runtime over FakeSlotPool (segments of 64 tokens; `pool_options` go to it, e.g.
+    recurrent=True); `timeout_s` is the scheduler's default per-request timeout, `clock` its time
+    source; other keywords go to SchedulerConfig (e.g. kv_disk_dir)."""
     tok = ByteTokenizer()
-    pool = FakeSlotPool(num_slots, ctx_len, n_vocab=tok.n_vocab)
+    pool = FakeSlotPool(num_slots, ctx_len, n_vocab=tok.n_vocab, **(pool_options or {}))
     sched = Scheduler(
         pool,
         SchedulerConfig(
@@ -128,6 +129,7 @@ def make_runtime(
         num_slots=num_slots,
         kv_bytes=pool.kv_bytes,
         kernel_variant="fake",
+        turn_captures=pool.restored_min_truncate_len(ctx_len) > 0,
         model_path="fake.gguf",
         created=1700000000,
         extra={"pool": pool},

@@ -6,6 +6,7 @@ Every loop here is bounded twice: by a deadline and by a count.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -21,14 +22,16 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 from gateway_support import free_port
 from process_support import log_tail, wait_http_ready
+from slotserve.scheduler.disk_store import _FIXED, _MAGIC, _TAIL
 
 TESTS = Path(__file__).resolve().parent
 
 # A server over FakeSlotPool in its own process (so its memory can be measured and it can be
 # signalled): argv[1] is JSON {"runtime": make_runtime kwargs, "config": ServeConfig kwargs,
-# "step_s": seconds each engine forward sleeps}.
+# "step_s": seconds each engine forward sleeps, "fsync_s": seconds each fsync sleeps}.
 FAKE_SERVER = textwrap.dedent("""
     import json, sys, time
     from gateway_support import make_runtime, serve_config
@@ -37,6 +40,10 @@ FAKE_SERVER = textwrap.dedent("""
     from slotserve.metrics import ServerMetrics
 
     spec = json.loads(sys.argv[1])
+    if spec.get("fsync_s"):  # a slow disk, so a kill -9 catches checkpoint writes mid-way
+        import os
+        _fsync = os.fsync
+        os.fsync = lambda fd: (time.sleep(spec["fsync_s"]), _fsync(fd))[1]
     metrics = ServerMetrics()
     runtime, pool = make_runtime(metrics=metrics, **spec["runtime"])
     step_s = spec["step_s"]
@@ -80,10 +87,16 @@ class ServerProcess:
 
 @contextmanager
 def fake_server(
-    log_dir: Path, *, runtime: dict[str, Any], config: dict[str, Any], step_s: float = 0.0
+    log_dir: Path,
+    *,
+    runtime: dict[str, Any],
+    config: dict[str, Any],
+    step_s: float = 0.0,
+    fsync_s: float = 0.0,
 ) -> Iterator[ServerProcess]:
     port = free_port()
-    spec = {"runtime": runtime, "config": {"port": port, "log_level": "warning", **config}, "step_s": step_s}
+    config = {"port": port, "log_level": "warning", **config}
+    spec = {"runtime": runtime, "config": config, "step_s": step_s, "fsync_s": fsync_s}
     log = log_dir / f"fake-server-{port}.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
@@ -192,3 +205,32 @@ def wait_idle(url: str, timeout_s: float = 15) -> dict[str, float]:
 
 def tail(server: ServerProcess) -> str:
     return log_tail(server.log)
+
+
+# -- disk checkpoint files -------------------------------------------------------------------
+
+
+def check_file(path: Path) -> None:
+    """A checkpoint file is whole: header fields consistent and the checksum right."""
+    raw = path.read_bytes()
+    magic, _version, _fp, n, rule_len = _FIXED.unpack_from(raw, 0)
+    assert magic == _MAGIC
+    off = _FIXED.size + rule_len
+    data_len, checksum = _TAIL.unpack_from(raw, off)
+    off += _TAIL.size
+    tokens, data = raw[off : off + 4 * n], raw[off + 4 * n :]
+    assert len(data) == data_len, f"{path.name}: truncated"
+    assert hashlib.sha256(tokens + data).digest() == checksum, f"{path.name}: checksum"
+
+
+def model_dir(root: Path) -> Path:
+    dirs = [d for d in root.iterdir() if d.is_dir()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def file_tokens(path: Path) -> list[int]:
+    raw = path.read_bytes()
+    n, rule_len = _FIXED.unpack_from(raw, 0)[3:]
+    off = _FIXED.size + rule_len + _TAIL.size
+    return list(np.frombuffer(raw[off : off + 4 * n], dtype=np.int32))

@@ -1,7 +1,8 @@
 """Cancel storm: for --soak-seconds, clients abandon streams after a few chunks, give up on
 plain requests, leave in the middle of their bodies, or run to the end, all at once. Afterwards
 every slot is idle, every level gauge reads zero, the cancels were acknowledged and counted, and
-the server answers a greedy request exactly as a cold server does."""
+the server answers a greedy request exactly as a cold server does. Run over full KV and over
+recurrent state (FakeSlotPool(recurrent=True): slots that can only be extended or restored)."""
 
 from __future__ import annotations
 
@@ -107,17 +108,18 @@ async def storm(url: str, port: int, seconds: float, seed: int) -> collections.C
     return seen
 
 
-async def cold_answer() -> str:
-    runtime, _ = make_runtime(num_slots=1, reuse=False)
+async def cold_answer(pool_options: dict) -> str:
+    runtime, _ = make_runtime(num_slots=1, reuse=False, pool_options=pool_options)
     async with running_app(create_app(runtime, serve_config())) as client:
         r = await client.post("/v1/chat/completions", json=PROBE)
     return r.json()["choices"][0]["message"]["content"]
 
 
+@pytest.mark.parametrize("pool_options", [{}, {"recurrent": True}], ids=["kv", "recurrent"])
 async def test_cancel_storm_leaves_every_slot_idle_and_gauges_at_zero(
-    soak_seconds: float, tmp_path: Path
+    soak_seconds: float, tmp_path: Path, pool_options: dict
 ) -> None:
-    runtime = {"num_slots": 3, "ctx_len": 1024, "max_queue": 16}
+    runtime = {"num_slots": 3, "ctx_len": 1024, "max_queue": 16, "pool_options": pool_options}
     with fake_server(tmp_path, runtime=runtime, config={"max_tokens_limit": 64}, step_s=0.002) as server:
         seen = await storm(server.url, server.port, soak_seconds, seed=14)
         m = wait_idle(server.url)
@@ -131,6 +133,7 @@ async def test_cancel_storm_leaves_every_slot_idle_and_gauges_at_zero(
             warm = (await client.post("/v1/chat/completions", json=PROBE)).json()["choices"][0]["message"][
                 "content"
             ]
+            again = (await client.post("/v1/chat/completions", json=PROBE)).json()  # reuses the first
         after = scrape(server.url)
         rc = server.stop()
     total = sum(seen.values())
@@ -147,6 +150,10 @@ async def test_cancel_storm_leaves_every_slot_idle_and_gauges_at_zero(
     assert m[mid_body] == seen["left mid-body"]
     assert after['slotserve_requests_total{outcome="error",stage="scheduler"}'] == 0
     assert after['slotserve_requests_total{outcome="error",stage="gateway"}'] == 0
-    assert warm == await cold_answer()  # no slot was left corrupted
+    assert warm == await cold_answer(pool_options)  # no slot was left corrupted
+    assert again["choices"][0]["message"]["content"] == warm
+    # a resend: rewound (full KV), or restored from the prompt_end checkpoint at L - 1 (recurrent)
+    reused = (again["slotserve"]["reuse_source"], again["slotserve"]["prefilled_tokens"])
+    assert reused == (("checkpoint_memory" if pool_options else "rewind"), 1), reused
     text = server.log.read_text()
     assert "Traceback" not in text and "ERROR" not in text, text[-3000:]

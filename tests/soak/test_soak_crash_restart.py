@@ -8,7 +8,6 @@ sleeps 0.25 s, so writes are slow enough to be caught mid-way (the test asserts 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import threading
@@ -16,11 +15,9 @@ import time
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 from slotserve.bench.loadtest.oracle import common_prefix_len
-from slotserve.scheduler.disk_store import _FIXED, _MAGIC, _TAIL
-from soak_support import ServerProcess, scrape, start_serve, tail
+from soak_support import ServerProcess, check_file, file_tokens, model_dir, scrape, start_serve, tail
 
 pytestmark = pytest.mark.soak
 
@@ -53,25 +50,6 @@ def chat(server: ServerProcess, system: str) -> dict:
     r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60, trust_env=False)
     assert r.status_code == 200, r.text
     return r.json()
-
-
-def check_file(path: Path) -> None:
-    """A checkpoint file is whole: header fields consistent and the checksum right."""
-    raw = path.read_bytes()
-    magic, _version, _fp, n, rule_len = _FIXED.unpack_from(raw, 0)
-    assert magic == _MAGIC
-    off = _FIXED.size + rule_len
-    data_len, checksum = _TAIL.unpack_from(raw, off)
-    off += _TAIL.size
-    tokens, data = raw[off : off + 4 * n], raw[off + 4 * n :]
-    assert len(data) == data_len, f"{path.name}: truncated"
-    assert hashlib.sha256(tokens + data).digest() == checksum, f"{path.name}: checksum"
-
-
-def model_dir(root: Path) -> Path:
-    dirs = [d for d in root.iterdir() if d.is_dir()]
-    assert len(dirs) == 1, dirs
-    return dirs[0]
 
 
 def serve_args(model: Path, disk: Path, *extra: str) -> list[str]:
@@ -117,13 +95,6 @@ def crash_while_writing(model: Path, disk: Path, log: Path, cycle: int) -> tuple
         server.proc.wait()
     assert server.proc.returncode == -signal.SIGKILL, tail(server)
     return seen.get("whole", 0), seen.get("tmp", 0)
-
-
-def file_tokens(path: Path) -> list[int]:
-    raw = path.read_bytes()
-    n, rule_len = _FIXED.unpack_from(raw, 0)[3:]
-    off = _FIXED.size + rule_len + _TAIL.size
-    return list(np.frombuffer(raw[off : off + 4 * n], dtype=np.int32))
 
 
 def test_kill_9_during_checkpoint_writes_then_restart_warm_equals_cold(

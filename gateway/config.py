@@ -63,8 +63,10 @@ class ServeConfig:
     log_level: str = "info"
     no_slots_endpoint: bool = False  # turn GET /slots off
     max_body_bytes: int = 4 * 1024 * 1024  # request bodies past this -> 413
-    max_tokens_limit: int = 4096  # largest max_tokens a request may ask for
-    default_max_tokens: int = 512  # max_tokens when a request gives none
+    max_tokens_limit: int = 32768  # largest max_tokens a request may ask for
+    # max_tokens of a chat/Responses request that gives none; None = until the end of the turn or
+    # of the slot's context, at most max_tokens_limit (as OpenAI, vLLM and llama.cpp do)
+    default_max_tokens: int | None = None
     drain_grace_s: float = 30.0  # on SIGTERM: how long running requests may finish
     shutdown_timeout_s: float = 10.0  # then how long the scheduler may take to stop before exit 1
     request_timeout_s: float = 0.0  # per-request limit from admission (queue included); 0 = none
@@ -135,7 +137,7 @@ class ServeConfig:
         need(self.max_body_bytes >= 1024, f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}")
         need(self.max_tokens_limit >= 1, f"--max-tokens-limit must be >= 1, got {self.max_tokens_limit}")
         need(
-            1 <= self.default_max_tokens <= self.max_tokens_limit,
+            self.default_max_tokens is None or 1 <= self.default_max_tokens <= self.max_tokens_limit,
             f"--default-max-tokens must be in 1..--max-tokens-limit ({self.max_tokens_limit}), "
             f"got {self.default_max_tokens}",
         )
@@ -369,14 +371,16 @@ OPTIONS: tuple[Option, ...] = (
         "max_tokens_limit",
         ("--max-tokens-limit",),
         int,
-        "largest max_tokens a request may ask for (default 4096)",
+        "largest max_tokens a request may ask for, and the bound of a request that gives none "
+        "(default 32768)",
         metavar="N",
     ),
     Option(
         "default_max_tokens",
         ("--default-max-tokens",),
         int,
-        "max_tokens when a request gives none (default 512)",
+        "max_tokens of a chat or Responses request that gives none (default: none, generate "
+        "until the end of the turn or of the slot's context, at most --max-tokens-limit)",
         metavar="N",
     ),
     Option(

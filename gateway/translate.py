@@ -135,21 +135,25 @@ def sampling_params(
     runtime: Runtime,
     *,
     max_tokens: int | None,
-    default_max_tokens: int,
+    default_max_tokens: int | None,
     max_tokens_param: str = "max_tokens",
     logprobs: int | None = None,
     grammar: Grammar | None = None,
 ) -> SamplingParams:
     """Map the sampling fields, enforcing --max-tokens-limit, the slot count for n and the
     unsupported options (`max_tokens_param`: the body field `max_tokens` came from, named by its
-    error)."""
+    error). No max_tokens and no `default_max_tokens`: up to --max-tokens-limit, so generation runs
+    to the end of the turn or of the slot's context (the scheduler ends it with `length` there)."""
     check_unhonoured(req)
     if req.n > runtime.num_slots:
         raise bad_request(
             f"n={req.n} exceeds this server's {runtime.num_slots} slots (each choice decodes in a slot)",
             param="n",
         )
-    wanted = default_max_tokens if max_tokens is None else max_tokens
+    if max_tokens is not None:
+        wanted = max_tokens
+    else:
+        wanted = config.max_tokens_limit if default_max_tokens is None else default_max_tokens
     if wanted > config.max_tokens_limit:
         raise bad_request(
             f"{max_tokens_param}={wanted} exceeds this server's limit of {config.max_tokens_limit}",

@@ -23,7 +23,9 @@ def test_defaults_are_safe() -> None:
     assert c.port == 8080
     assert c.api_key is None
     assert c.kv_disk_dir is None  # nothing written to disk unless asked
-    assert c.default_max_tokens <= c.max_tokens_limit
+    # no default max_tokens: a request without one runs to the end of its turn or context,
+    # bounded by --max-tokens-limit
+    assert c.default_max_tokens is None and c.max_tokens_limit == 32768
     assert c.max_body_bytes == 4 * 1024 * 1024
 
 
@@ -99,7 +101,8 @@ def test_bad_environment_value_fails_loudly(env: dict[str, str], fragment: str) 
         ({"port": 0}, "port"),
         ({"batched_session": 0}, "--batched-session"),
         ({"kv_disk_space_mb": 10}, "--kv-disk-dir"),
-        ({"default_max_tokens": 5000}, "--default-max-tokens"),
+        ({"default_max_tokens": 50000}, "--default-max-tokens"),
+        ({"default_max_tokens": 0}, "--default-max-tokens"),
         ({"log_level": "loud"}, "--log-level"),
         ({"api_key": ""}, "--api-key"),
         ({"kv_events_endpoint": "x"}, "--kv-events-endpoint"),

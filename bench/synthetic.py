@@ -19,6 +19,12 @@ Q4_K_M rule (llama.cpp's llama_tensor_get_type for LLAMA_FTYPE_MOSTLY_Q4_K_M), `
 then the fallback where a row (n_in) is not a multiple of 256: Q4_K -> Q5_0, Q6_K -> Q8_0 (all of
 qwen2-0.5b's rows of 896; its ffn_down rows of 4864 stay K-quants).
 
+lfm2 (LFM2-350M's shape): the layers in `conv_layers` are short convolutions (shortconv.in_proj
+dim -> 3 dim and out_proj Q4_K like any 2-D weight, the [dim][conv_len] kernel F32, as
+llama-quantize leaves it), head_count_kv is written per layer (0 there), the attention layers
+add F32 q/k norms and the final norm is token_embd_norm; attn_v's extra bit counts attention
+layers only (llama.cpp counts attn_v tensors).
+
 Tokenizer: gpt2 byte-level BPE with the 256 byte tokens, three ChatML control tokens and a few
 merges, padded to the preset's n_vocab with UNUSED tokens (the loader needs one token per
 token_embd row).
@@ -29,7 +35,7 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -60,6 +66,8 @@ class Preset:
     ctx_train: int = 32768
     rms_eps: float = 1e-6
     pre: str = "qwen2"  # tokenizer.ggml.pre
+    conv_layers: tuple[int, ...] = ()  # lfm2: the short-convolution layers
+    conv_len: int = 0  # lfm2: shortconv.l_cache
 
 
 PRESETS: dict[str, Preset] = {
@@ -84,6 +92,24 @@ PRESETS: dict[str, Preset] = {
         rms_eps=1e-5,
         pre="llama-bpe",
     ),
+    # LFM2-350M (LiquidAI): 16 layers, 10 short convolutions of 3 taps and 6 GQA layers
+    # (2, 5, 8, 10, 12, 14), ffn 4608 (block_ff_dim 6656 auto-adjusted), tied embeddings
+    "lfm2-350m": Preset(
+        "lfm2",
+        16,
+        1024,
+        16,
+        8,
+        64,
+        4608,
+        65536,
+        1e6,
+        tied=True,
+        ctx_train=128000,
+        rms_eps=1e-5,
+        conv_layers=(0, 1, 3, 4, 6, 7, 9, 11, 13, 15),
+        conv_len=3,
+    ),
 }
 
 # Byte offset of the f16 scale d in a block, of the f16 min (None: the type has none), and the
@@ -104,12 +130,18 @@ def use_more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
-def q4_k_m_type(name: str, n_in: int, n_layers: int, tied: bool) -> str:
-    """The type llama-quantize's Q4_K_M gives 2-D weight `name` with rows of n_in (module doc)."""
+def q4_k_m_type(
+    name: str, n_in: int, n_layers: int, tied: bool, layer_index: tuple[int, int] | None = None
+) -> str:
+    """The type llama-quantize's Q4_K_M gives 2-D weight `name` with rows of n_in (module doc).
+    layer_index: (index, count) of the tensor among its kind's tensors when that is not the layer
+    (lfm2's attn_v: only the attention layers have one)."""
     kind = name.removesuffix(".weight").split(".")[-1]
     if name == "output.weight" or (tied and name == "token_embd.weight"):
         wanted = "Q6_K"
-    elif kind in ("attn_v", "ffn_down") and use_more_bits(int(name.split(".")[1]), n_layers):
+    elif kind in ("attn_v", "ffn_down") and use_more_bits(
+        *(layer_index if layer_index is not None else (int(name.split(".")[1]), n_layers))
+    ):
         wanted = "Q6_K"
     else:
         wanted = "Q4_K"
@@ -139,8 +171,13 @@ def tensor_plan(p: Preset) -> list[TensorPlan]:
     """Every tensor of the model, in file order, with its type and value spread."""
     q_dim, kv_dim = p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim
 
+    attention = [i for i in range(p.n_layers) if i not in p.conv_layers]
+
     def weight(name: str, rows: int, cols: int, std: float) -> TensorPlan:
-        return TensorPlan(name, q4_k_m_type(name, cols, p.n_layers, p.tied), rows, cols, std)
+        index = None
+        if name.endswith("attn_v.weight") and p.conv_layers:
+            index = (attention.index(int(name.split(".")[1])), len(attention))
+        return TensorPlan(name, q4_k_m_type(name, cols, p.n_layers, p.tied, index), rows, cols, std)
 
     def vector(name: str, n: int, mean: float, std: float) -> TensorPlan:
         return TensorPlan(name, "F32", 1, n, std, mean)
@@ -151,6 +188,12 @@ def tensor_plan(p: Preset) -> list[TensorPlan]:
     for i in range(p.n_layers):
         b = f"blk.{i}."
         plan.append(vector(b + "attn_norm.weight", p.dim, 1.0, 0.1))
+        if i in p.conv_layers:
+            plan.append(weight(b + "shortconv.in_proj.weight", 3 * p.dim, p.dim, p.dim**-0.5))
+            plan.append(TensorPlan(b + "shortconv.conv.weight", "F32", p.dim, p.conv_len, 0.5))
+            plan.append(weight(b + "shortconv.out_proj.weight", p.dim, p.dim, 4.0 * p.dim**-0.5))
+            plan.extend(_ffn_plan(p, b, weight, vector))
+            continue
         plan.append(weight(b + "attn_q.weight", q_dim, p.dim, p.dim**-0.5))
         plan.append(weight(b + "attn_k.weight", kv_dim, p.dim, p.dim**-0.5))
         plan.append(weight(b + "attn_v.weight", kv_dim, p.dim, p.dim**-0.5))
@@ -158,15 +201,31 @@ def tensor_plan(p: Preset) -> list[TensorPlan]:
             plan.append(vector(b + "attn_q.bias", q_dim, 0.0, 0.5))
             plan.append(vector(b + "attn_k.bias", kv_dim, 0.0, 0.5))
             plan.append(vector(b + "attn_v.bias", kv_dim, 0.0, 0.5))
+        if p.arch == "lfm2":
+            plan.append(vector(b + "attn_q_norm.weight", p.head_dim, 1.0, 0.1))
+            plan.append(vector(b + "attn_k_norm.weight", p.head_dim, 1.0, 0.1))
         plan.append(weight(b + "attn_output.weight", p.dim, q_dim, 4.0 * q_dim**-0.5))
-        plan.append(vector(b + "ffn_norm.weight", p.dim, 1.0, 0.1))
-        plan.append(weight(b + "ffn_gate.weight", p.ffn_dim, p.dim, p.dim**-0.5))
-        plan.append(weight(b + "ffn_up.weight", p.ffn_dim, p.dim, p.dim**-0.5))
-        plan.append(weight(b + "ffn_down.weight", p.dim, p.ffn_dim, 4.0 * p.ffn_dim**-0.5))
-    plan.append(vector("output_norm.weight", p.dim, 1.0, 0.1))
+        plan.extend(_ffn_plan(p, b, weight, vector))
+    plan.append(
+        vector("token_embd_norm.weight" if p.arch == "lfm2" else "output_norm.weight", p.dim, 1.0, 0.1)
+    )
     if not p.tied:
         plan.append(weight("output.weight", p.n_vocab, p.dim, 0.25))
     return plan
+
+
+def _ffn_plan(
+    p: Preset,
+    b: str,
+    weight: Callable[[str, int, int, float], TensorPlan],
+    vector: Callable[[str, int, float, float], TensorPlan],
+) -> list[TensorPlan]:
+    return [
+        vector(b + "ffn_norm.weight", p.dim, 1.0, 0.1),
+        weight(b + "ffn_gate.weight", p.ffn_dim, p.dim, p.dim**-0.5),
+        weight(b + "ffn_up.weight", p.ffn_dim, p.dim, p.dim**-0.5),
+        weight(b + "ffn_down.weight", p.dim, p.ffn_dim, 4.0 * p.ffn_dim**-0.5),
+    ]
 
 
 @functools.cache
@@ -194,7 +253,7 @@ def _chunks(t: TensorPlan, rng: np.random.Generator, head_dim: int) -> Iterator[
         if t.name == "rope_freqs.weight":  # llama 3.1's factors: 1 for high frequencies up to 8
             yield np.geomspace(1.0, 8.0, head_dim // 2).astype(np.float32)
         else:
-            yield (t.mean + t.std * rng.standard_normal(t.cols)).astype(np.float32)
+            yield (t.mean + t.std * rng.standard_normal(t.rows * t.cols)).astype(np.float32)
         return
     block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[t.type_name]]
     d_scale = t.std / _spread(t.type_name)
@@ -235,7 +294,12 @@ def write_synthetic(path: str | Path, preset: Preset, *, seed: int = 0) -> Path:
     w.add_embedding_length(preset.dim)
     w.add_feed_forward_length(preset.ffn_dim)
     w.add_head_count(preset.n_heads)
-    w.add_head_count_kv(preset.n_kv_heads)
+    if preset.conv_layers:  # lfm2: per layer, 0 on the short convolutions
+        counts = [0 if i in preset.conv_layers else preset.n_kv_heads for i in range(preset.n_layers)]
+        w.add_array(f"{preset.arch}.attention.head_count_kv", counts)
+        w.add_uint32(f"{preset.arch}.shortconv.l_cache", preset.conv_len)
+    else:
+        w.add_head_count_kv(preset.n_kv_heads)
     w.add_rope_dimension_count(preset.head_dim)
     w.add_rope_freq_base(preset.rope_base)
     w.add_layer_norm_rms_eps(preset.rms_eps)
@@ -253,7 +317,8 @@ def write_synthetic(path: str | Path, preset: Preset, *, seed: int = 0) -> Path:
     w.add_add_bos_token(preset.pre == "llama-bpe")
     for t in plan:
         if t.type_name == "F32":
-            w.add_tensor_info(t.name, (t.cols,), np.dtype(np.float32), t.nbytes)
+            shape = (t.rows, t.cols) if t.rows > 1 else (t.cols,)  # numpy order: ggml (cols, rows)
+            w.add_tensor_info(t.name, shape, np.dtype(np.float32), t.nbytes)
         else:
             qtype = GGMLQuantizationType[t.type_name]
             w.add_tensor_info(t.name, (t.rows, t.nbytes // t.rows), np.dtype(np.uint8), t.nbytes, qtype)
@@ -309,6 +374,7 @@ BENCH_SIZES: dict[str, BenchSizes] = {
     "qwen2-0.5b": BenchSizes((128, 512), 64, 512),
     "qwen2-1.5b": BenchSizes((64, 256), 32, 256),
     "llama3-8b": BenchSizes((64,), 16, 64),
+    "lfm2-350m": BenchSizes((128, 512), 64, 512),
 }
 
 

@@ -8,7 +8,7 @@ fault hook) live in pool.py. Every call into C that does real work releases the 
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport int8_t, int32_t, uint8_t, uint16_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy
 
 import numpy as np
@@ -107,8 +107,10 @@ cdef class Engine:
         m.rope_freqs = _f32_opt(t, "rope_freqs.weight", cfg.head_dim // 2)
         m.token_embd = _weight(t["token_embd.weight"])
         m.output = _weight(t["token_embd.weight" if cfg.tied_output else "output.weight"])
-        m.output_norm = _f32(t["output_norm.weight"], cfg.dim)
-        cdef layer_weights *layers = <layer_weights *>malloc(sizeof(layer_weights) * cfg.n_layers)
+        m.output_norm = _f32(t[cfg.output_norm_name], cfg.dim)
+        m.conv_len = cfg.conv_len
+        # zeroed: the weights a layer's kind lacks stay empty (NULL rows)
+        cdef layer_weights *layers = <layer_weights *>calloc(cfg.n_layers, sizeof(layer_weights))
         if layers == NULL:
             raise MemoryError()
         cdef int status = ENGINE_OK
@@ -117,6 +119,17 @@ cdef class Engine:
             for i in range(cfg.n_layers):
                 p = f"blk.{i}."
                 layers[i].attn_norm = _f32(t[p + "attn_norm.weight"], cfg.dim)
+                layers[i].ffn_norm = _f32(t[p + "ffn_norm.weight"], cfg.dim)
+                layers[i].ffn_gate = _weight(t[p + "ffn_gate.weight"])
+                layers[i].ffn_up = _weight(t[p + "ffn_up.weight"])
+                layers[i].ffn_down = _weight(t[p + "ffn_down.weight"])
+                layers[i].rope_base = cfg.layer_rope_bases[i]
+                layers[i].window = cfg.layer_windows[i]
+                if cfg.conv_layers[i]:  # lfm2: a short-convolution block instead of attention
+                    layers[i].conv_in = _weight(t[p + "shortconv.in_proj.weight"])
+                    layers[i].conv_out = _weight(t[p + "shortconv.out_proj.weight"])
+                    layers[i].conv_w = _f32(t[p + "shortconv.conv.weight"], cfg.dim * cfg.conv_len)
+                    continue
                 layers[i].attn_q = _weight(t[p + "attn_q.weight"])
                 layers[i].attn_k = _weight(t[p + "attn_k.weight"])
                 layers[i].attn_v = _weight(t[p + "attn_v.weight"])
@@ -127,13 +140,7 @@ cdef class Engine:
                 layers[i].k_norm = _f32_opt(t, p + "attn_k_norm.weight", cfg.head_dim)
                 layers[i].attn_output = _weight(t[p + "attn_output.weight"])
                 layers[i].post_attn_norm = _f32_opt(t, p + "post_attention_norm.weight", cfg.dim)
-                layers[i].ffn_norm = _f32(t[p + "ffn_norm.weight"], cfg.dim)
-                layers[i].ffn_gate = _weight(t[p + "ffn_gate.weight"])
-                layers[i].ffn_up = _weight(t[p + "ffn_up.weight"])
-                layers[i].ffn_down = _weight(t[p + "ffn_down.weight"])
                 layers[i].post_ffn_norm = _f32_opt(t, p + "post_ffw_norm.weight", cfg.dim)
-                layers[i].rope_base = cfg.layer_rope_bases[i]
-                layers[i].window = cfg.layer_windows[i]
             m.layers = layers
             with nogil:
                 self.e = engine_create(&m, kt, num_slots, ctx_len, kv_f16, max_batch_tokens, threads, swa_ring,
@@ -431,5 +438,35 @@ cdef class KernelTable:
         out = np.empty(h.shape[0], np.float32)
         cdef float[::1] ov = out
         self.kt.f16_to_f32(&ov[0], &h[0], h.shape[0])
+        return out
+
+    def shortconv(self, const float[::1] gate, rows, const float[:, ::1] w):
+        """gate float32 [n]; rows: a list of w.shape[0] entries, each a float32 or float16 [n]
+        array (all of one dtype) or None (a position before 0); w float32 [taps, n] tap-major:
+        out[c] = gate[c] * sum_i w[i, c] * rows[i][c] (kernels.h shortconv)."""
+        cdef int n = gate.shape[0], taps = w.shape[0], i
+        if not 1 <= taps <= 16 or w.shape[1] != n or len(rows) != taps:
+            raise ValueError("w must be [taps <= 16, n] with one row per tap")
+        _check_row(n, n)
+        present = [np.ascontiguousarray(r) for r in rows if r is not None]
+        dtypes = {a.dtype for a in present}
+        if not dtypes <= {np.dtype(np.float32), np.dtype(np.float16)} or len(dtypes) > 1 \
+                or any(a.shape != (n,) for a in present):
+            raise ValueError("rows must be float32 or float16 arrays of one dtype and n elements")
+        cdef int f16 = dtypes == {np.dtype(np.float16)}
+        cdef const void *ptrs[16]
+        cdef const uint8_t[::1] raw
+        kept = []
+        for i in range(taps):
+            if rows[i] is None:
+                ptrs[i] = NULL
+                continue
+            a = np.ascontiguousarray(rows[i]).view(np.uint8)
+            kept.append(a)
+            raw = a
+            ptrs[i] = &raw[0]
+        out = np.empty(n, np.float32)
+        cdef float[::1] ov = out
+        self.kt.shortconv(&ov[0], &gate[0], ptrs, f16, &w[0, 0], taps, n)
         return out
 

@@ -2,7 +2,7 @@
 
 Design: `load_model_file` parses the file with the `gguf` package's GGUFReader over a read-only
 memory map and checks everything the engine relies on before any C code sees a pointer: a
-supported architecture (`ARCHITECTURES`: llama, qwen2, qwen3, gemma3), tensor types the kernels
+supported architecture (`ARCHITECTURES`: llama, qwen2, qwen3, gemma3, lfm2), tensor types the kernels
 implement, every required tensor present, every shape consistent with the config. One
 `ModelConfig` describes every architecture: the `{arch}.*` hyper-parameters plus the switches
 (rope mode, activation, biases, q/k norms, post-norms, embedding scale) and per-layer arrays
@@ -18,6 +18,11 @@ and `attn_k` so that rotary embedding rotates *adjacent* pairs: (x[2i], x[2i+1])
 the angle pos * rope_base ** (-2i / head_dim) (llama.cpp's rope mode NORMAL). qwen2, qwen3 and
 gemma3 keep HF's row order and rotate the halves (x[i], x[i + head_dim/2]) (mode NEOX). The
 mode is a property of the architecture (`ArchSpec.rope_mode`), never of the file.
+
+NOTE: lfm2 (LFM2, LFM2.5) as llama.cpp reads it: `attention.head_count_kv` is an array with one
+entry per layer, 0 on the short-convolution layers (blk.{i}.shortconv.{in_proj,conv,out_proj};
+conv kernel `shortconv.l_cache` taps, stored [dim][l_cache] in F32) and the attention count on
+the others (which add attn_{q,k}_norm); its final norm is called token_embd_norm.weight.
 
 NOTE: gemma's norms. HF Gemma computes rmsnorm(x) * (1 + w); llama.cpp's converter stores
 w + 1 in the GGUF, so every norm here, gemma3's included, is plain rmsnorm(x) * w.
@@ -98,6 +103,7 @@ class ArchSpec:
     embed_scaled: bool = False  # embeddings multiplied by sqrt(dim)
     sliding_window: bool = False  # {arch}.attention.sliding_window on SWA_PATTERN - 1 of SWA_PATTERN layers
     rope_freqs: bool = False  # may carry rope_freqs.weight (llama 3.1 frequency factors)
+    shortconv: bool = False  # lfm2: short-convolution layers where head_count_kv[i] == 0
 
 
 ARCHITECTURES: dict[str, ArchSpec] = {
@@ -112,6 +118,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         embed_scaled=True,
         sliding_window=True,
     ),
+    "lfm2": ArchSpec(RopeMode.NEOX, Activation.SILU, qk_norm=True, shortconv=True),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 
@@ -149,6 +156,9 @@ class ModelConfig:
     rope_freqs: bool = False  # rope_freqs.weight [head_dim/2] divides the RoPE frequencies
     layer_windows: tuple[int, ...] = ()  # per layer: sliding window (0 = whole context); () = all 0
     layer_rope_bases: tuple[float, ...] = ()  # per layer RoPE base; () = rope_base everywhere
+    conv_layers: tuple[bool, ...] = ()  # per layer: a short-convolution block (lfm2); () = none
+    conv_len: int = 0  # taps of the short convolutions ({arch}.shortconv.l_cache); 0 = none
+    output_norm_name: str = "output_norm.weight"  # lfm2: token_embd_norm.weight
 
     def __post_init__(self) -> None:
         if not self.attn_scale:
@@ -157,8 +167,16 @@ class ModelConfig:
             object.__setattr__(self, "layer_windows", (0,) * self.n_layers)
         if not self.layer_rope_bases:
             object.__setattr__(self, "layer_rope_bases", (self.rope_base,) * self.n_layers)
-        if len(self.layer_windows) != self.n_layers or len(self.layer_rope_bases) != self.n_layers:
-            raise ValueError("layer_windows and layer_rope_bases need one entry per layer")
+        if not self.conv_layers:
+            object.__setattr__(self, "conv_layers", (False,) * self.n_layers)
+        if (
+            len(self.layer_windows) != self.n_layers
+            or len(self.layer_rope_bases) != self.n_layers
+            or len(self.conv_layers) != self.n_layers
+        ):
+            raise ValueError("layer_windows, layer_rope_bases and conv_layers need one entry per layer")
+        if any(self.conv_layers) != (self.conv_len > 0):
+            raise ValueError("conv_len is set exactly when some layer is a short convolution")
 
     @property
     def q_dim(self) -> int:
@@ -343,7 +361,7 @@ def _read_config(path: Path, metadata: dict[str, object], tensors: dict[str, Ten
     n_layers = _meta_int(path, metadata, key("block_count"))
     dim = _meta_int(path, metadata, key("embedding_length"))
     n_heads = _meta_int(path, metadata, key("attention.head_count"))
-    n_kv_heads = _meta_int(path, metadata, key("attention.head_count_kv"), n_heads)
+    n_kv_heads, conv_layers, conv_len = _read_layer_kinds(path, metadata, arch, n_layers, n_heads)
     if dim % n_heads != 0 and key("attention.key_length") not in metadata:
         raise ValueError(f"{path}: embedding_length {dim} is not a multiple of head_count {n_heads}")
     head_dim = _meta_int(path, metadata, key("attention.key_length"), dim // n_heads)
@@ -417,14 +435,54 @@ def _read_config(path: Path, metadata: dict[str, object], tensors: dict[str, Ten
         rope_freqs=has_rope_freqs,
         layer_windows=windows,
         layer_rope_bases=bases,
+        conv_layers=conv_layers,
+        conv_len=conv_len,
+        output_norm_name="token_embd_norm.weight" if spec.shortconv else "output_norm.weight",
     )
+
+
+MAX_CONV_LEN = 16  # engine.c MAX_CONV_LEN
+
+
+def _read_layer_kinds(
+    path: Path, metadata: dict[str, object], arch: str, n_layers: int, n_heads: int
+) -> tuple[int, tuple[bool, ...], int]:
+    """(n_kv_heads of the attention layers, which layers are short convolutions, conv taps).
+
+    head_count_kv is one number, or (lfm2) one per layer: 0 marks a short-convolution layer,
+    every attention layer must then have the same count."""
+    key = f"{arch}.attention.head_count_kv"
+    value = metadata.get(key, n_heads)
+    if not ARCHITECTURES[arch].shortconv:
+        if isinstance(value, list):
+            raise UnsupportedModelError(f"{path}: per-layer {key} on {arch} is not supported")
+        return _meta_int(path, metadata, key, n_heads), (False,) * n_layers, 0
+    for unsupported in ("attention.sliding_window", "expert_count"):
+        if metadata.get(f"{arch}.{unsupported}", 0):
+            raise UnsupportedModelError(f"{path}: {arch} with {arch}.{unsupported} is not supported")
+    if metadata.get(f"{arch}.attention.causal", True) is False:
+        raise UnsupportedModelError(f"{path}: a bidirectional (non-causal) {arch} model is not supported")
+    raw = value if isinstance(value, list) else [value] * n_layers
+    if len(raw) != n_layers or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in raw):
+        raise ValueError(f"{path}: {key} must be {n_layers} non-negative integers, got {value!r}")
+    counts = [c for c in raw if isinstance(c, int)]
+    conv_layers = tuple(c == 0 for c in counts)
+    attention = {c for c in counts if c}
+    if len(attention) > 1:
+        raise UnsupportedModelError(f"{path}: attention layers with different {key} {sorted(attention)}")
+    if not attention:
+        raise UnsupportedModelError(f"{path}: {arch} without any attention layer is not supported")
+    conv_len = _meta_int(path, metadata, f"{arch}.shortconv.l_cache") if any(conv_layers) else 0
+    if any(conv_layers) and not 2 <= conv_len <= MAX_CONV_LEN:
+        raise UnsupportedModelError(f"{path}: shortconv.l_cache {conv_len} is not in 2..{MAX_CONV_LEN}")
+    return attention.pop(), conv_layers, conv_len
 
 
 def _expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     q_dim, kv_dim = c.q_dim, c.kv_dim
     shapes: dict[str, tuple[int, ...]] = {
         "token_embd.weight": (c.dim, c.n_vocab),
-        "output_norm.weight": (c.dim,),
+        c.output_norm_name: (c.dim,),
     }
     if not c.tied_output:
         shapes["output.weight"] = (c.dim, c.n_vocab)
@@ -447,8 +505,15 @@ def _expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         per_layer.update({"attn_q_norm.weight": (c.head_dim,), "attn_k_norm.weight": (c.head_dim,)})
     if c.post_norms:
         per_layer.update({"post_attention_norm.weight": (c.dim,), "post_ffw_norm.weight": (c.dim,)})
+    conv_layer = {  # lfm2: these replace the attention tensors
+        "attn_norm.weight": (c.dim,),
+        "shortconv.in_proj.weight": (c.dim, 3 * c.dim),
+        "shortconv.conv.weight": (c.conv_len, c.dim),
+        "shortconv.out_proj.weight": (c.dim, c.dim),
+        **{k: v for k, v in per_layer.items() if k.startswith("ffn_")},
+    }
     for i in range(c.n_layers):
-        for suffix, shape in per_layer.items():
+        for suffix, shape in (conv_layer if c.conv_layers[i] else per_layer).items():
             shapes[f"blk.{i}.{suffix}"] = shape
     return shapes
 
@@ -470,6 +535,10 @@ def _check_tensors(path: Path, config: ModelConfig, tensors: dict[str, TensorRef
         if t.shape != shape:
             raise ValueError(
                 f"{path}: tensor {name!r} has shape {t.shape}, expected {shape} from the model's metadata"
+            )
+        if name.endswith("shortconv.conv.weight") and t.ggml_type != GGMLQuantizationType.F32:
+            raise UnsupportedModelError(
+                f"{path}: convolution kernel {name!r} has type {t.type_name}; only F32 is supported"
             )
         if len(shape) == 1 and t.ggml_type != GGMLQuantizationType.F32:
             raise ValueError(

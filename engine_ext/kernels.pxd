@@ -70,6 +70,8 @@ cdef extern from "kernels.h" nogil:
         void (*exp)(float *y, const float *x, int n)
         void (*f32_to_f16)(uint16_t *y, const float *x, int n)
         void (*f16_to_f32)(float *y, const uint16_t *x, int n)
+        void (*shortconv)(float *out, const float *gate, const void *const *rows, int rows_f16, const float *w,
+                          int taps, int n)
 
     const kernel_table *kernels_select(const char *name)
     int kernels_avx2_supported()
@@ -115,6 +117,9 @@ cdef extern from "engine.h" nogil:
         const float *post_ffn_norm
         double rope_base
         int window
+        weight_t conv_in
+        weight_t conv_out
+        const float *conv_w
 
     ctypedef struct model_desc:
         int n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, n_vocab
@@ -128,6 +133,7 @@ cdef extern from "engine.h" nogil:
         weight_t output
         const float *output_norm
         layer_weights *layers
+        int conv_len
 
     ctypedef struct engine_item:
         int slot

@@ -24,6 +24,11 @@ sets it to n - (window - 1), emptying resets it. A slot can be cut back to n whe
 holds the window - 1 positions before n: min_truncate_len = ring_lo + window - 1 (0 while ring_lo
 is 0). A ring snapshot carries exactly those window - 1 rows per ring layer; the fingerprint
 names the ring, so ring and full-KV snapshots never cross.
+
+Short convolutions (lfm2): such a layer keeps, instead of keys and values, its conv input (b * x,
+dim values in the KV dtype) per position, in the KV's place in the snapshot (engine.h), so it is
+rewound, copied and snapshotted exactly like full KV (min_truncate_len stays 0); the fingerprint
+names the conv length, so snapshots never cross into a layout without it.
 """
 
 from __future__ import annotations
@@ -163,6 +168,7 @@ class SlotPool:
             f"{model.fingerprint}-{_weights_digest(model)}"
             f"/kv={kv_dtype}/layout={LAYOUT_VERSION}/kernels={numerics}"
             + (f"/ring={self.kv_window}" if self.kv_window is not None else "")
+            + (f"/conv_rows={self._cfg.conv_len}" if self._cfg.conv_len else "")
         )
         self._records = np.zeros((num_slots, ctx_len), np.int32)  # [slot][pos] token ids
         self._lens = [0] * num_slots  # tokens held per slot

@@ -25,6 +25,8 @@ tensors their blocks add (`ARCH_MODELS` names each fixture's shape and type mix)
     qwen3   attn_{q,k}_norm, key_length 128 != dim / n_heads
     gemma3  attn_{q,k}_norm, post_attention_norm, post_ffw_norm, key_length 64 != dim / n_heads,
             one kv head, 6 layers (layer 5 global), sliding window 16 on the others
+    lfm2    3 layers: 0 and 2 short convolutions (shortconv.{in_proj,conv,out_proj}, 3 taps,
+            head_count_kv 0 there), 1 attention with attn_{q,k}_norm; token_embd_norm
 
 Each one's weights are the type mix llama-quantize's Q4_K_M gives the real model of that family
 (with its fallbacks where a row is not a multiple of 256); an all-F32 variant
@@ -188,6 +190,8 @@ def write_tiny_llama(
     rope_freqs: bool = False,
     chat_template: str | None = CHATML_TEMPLATE,
     extra_tokens: tuple[str, ...] = (),
+    conv_layers: tuple[int, ...] = (),
+    conv_len: int = 3,
 ) -> Path:
     """Write a random tiny model to `path` and return the path.
 
@@ -202,6 +206,8 @@ def write_tiny_llama(
     dim / n_heads). sliding_window: gemma3's attention.sliding_window. rope_freqs: add llama
     3.1's rope_freqs.weight. chat_template: written as tokenizer.chat_template (None: no key).
     extra_tokens: CONTROL tokens appended after the merges (e.g. Gemma's turn tokens).
+    conv_layers: (lfm2) the layers that are short convolutions of conv_len taps instead of
+    attention (head_count_kv 0 there).
     """
     if weight_type not in WEIGHT_TYPES + MORE_WEIGHT_TYPES + K_TYPES and weight_type not in WEIGHT_MIXES:
         raise ValueError(
@@ -240,7 +246,14 @@ def write_tiny_llama(
     w.add_embedding_length(dim)
     w.add_feed_forward_length(ffn_dim)
     w.add_head_count(n_heads)
-    w.add_head_count_kv(n_kv_heads)
+    if architecture == "lfm2":  # per layer: 0 on the short convolutions
+        w.add_array(
+            f"{architecture}.attention.head_count_kv",
+            [0 if i in conv_layers else n_kv_heads for i in range(n_layers)],
+        )
+        w.add_uint32(f"{architecture}.shortconv.l_cache", conv_len)
+    else:
+        w.add_head_count_kv(n_kv_heads)
     w.add_rope_dimension_count(head_dim)
     w.add_rope_freq_base(rope_base)
     w.add_layer_norm_rms_eps(1e-5 if architecture == "llama" else 1e-6)
@@ -286,11 +299,26 @@ def write_tiny_llama(
     # one token forever. With these scales logits stay within about +-10 and greedy varies.
     # (gemma3 multiplies the embeddings by sqrt(dim) = 8: its residual stream starts at std 2,
     # which its pre- and post-norms absorb; the tied logits keep the scale above)
+    def add_ffn(i: int) -> None:
+        add_norm(f"blk.{i}.ffn_norm.weight")
+        add_weight(f"blk.{i}.ffn_gate.weight", ffn_dim, dim, dim**-0.5)
+        add_weight(f"blk.{i}.ffn_up.weight", ffn_dim, dim, dim**-0.5)
+        add_weight(f"blk.{i}.ffn_down.weight", dim, ffn_dim, 4.0 * ffn_dim**-0.5)
+        if architecture == "gemma3":
+            add_norm(f"blk.{i}.post_ffw_norm.weight")
+
     add_weight("token_embd.weight", n_vocab, dim, 0.25)
     if rope_freqs:  # llama 3.1's factors: 1 for high frequencies up to 8 for the lowest
         _add(w, "rope_freqs.weight", np.geomspace(1.0, 8.0, head_dim // 2).astype(np.float32), "F32")
     for i in range(n_layers):
         add_norm(f"blk.{i}.attn_norm.weight")
+        if i in conv_layers:  # lfm2: b, c, x = in_proj h; out_proj (c * conv(b * x))
+            add_weight(f"blk.{i}.shortconv.in_proj.weight", 3 * dim, dim, dim**-0.5)
+            conv = (0.5 * rng.standard_normal((dim, conv_len))).astype(np.float32)  # ggml (conv_len, dim)
+            _add(w, f"blk.{i}.shortconv.conv.weight", conv, "F32")
+            add_weight(f"blk.{i}.shortconv.out_proj.weight", dim, dim, 4.0 * dim**-0.5)
+            add_ffn(i)
+            continue
         add_weight(f"blk.{i}.attn_q.weight", q_dim, dim, dim**-0.5)
         add_weight(f"blk.{i}.attn_k.weight", kv_dim, dim, dim**-0.5)
         add_weight(f"blk.{i}.attn_v.weight", kv_dim, dim, dim**-0.5)
@@ -298,19 +326,14 @@ def write_tiny_llama(
             add_bias(f"blk.{i}.attn_q.bias", q_dim)
             add_bias(f"blk.{i}.attn_k.bias", kv_dim)
             add_bias(f"blk.{i}.attn_v.bias", kv_dim)
-        if architecture in ("qwen3", "gemma3"):
+        if architecture in ("qwen3", "gemma3", "lfm2"):
             add_norm(f"blk.{i}.attn_q_norm.weight", head_dim)
             add_norm(f"blk.{i}.attn_k_norm.weight", head_dim)
         add_weight(f"blk.{i}.attn_output.weight", dim, q_dim, 4.0 * q_dim**-0.5)
         if architecture == "gemma3":
             add_norm(f"blk.{i}.post_attention_norm.weight")
-        add_norm(f"blk.{i}.ffn_norm.weight")
-        add_weight(f"blk.{i}.ffn_gate.weight", ffn_dim, dim, dim**-0.5)
-        add_weight(f"blk.{i}.ffn_up.weight", ffn_dim, dim, dim**-0.5)
-        add_weight(f"blk.{i}.ffn_down.weight", dim, ffn_dim, 4.0 * ffn_dim**-0.5)
-        if architecture == "gemma3":
-            add_norm(f"blk.{i}.post_ffw_norm.weight")
-    add_norm("output_norm.weight")
+        add_ffn(i)
+    add_norm("token_embd_norm.weight" if architecture == "lfm2" else "output_norm.weight")
     if not tied:
         add_weight("output.weight", n_vocab, dim, 0.25)
 
@@ -370,6 +393,18 @@ ARCH_MODELS: dict[str, dict[str, object]] = {
             "attn_output": "Q4_K",
             "ffn_down": "Q6_K",
         },
+    ),
+    # LFM2-350M's layer pattern in miniature (convolutions before and after an attention layer;
+    # 3 layers keep the block types' error within the others' tolerance); llama-quantize's
+    # Q4_K_M of it is Q4_K with Q6_K attn_v / ffn_down / embeddings, which rows of 64 and 128
+    # turn into Q5_0 and Q8_0 (the conv kernels stay F32)
+    "lfm2": dict(
+        architecture="lfm2",
+        n_layers=3,
+        conv_layers=(0, 2),
+        rope_base=1000000.0,
+        weight_type="Q5_0",
+        tensor_types={"token_embd.weight": "Q8_0", "attn_v": "Q8_0", "ffn_down": "Q8_0"},
     ),
 }
 ARCHS = tuple(ARCH_MODELS)

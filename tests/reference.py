@@ -18,6 +18,13 @@ with each architecture's additions written out where they happen (llama.cpp's gr
                  act = silu, gemma3: gelu (tanh approximation); gemma3: f = rmsnorm(f) * post_ffw_norm
                x += f
     logits = (rmsnorm(x) * output_norm) @ (output or embd).T
+
+lfm2 (llama.cpp's src/models/lfm2.cpp): the layers whose head_count_kv is 0 replace attention
+by a short convolution, the others are qwen3's attention block (q/k norms, NEOX rope):
+
+    h = rmsnorm(x) * attn_norm; b, c, u = thirds of h @ W_in.T   (in that order)
+    v = b * u; y[t] = sum_i conv[:, i] * v[t - (L-1) + i]  (v before position 0 is zero)
+    x += (c * y) @ W_out.T;   and the final norm is token_embd_norm
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "lfm2")
 
 
 class ReferenceModel:
@@ -60,7 +67,10 @@ class ReferenceModel:
         self.n_layers = int(meta[f"{arch}.block_count"])
         self.dim = int(meta[f"{arch}.embedding_length"])
         self.n_heads = int(meta[f"{arch}.attention.head_count"])
-        self.n_kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", self.n_heads))
+        kv = meta.get(f"{arch}.attention.head_count_kv", self.n_heads)
+        per_layer = list(kv) if isinstance(kv, (list, tuple)) else [int(kv)] * self.n_layers
+        self.conv_layers = {i for i, c in enumerate(per_layer) if int(c) == 0}
+        self.n_kv_heads = max(int(c) for c in per_layer)
         self.head_dim = int(meta.get(f"{arch}.attention.key_length", self.dim // self.n_heads))
         self.rope_base = float(meta.get(f"{arch}.rope.freq_base", 10000.0))
         self.eps = float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5))
@@ -73,6 +83,7 @@ class ReferenceModel:
             self.w[t.name] = values.reshape(tuple(int(d) for d in reversed(t.shape)))
         self.embd = self.w["token_embd.weight"]  # [n_vocab, dim]
         self.out = self.w.get("output.weight", self.embd)  # [n_vocab, dim]
+        self.output_norm = self.w["token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight"]
         self.n_vocab = self.embd.shape[0]
 
     def _rmsnorm(self, x: np.ndarray, weight: np.ndarray) -> np.ndarray:
@@ -126,6 +137,10 @@ class ReferenceModel:
         for i in range(self.n_layers):
             w = lambda s, i=i: self.w[f"blk.{i}.{s}.weight"]  # noqa: E731
             h = self._rmsnorm(x, w("attn_norm"))
+            if i in self.conv_layers:
+                x = x + self._shortconv(h, w) @ w("shortconv.out_proj").T
+                x = x + self._ffn(x, w, gemma)
+                continue
             q, k, v = h @ w("attn_q").T, h @ w("attn_k").T, h @ w("attn_v").T
             if self.arch == "qwen2":
                 q = q + self.w[f"blk.{i}.attn_q.bias"]
@@ -134,7 +149,7 @@ class ReferenceModel:
             q = q.reshape(n, self.n_heads, hd)
             k = k.reshape(n, self.n_kv_heads, hd)
             v = v.reshape(n, self.n_kv_heads, hd)
-            if self.arch in ("qwen3", "gemma3"):
+            if self.arch in ("qwen3", "gemma3", "lfm2"):
                 q = self._rmsnorm(q, w("attn_q_norm"))
                 k = self._rmsnorm(k, w("attn_k_norm"))
             local = self._is_local(i)
@@ -151,14 +166,27 @@ class ReferenceModel:
             if gemma:
                 o = self._rmsnorm(o, w("post_attention_norm"))
             x = x + o
-            h = self._rmsnorm(x, w("ffn_norm"))
-            gate = h @ w("ffn_gate").T
-            act = self._gelu_tanh(gate) if gemma else gate / (1.0 + np.exp(-gate))
-            f = (act * (h @ w("ffn_up").T)) @ w("ffn_down").T
-            if gemma:
-                f = self._rmsnorm(f, w("post_ffw_norm"))
-            x = x + f
-        return self._rmsnorm(x, self.w["output_norm.weight"])
+            x = x + self._ffn(x, w, gemma)
+        return self._rmsnorm(x, self.output_norm)
+
+    def _ffn(self, x: np.ndarray, w, gemma: bool) -> np.ndarray:
+        h = self._rmsnorm(x, w("ffn_norm"))
+        gate = h @ w("ffn_gate").T
+        act = self._gelu_tanh(gate) if gemma else gate / (1.0 + np.exp(-gate))
+        f = (act * (h @ w("ffn_up").T)) @ w("ffn_down").T
+        if gemma:
+            f = self._rmsnorm(f, w("post_ffw_norm"))
+        return f
+
+    def _shortconv(self, h: np.ndarray, w) -> np.ndarray:
+        """lfm2's convolution block before out_proj: c * conv(b * u), [n, dim]."""
+        n, dim = h.shape
+        b, c, u = np.split(h @ w("shortconv.in_proj").T, 3, axis=1)
+        kernel = w("shortconv.conv")  # [dim, L]
+        taps = kernel.shape[1]
+        v = np.concatenate([np.zeros((taps - 1, dim), self.dtype), b * u])
+        y = sum(kernel[:, i] * v[i : i + n] for i in range(taps))
+        return c * y
 
     def greedy(self, tokens: Sequence[int], n: int) -> list[int]:
         """The n tokens greedy decoding appends to `tokens` (argmax, lowest id on ties)."""

@@ -1,6 +1,6 @@
-/* The decoder forward pass over a pool of KV slots: llama, qwen2, qwen3 and gemma3, one
- * phase sequence whose optional parts (biases, q/k norms, post-norms, sliding windows) are
- * switched by the model description (engine.h).
+/* The decoder forward pass over a pool of KV slots: llama, qwen2, qwen3, gemma3 and lfm2, one
+ * phase sequence whose optional parts (biases, q/k norms, post-norms, sliding windows, short
+ * convolutions) are switched by the model description (engine.h).
  *
  * Design: a forward call is cut into steps of at most max_tokens rows; a step holds segments
  * (consecutive tokens of one slot) from any number of slots, so one step streams every weight
@@ -44,6 +44,17 @@
  *
  *   positions  0 ....... R-1 | R ....... 2R-1 | 2R ...       (R = ring_len, a multiple of
  *   ring row   0 ....... R-1 | 0 ....... R-1  | 0 ...         ATTN_CHUNK and of KEY_LANES)
+ *
+ * Short-convolution layers (lfm2) keep no keys or values but the input of their convolution,
+ * b * x ([dim] per position, in the KV dtype), as one row per position, so a slot's first n
+ * tokens are the first n rows there too and truncate, copy and snapshot work as on full KV:
+ *
+ *   kv = [slot][layer: ... | conv layer: [ctx_pad][dim] rows, row p = position p | ...]
+ *
+ * Such a layer walks the attention block's phases: norm | in_proj matmul | b * x stored
+ * (rows) | conv of rows pos-conv_len+1..pos from the store (rows) | - | - | out_proj | -.
+ * The conv reads the current row from the store too, so a row's result is the same whether
+ * its predecessors were computed in this step or an earlier one.
  *
  * NOTE: attention stays bit-identical to full planes: a chunk of ATTN_CHUNK keys never wraps,
  * so the chunk kernels run on the same keys in the same order with positions shifted by a
@@ -126,12 +137,16 @@ struct engine {
     int *layer_rope;          /* [n_layers] rope table of each layer */
     double *inv_freq;         /* [n_rope][head_dim/2]: rope_base^(-2i/head_dim) / rope_freqs[i] */
 
+    float *conv_taps;         /* [n_layers][conv_len][dim] tap-major copies of the conv kernels (conv layers only) */
+    size_t conv_row_bytes;    /* dim * kv_elt: one position's conv input */
+
     /* step buffers; T = max_tokens */
     float *x;                 /* [T][dim] residual stream */
     float *xb;                /* [T][max_k] float matmul input, row stride = current k */
     float *q, *k, *v;         /* [T][q_dim], [T][kv_dim], [T][kv_dim] */
     float *gate, *up;         /* [T][ffn_dim] */
     float *proj;              /* [T][dim] output / down matmul result before its post-norm */
+    float *bcx;               /* [T][3 * dim] in_proj result of a short-convolution layer (lfm2) */
     int8_t *aqs;              /* [T][max_k] quantized matmul input */
     float *ad, *as;           /* [T][max_k/QK] block scales and sums */
     float *rope_cs;           /* [n_rope][T][head_dim/2][2] cos, sin */
@@ -175,6 +190,10 @@ static int weight_ok(const weight_t *w, int n_in, int n_out) {
     return 1;
 }
 
+#define MAX_CONV_LEN 16          /* longest short convolution (lfm2 uses 3) */
+
+static inline int is_conv_layer(const layer_weights *L) { return L->conv_in.rows != NULL; }
+
 static int model_ok(const model_desc *m) {
     if (m->n_layers < 1 || m->dim < 1 || m->n_heads < 1 || m->n_kv_heads < 1 || m->head_dim < 2 ||
         m->head_dim % 2 || m->n_heads % m->n_kv_heads || m->ffn_dim < 1 || m->n_vocab < 1 ||
@@ -191,8 +210,17 @@ static int model_ok(const model_desc *m) {
         (is_block_type(m->token_embd.type) && m->dim % ggml_block_elems(m->token_embd.type) != 0) ||
         !weight_ok(&m->output, m->dim, m->n_vocab))
         return 0;
+    if (m->conv_len < 0 || m->conv_len == 1 || m->conv_len > MAX_CONV_LEN) return 0;
     for (int l = 0; l < m->n_layers; l++) {
         const layer_weights *L = &m->layers[l];
+        if (is_conv_layer(L)) {
+            if (!m->conv_len || !L->conv_w || !L->attn_norm || !L->ffn_norm || L->attn_q.rows || L->attn_output.rows ||
+                !weight_ok(&L->conv_in, m->dim, 3 * m->dim) || !weight_ok(&L->conv_out, m->dim, m->dim) ||
+                !weight_ok(&L->ffn_gate, m->dim, m->ffn_dim) || !weight_ok(&L->ffn_up, m->dim, m->ffn_dim) ||
+                !weight_ok(&L->ffn_down, m->ffn_dim, m->dim))
+                return 0;
+            continue;
+        }
         if (!L->attn_norm || !L->ffn_norm || !weight_ok(&L->attn_q, m->dim, q_dim) ||
             !weight_ok(&L->attn_k, m->dim, kv_dim) || !weight_ok(&L->attn_v, m->dim, kv_dim) ||
             !weight_ok(&L->attn_output, q_dim, m->dim) || !weight_ok(&L->ffn_gate, m->dim, m->ffn_dim) ||
@@ -246,12 +274,13 @@ static void big_free(void *p, size_t n) {
     free(p);
 }
 
-static const int N_LAYER_MATRICES = 7;
+static const int N_LAYER_MATRICES = 9;
 
 static weight_t *matrix(engine *e, int i) {
     if (i == 0) return &e->m.output;
     layer_weights *L = &e->layers[(i - 1) / N_LAYER_MATRICES];
-    weight_t *ws[] = {&L->attn_q, &L->attn_k, &L->attn_v, &L->attn_output, &L->ffn_gate, &L->ffn_up, &L->ffn_down};
+    weight_t *ws[] = {&L->attn_q,   &L->attn_k, &L->attn_v,    &L->attn_output, &L->ffn_gate,
+                      &L->ffn_up,   &L->ffn_down, &L->conv_in, &L->conv_out};
     return ws[(i - 1) % N_LAYER_MATRICES];
 }
 
@@ -260,7 +289,7 @@ static int pack_weights(engine *e) {
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         weight_t *w = matrix(e, i);
-        total += (x8_bytes(w->type, w->n_in, w->n_out) + 63) & ~(size_t)63;
+        if (w->rows) total += (x8_bytes(w->type, w->n_in, w->n_out) + 63) & ~(size_t)63;
     }
     e->packed_bytes = total;
     if (total == 0) return 1;
@@ -269,7 +298,7 @@ static int pack_weights(engine *e) {
     size_t at = 0;
     for (int i = 0; i < n; i++) {
         weight_t *w = matrix(e, i);
-        size_t bytes = x8_bytes(w->type, w->n_in, w->n_out);
+        size_t bytes = w->rows ? x8_bytes(w->type, w->n_in, w->n_out) : 0; /* a layer kind's absent matrices */
         if (bytes == 0) continue;
         pack_x8(e->packed + at, w->rows, w->type, w->n_in, w->n_out);
         w->x8 = e->packed + at;
@@ -315,12 +344,24 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
     }
     e->plane_rows = xalloc(sizeof(int) * m->n_layers, &ok);
     e->layer_off = xalloc(sizeof(size_t) * m->n_layers, &ok);
+    e->conv_row_bytes = (size_t)m->dim * e->kv_elt;
     if (ok)
         for (int l = 0; l < m->n_layers; l++) {
             e->plane_rows[l] = e->ring_len && m->layers[l].window > 0 ? e->ring_len : e->ctx_pad;
             e->layer_off[l] = e->slot_bytes;
-            e->slot_bytes += 2 * (size_t)e->kv_dim * e->plane_rows[l] * e->kv_elt;
+            e->slot_bytes += is_conv_layer(&m->layers[l]) ? (size_t)e->ctx_pad * e->conv_row_bytes
+                                                          : 2 * (size_t)e->kv_dim * e->plane_rows[l] * e->kv_elt;
         }
+    if (m->conv_len) { /* the kernels read the taps of 8 channels at once: [conv_len][dim] */
+        e->conv_taps = xalloc(sizeof(float) * m->n_layers * m->conv_len * m->dim, &ok);
+        e->bcx = xalloc(sizeof(float) * max_tokens * 3 * m->dim, &ok);
+        for (int l = 0; ok && l < m->n_layers; l++) {
+            if (!is_conv_layer(&m->layers[l])) continue;
+            float *taps = e->conv_taps + (size_t)l * m->conv_len * m->dim;
+            for (int c = 0; c < m->dim; c++)
+                for (int i = 0; i < m->conv_len; i++) taps[(size_t)i * m->dim + c] = m->layers[l].conv_w[(size_t)c * m->conv_len + i];
+        }
+    }
     e->kv_bytes = (size_t)num_slots * e->slot_bytes;
     if (ok) e->kv = big_alloc(e->kv_bytes, 1);
     if (!e->kv) ok = 0;
@@ -389,6 +430,7 @@ void engine_destroy(engine *e) {
     big_free(e->packed, e->packed_bytes);
     big_free(e->kv, e->kv_bytes);
     void *bufs[] = {e->layers, e->plane_rows, e->layer_off, e->layer_rope, e->inv_freq, e->x, e->xb, e->q, e->k, e->v, e->gate, e->up, e->proj,
+                    e->conv_taps, e->bcx,
                     e->aqs, e->ad, e->as, e->rope_cs, e->tokens, e->row_pos, e->row_slot, e->segs,
                     e->units, e->merges, e->parts, e->logit_src, e->attn_scratch, (void *)e->sync};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free(bufs[i]);
@@ -402,6 +444,13 @@ int engine_n_threads(const engine *e) { return threadpool_size(e->tp); }
 /* ---- KV planes --------------------------------------------------------------------------- */
 
 static inline int is_ring(const engine *e, int layer) { return e->plane_rows[layer] != e->ctx_pad; }
+
+static inline int is_conv(const engine *e, int layer) { return is_conv_layer(&e->m.layers[layer]); }
+
+/* A short-convolution layer's stored conv input of position pos. */
+static inline char *conv_row(const engine *e, int slot, int layer, int pos) {
+    return (char *)e->kv + (size_t)slot * e->slot_bytes + e->layer_off[layer] + (size_t)pos * e->conv_row_bytes;
+}
 
 static inline char *kv_plane(const engine *e, int slot, int layer, int which, int head) {
     size_t plane = (size_t)e->plane_rows[layer] * e->m.head_dim * e->kv_elt;
@@ -425,8 +474,9 @@ static inline int ring_lo(const engine *e, int n) { return n - e->ring_reach > 0
 size_t engine_kv_snapshot_bytes(const engine *e, int n) {
     size_t total = 0;
     for (int l = 0; l < e->m.n_layers; l++)
-        total += (size_t)e->m.n_kv_heads *
-                 (is_ring(e, l) ? 2 * v_plane_bytes(e, n - ring_lo(e, n)) : k_plane_bytes(e, n) + v_plane_bytes(e, n));
+        total += is_conv(e, l) ? (size_t)n * e->conv_row_bytes
+                               : (size_t)e->m.n_kv_heads * (is_ring(e, l) ? 2 * v_plane_bytes(e, n - ring_lo(e, n))
+                                                                          : k_plane_bytes(e, n) + v_plane_bytes(e, n));
     return total;
 }
 
@@ -461,6 +511,11 @@ void engine_kv_read(const engine *e, int slot, int n, void *dst) {
     const size_t kb = k_plane_bytes(e, n), vb = v_plane_bytes(e, n);
     char *out = dst;
     for (int l = 0; l < e->m.n_layers; l++) {
+        if (is_conv(e, l)) {
+            memcpy(out, conv_row(e, slot, l, 0), (size_t)n * e->conv_row_bytes);
+            out += (size_t)n * e->conv_row_bytes;
+            continue;
+        }
         if (is_ring(e, l)) {
             const int lo = ring_lo(e, n);
             const size_t rb = v_plane_bytes(e, n - lo);
@@ -479,6 +534,11 @@ void engine_kv_write(engine *e, int slot, int n, const void *src) {
     const size_t kb = k_plane_bytes(e, n), vb = v_plane_bytes(e, n);
     const char *in = src;
     for (int l = 0; l < e->m.n_layers; l++) {
+        if (is_conv(e, l)) {
+            memcpy(conv_row(e, slot, l, 0), in, (size_t)n * e->conv_row_bytes);
+            in += (size_t)n * e->conv_row_bytes;
+            continue;
+        }
         if (is_ring(e, l)) {
             const int lo = ring_lo(e, n);
             const size_t rb = v_plane_bytes(e, n - lo);
@@ -495,6 +555,10 @@ void engine_kv_copy(engine *e, int src, int dst, int n) {
     if (src == dst) return;
     const size_t kb = k_plane_bytes(e, n), vb = v_plane_bytes(e, n);
     for (int l = 0; l < e->m.n_layers; l++) {
+        if (is_conv(e, l)) {
+            memcpy(conv_row(e, dst, l, 0), conv_row(e, src, l, 0), (size_t)n * e->conv_row_bytes);
+            continue;
+        }
         /* a ring is copied whole: which of its rows are valid is the pool's bookkeeping */
         const size_t ck = is_ring(e, l) ? k_plane_bytes(e, e->ring_len) : kb;
         const size_t cv = is_ring(e, l) ? v_plane_bytes(e, e->ring_len) : vb;
@@ -695,6 +759,97 @@ static void qkv_row(engine *e, const layer_weights *L, int l, int r) {
     for (int h = 0; h < m->n_kv_heads; h++) store_kv(e, e->row_slot[r], l, h, e->row_pos[r], k + h * hd, v + h * hd);
 }
 
+/* The attention block of layer l: its 8 phases from p on (see top). Returns the next
+ * phase, or -1 when the test hook fired (after the layer stored its KV rows). */
+static int attention_block(engine *e, const layer_weights *L, int l, int p, int ith, int nth) {
+    const int T = e->n_rows, dim = e->m.dim, nu = n_row_units(T);
+    norm_phase(e, p++, L->attn_norm,
+               is_block_type(L->attn_q.type) || is_block_type(L->attn_k.type) || is_block_type(L->attn_v.type));
+    {
+        mm_job jobs[3] = {{&L->attn_q, e->q, e->q_dim, 0}, {&L->attn_k, e->k, e->kv_dim, 0}, {&L->attn_v, e->v, e->kv_dim, 0}};
+        act_rows in = input_view(e, e->xb, dim);
+        matmul_phase(e, p++, jobs, 3, &in, T, nth);
+    }
+    FOR_EACH_UNIT(e, p, nu, u) {
+        int r0, r1;
+        unit_rows(u, T, &r0, &r1);
+        for (int r = r0; r < r1; r++) qkv_row(e, L, l, r);
+    }
+    phase_end(e, p++, nu);
+    if (l == e->fault_layer) return -1; /* test hook */
+    attention_phase(e, p++, l, ith);
+    merge_phase(e, p++);
+    if (is_block_type(L->attn_output.type)) {
+        FOR_EACH_UNIT(e, p, nu, u) {
+            int r0, r1;
+            unit_rows(u, T, &r0, &r1);
+            for (int r = r0; r < r1; r++) quantize_row(e, e->xb, e->q_dim, r);
+        }
+        phase_end(e, p, nu);
+    }
+    p++;
+    {
+        /* without a post-norm the output adds straight into the residual stream */
+        mm_job job = {&L->attn_output, L->post_attn_norm ? e->proj : e->x, dim, !L->post_attn_norm};
+        act_rows in = input_view(e, e->xb, e->q_dim);
+        matmul_phase(e, p++, &job, 1, &in, T, nth);
+    }
+    if (L->post_attn_norm) post_norm_phase(e, p, L->post_attn_norm);
+    p++;
+    return p;
+}
+
+/* A short-convolution block (lfm2) in the attention block's phases (see top). */
+static int conv_block(engine *e, const layer_weights *L, int l, int p, int nth) {
+    const kernel_table *kt = e->kt;
+    const int T = e->n_rows, dim = e->m.dim, nu = n_row_units(T), taps = e->m.conv_len;
+    const int quantize_out = is_block_type(L->conv_out.type);
+    norm_phase(e, p++, L->attn_norm, is_block_type(L->conv_in.type));
+    {
+        mm_job job = {&L->conv_in, e->bcx, 3 * dim, 0};
+        act_rows in = input_view(e, e->xb, dim);
+        matmul_phase(e, p++, &job, 1, &in, T, nth);
+    }
+    /* rows: the conv input b * x of each row's position, into the slot's store */
+    FOR_EACH_UNIT(e, p, nu, u) {
+        int r0, r1;
+        unit_rows(u, T, &r0, &r1);
+        for (int r = r0; r < r1; r++) {
+            float *b = e->bcx + (size_t)r * 3 * dim;
+            const float *x = b + 2 * dim;
+            for (int i = 0; i < dim; i++) b[i] *= x[i];
+            char *row = conv_row(e, e->row_slot[r], l, e->row_pos[r]);
+            if (e->kv_f16) kt->f32_to_f16((uint16_t *)row, b, dim);
+            else memcpy(row, b, sizeof(float) * dim);
+        }
+    }
+    phase_end(e, p++, nu);
+    if (l == e->fault_layer) return -1; /* test hook */
+    /* rows: y = c * conv(stored inputs of positions pos-taps+1 .. pos), quantized for out_proj */
+    const float *w = e->conv_taps + (size_t)l * taps * dim;
+    FOR_EACH_UNIT(e, p, nu, u) {
+        int r0, r1;
+        unit_rows(u, T, &r0, &r1);
+        for (int r = r0; r < r1; r++) {
+            const void *rows[MAX_CONV_LEN];
+            for (int i = 0; i < taps; i++) {
+                const int pos = e->row_pos[r] - (taps - 1) + i;
+                rows[i] = pos >= 0 ? conv_row(e, e->row_slot[r], l, pos) : NULL;
+            }
+            kt->shortconv(e->xb + (size_t)r * dim, e->bcx + (size_t)r * 3 * dim + dim, rows, e->kv_f16, w, taps, dim);
+            if (quantize_out) quantize_row(e, e->xb, dim, r);
+        }
+    }
+    phase_end(e, p++, nu);
+    p += 2; /* attention's merge and quantize phases: nothing here */
+    {
+        mm_job job = {&L->conv_out, e->x, dim, 1};
+        act_rows in = input_view(e, e->xb, dim);
+        matmul_phase(e, p++, &job, 1, &in, T, nth);
+    }
+    return p + 1; /* no post-norm */
+}
+
 static void step_worker(void *ctx, int ith, int nth) {
     engine *e = ctx;
     const model_desc *m = &e->m;
@@ -727,40 +882,8 @@ static void step_worker(void *ctx, int ith, int nth) {
 
     for (int l = 0; l < m->n_layers; l++) {
         const layer_weights *L = &m->layers[l];
-        /* attention block */
-        norm_phase(e, p++, L->attn_norm,
-                   is_block_type(L->attn_q.type) || is_block_type(L->attn_k.type) || is_block_type(L->attn_v.type));
-        {
-            mm_job jobs[3] = {{&L->attn_q, e->q, e->q_dim, 0}, {&L->attn_k, e->k, e->kv_dim, 0}, {&L->attn_v, e->v, e->kv_dim, 0}};
-            act_rows in = input_view(e, e->xb, dim);
-            matmul_phase(e, p++, jobs, 3, &in, T, nth);
-        }
-        FOR_EACH_UNIT(e, p, nu, u) {
-            int r0, r1;
-            unit_rows(u, T, &r0, &r1);
-            for (int r = r0; r < r1; r++) qkv_row(e, L, l, r);
-        }
-        phase_end(e, p++, nu);
-        if (l == e->fault_layer) return; /* test hook: every thread leaves at the same point */
-        attention_phase(e, p++, l, ith);
-        merge_phase(e, p++);
-        if (is_block_type(L->attn_output.type)) {
-            FOR_EACH_UNIT(e, p, nu, u) {
-                int r0, r1;
-                unit_rows(u, T, &r0, &r1);
-                for (int r = r0; r < r1; r++) quantize_row(e, e->xb, e->q_dim, r);
-            }
-            phase_end(e, p, nu);
-        }
-        p++;
-        {
-            /* without a post-norm the output adds straight into the residual stream */
-            mm_job job = {&L->attn_output, L->post_attn_norm ? e->proj : e->x, dim, !L->post_attn_norm};
-            act_rows in = input_view(e, e->xb, e->q_dim);
-            matmul_phase(e, p++, &job, 1, &in, T, nth);
-        }
-        if (L->post_attn_norm) post_norm_phase(e, p, L->post_attn_norm);
-        p++;
+        p = is_conv_layer(L) ? conv_block(e, L, l, p, nth) : attention_block(e, L, l, p, ith, nth);
+        if (p < 0) return; /* test hook: every thread leaves at the same point */
         /* feed-forward block */
         norm_phase(e, p++, L->ffn_norm, is_block_type(L->ffn_gate.type) || is_block_type(L->ffn_up.type));
         {

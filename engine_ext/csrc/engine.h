@@ -1,5 +1,5 @@
-/* The decoder forward pass (llama, qwen2, qwen3, gemma3) over a pool of KV slots (see engine.c
- * for the design). */
+/* The decoder forward pass (llama, qwen2, qwen3, gemma3, lfm2) over a pool of KV slots (see
+ * engine.c for the design). */
 #ifndef SLOTSERVE_ENGINE_H
 #define SLOTSERVE_ENGINE_H
 
@@ -56,6 +56,13 @@ typedef struct {
     const float *post_ffn_norm; /* [dim] or NULL */
     double rope_base;       /* this layer's RoPE base (gemma3: 10000 on sliding-window layers) */
     int window;             /* sliding window: a row at pos sees keys pos-window+1..pos; 0 = all */
+    /* lfm2: a short-convolution block in place of attention when conv_in.rows is set (the
+     * attention weights are then empty): b, c, x = thirds of conv_in h;
+     * out = conv_out (c * conv(b * x)), conv depthwise and causal over model_desc.conv_len
+     * positions; the b * x rows are the layer's per-position state (engine.c) */
+    weight_t conv_in;       /* dim -> 3 * dim */
+    weight_t conv_out;      /* dim -> dim */
+    const float *conv_w;    /* [dim][conv_len], the file's layout */
 } layer_weights;
 
 typedef struct {
@@ -70,6 +77,7 @@ typedef struct {
     weight_t output;        /* dim -> n_vocab (token_embd when the output is tied) */
     const float *output_norm; /* [dim] */
     layer_weights *layers;  /* [n_layers], borrowed for the duration of engine_create */
+    int conv_len;           /* lfm2: taps of the short convolutions (shortconv.l_cache); 0 = none */
 } model_desc;
 
 /* One slot's share of a forward call (validated by the caller). */
@@ -103,7 +111,8 @@ int engine_forward(engine *e, const engine_item *items, int n_items, float *logi
 /* The first n tokens' KV of a slot, serialised per layer as its n_kv_heads k planes (the
  * ceil(n / KEY_LANES) blocks, lanes past n zeroed) then its n_kv_heads v planes (n rows); a
  * ring layer as, per kv head, the keys then the values of positions max(0, n - window + 1)
- * .. n-1 ([rows][head_dim] each): engine_kv_snapshot_bytes(e, n) bytes. The caller keeps
+ * .. n-1 ([rows][head_dim] each); a short-convolution layer as its n conv-input rows
+ * ([n][dim]): engine_kv_snapshot_bytes(e, n) bytes. The caller keeps
  * those positions in the ring (engine_ext/pool.py). engine_kv_copy copies rings whole. */
 size_t engine_kv_snapshot_bytes(const engine *e, int n);
 void engine_kv_read(const engine *e, int slot, int n, void *dst);

@@ -179,6 +179,13 @@ struct kernel_table {
     /* y (f16 bits) = round-to-nearest-even(x); and back. */
     void (*f32_to_f16)(uint16_t *y, const float *x, int n);
     void (*f16_to_f32)(float *y, const uint16_t *x, int n);
+    /* LFM2's short convolution of one position over n channels (conv.c):
+     *   out[c] = gate[c] * sum_{i = 0..taps-1} w[i * n + c] * rows[i][c]
+     * summed from 0 in tap order (a product, then an add); rows[i] is the conv input of the
+     * position taps-1-i back, f32 or f16 (rows_f16), and NULL for a position before 0 (the
+     * tap is skipped: a zero state). w: the kernel, tap-major [taps][n]. */
+    void (*shortconv)(float *out, const float *gate, const void *const *rows, int rows_f16, const float *w,
+                      int taps, int n);
 };
 
 /* dispatch.c: the table called `name` ("generic"/"scalar", "avx2", "avx512vnni") or, for
@@ -217,6 +224,8 @@ void gelu_tanh_mul_generic(float *out, const float *g, const float *u, int n);
 void exp_generic(float *y, const float *x, int n);
 void f32_to_f16_generic(uint16_t *y, const float *x, int n);
 void f16_to_f32_generic(float *y, const uint16_t *x, int n);
+void shortconv_generic(float *out, const float *gate, const void *const *rows, int rows_f16, const float *w,
+                       int taps, int n);
 
 /* AVX2/FMA/F16C kernels (arch/x86_avx2.c); only called when the CPU has them. */
 void quantize_q8a_avx2(int8_t *qs, float *d, float *s, const float *x, int k);
@@ -242,6 +251,8 @@ void gelu_tanh_mul_avx2(float *out, const float *g, const float *u, int n);
 void exp_avx2(float *y, const float *x, int n);
 void f32_to_f16_avx2(uint16_t *y, const float *x, int n);
 void f16_to_f32_avx2(float *y, const uint16_t *x, int n);
+void shortconv_avx2(float *out, const float *gate, const void *const *rows, int rows_f16, const float *w, int taps,
+                    int n);
 
 /* AVX512-VNNI matmuls (arch/x86_vnni.c); only called when the CPU has AVX512F/VL/BW/VNNI. */
 void gemm_q8_0_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);

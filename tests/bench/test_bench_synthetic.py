@@ -47,19 +47,25 @@ def test_q4_k_m_types_follow_the_rule(name: str) -> None:
     p = PRESETS[name]
     plan = {t.name: t for t in tensor_plan(p)}
     fallback = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}
+    attention = [i for i in range(p.n_layers) if i not in p.conv_layers]
     for t in plan.values():
-        if t.rows == 1:
+        if t.rows == 1 or t.name.endswith("shortconv.conv.weight"):  # norms, conv kernels
             assert t.type_name == "F32", t.name
             continue
-        more_bits = t.name.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(
-            int(t.name.split(".")[1]), p.n_layers
+        layer = int(t.name.split(".")[1]) if t.name.startswith("blk.") else -1
+        # llama-quantize counts attn_v tensors: lfm2 has them on its attention layers only
+        index = (
+            (attention.index(layer), len(attention))
+            if t.name.endswith("attn_v.weight")
+            else (layer, p.n_layers)
         )
+        more_bits = t.name.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(*index)
         is_output = t.name == "output.weight" or (p.tied and t.name == "token_embd.weight")
         wanted = "Q6_K" if more_bits or is_output else "Q4_K"
         assert t.type_name == (wanted if t.cols % 256 == 0 else fallback[wanted]), t.name
     # the file sizes llama-quantize's Q4_K_M gives these models, within a few percent
     total = sum(t.nbytes for t in plan.values())
-    expected = {"qwen2-0.5b": 0.40e9, "qwen2-1.5b": 0.99e9, "llama3-8b": 4.92e9}[name]
+    expected = {"qwen2-0.5b": 0.40e9, "qwen2-1.5b": 0.99e9, "llama3-8b": 4.92e9, "lfm2-350m": 0.229e9}[name]
     assert abs(total / expected - 1) < 0.05, total
     if name == "qwen2-0.5b":  # rows of 896 fall back; ffn_down (rows of 4864) does not
         assert plan["blk.0.attn_q.weight"].type_name == "Q5_0"
@@ -71,11 +77,18 @@ def test_q4_k_m_types_follow_the_rule(name: str) -> None:
         assert plan["token_embd.weight"].type_name == "Q4_K"
         assert plan["output.weight"].type_name == "Q6_K"
         assert "rope_freqs.weight" in plan
+    if name == "lfm2-350m":  # 10 conv + 6 attention layers; attn_v's extra bit on the 3rd and 6th
+        assert sum("shortconv.in_proj" in n for n in plan) == 10 and sum("attn_q." in n for n in plan) == 6
+        assert [n for n in plan if n.endswith("attn_v.weight") and plan[n].type_name == "Q6_K"] == [
+            "blk.8.attn_v.weight",
+            "blk.14.attn_v.weight",
+        ]
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_engine_loads_the_file_and_logits_are_finite(tmp_path, name: str) -> None:
-    p = shrunk(PRESETS[name], n_layers=2, n_vocab=600)
+    # lfm2: 3 layers reach its first attention layer (2)
+    p = shrunk(PRESETS[name], n_layers=3 if PRESETS[name].conv_layers else 2, n_vocab=600)
     path = synthetic.write_synthetic(tmp_path / "m.gguf", p)
     reader = GGUFReader(path)
     written = {t.name: t.tensor_type.name for t in reader.tensors}

@@ -143,6 +143,7 @@ PRE_TOKENIZERS: dict[str, PreRule] = {
     "llama-bpe": PreRule(_llama3_pre, ignore_merges=True, add_bos=True),
     "llama3": PreRule(_llama3_pre, ignore_merges=True, add_bos=True),
     "llama-v3": PreRule(_llama3_pre, ignore_merges=True, add_bos=True),
+    "lfm2": PreRule(_llama3_pre, ignore_merges=True, add_bos=True),  # llama.cpp: LLAMA3's rule
     "qwen2": PreRule(_qwen2_pre),
 }
 

@@ -85,7 +85,12 @@ def test_rule_splits_as_its_regex_says(rule):
 
 
 def test_aliases_share_their_rule():
-    for alias, rule in (("gpt2", "gpt-2"), ("llama3", "llama-bpe"), ("llama-v3", "llama-bpe")):
+    for alias, rule in (
+        ("gpt2", "gpt-2"),
+        ("llama3", "llama-bpe"),
+        ("llama-v3", "llama-bpe"),
+        ("lfm2", "llama-bpe"),
+    ):
         for text, pieces in EXPECTED[rule].items():
             assert split(alias, text) == pieces
 

@@ -1,0 +1,128 @@
+"""The scheduler on the real C engine with the tiny lfm2 fixture (short convolutions beside
+attention, gguf_fixtures.ARCH_MODELS["lfm2"]): its conv state is kept per position, so the
+scheduler reuses as much as on full KV (rewinds to any divergence point, copies, checkpoint
+restores) and every warm answer equals a cold run token for token; the reuse source and count
+and the tokens the engine computed are asserted."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from sched_support import CountingPool, collect, make_config, make_request
+from slotserve.scheduler.request import FinishReason, ReuseSource, TokenEvent
+from slotserve.scheduler.scheduler import Scheduler
+
+
+@pytest.fixture(scope="module")
+def lfm2_path(arch_model_factory):
+    return arch_model_factory("lfm2")
+
+
+@pytest.fixture
+def open_pool(lfm2_path):
+    from slotserve.engine_ext.loader import open_model
+
+    def make(num_slots: int, ctx_len: int = 512):
+        bundle = open_model(lfm2_path, num_slots=num_slots, ctx_len=ctx_len, threads=1)
+        assert bundle.pool.fingerprint.endswith("/conv_rows=3")  # the convolution layout is in use
+        return CountingPool(bundle.pool), bundle.tokenizer
+
+    return make
+
+
+def sched_for(pool, tok, **kw) -> Scheduler:
+    kw.setdefault("segment_tokens", 32)
+    return Scheduler(pool, make_config(**kw), token_bytes=tok.token_bytes, eos_token_ids=tok.eos_token_ids)
+
+
+def ids(seed: int, n: int, n_vocab: int = 299) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(3, n_vocab, n)]
+
+
+async def cold(open_pool, prompt, max_tokens) -> list[int]:
+    pool, tok = open_pool(1)
+    async with sched_for(pool, tok) as sched:
+        out = await collect(sched.submit(make_request(prompt, max_tokens)))
+    assert out.finish.reuse.reused_tokens == 0 and out.finish.reason is FinishReason.LENGTH
+    return out.tokens
+
+
+async def test_multi_turn_and_identical_repeat(open_pool):
+    pool, tok = open_pool(2)
+    turn1 = ids(1, 150)
+    async with sched_for(pool, tok) as sched:
+        a = await collect(sched.submit(make_request(turn1, 8)))
+        turn2 = turn1 + a.tokens + ids(2, 40)
+        before = pool.num_computed_tokens
+        b = await collect(sched.submit(make_request(turn2, 8)))
+        assert b.finish.reuse.source is ReuseSource.REWIND
+        assert b.finish.reuse.reused_tokens == 150 + 7
+        assert pool.num_computed_tokens - before == len(turn2) - 157 + 7
+        before = pool.num_computed_tokens
+        c = await collect(sched.submit(make_request(turn2, 8)))
+        assert (c.finish.reuse.reused_tokens, c.finish.reuse.prefilled_tokens) == (len(turn2) - 1, 1)
+        assert pool.num_computed_tokens - before == 1 + 7
+        await sched.check_integrity()
+    assert a.tokens == await cold(open_pool, turn1, 8)
+    assert b.tokens == c.tokens == await cold(open_pool, turn2, 8)
+
+
+@pytest.mark.parametrize("edit_at", [1, 2, 3, 57])
+async def test_an_edited_early_turn_rewinds_to_the_edit(open_pool, edit_at):
+    """A resend that changes token edit_at: the slot is cut back to exactly edit_at tokens (also
+    inside the convolution's 3-position reach of the start) and only the rest is prefilled."""
+    pool, tok = open_pool(1)
+    first = ids(20, 120)
+    edited = list(first)
+    edited[edit_at] = (edited[edit_at] + 1) % 296 + 3
+    async with sched_for(pool, tok) as sched:
+        await collect(sched.submit(make_request(first, 5)))
+        before = pool.num_computed_tokens
+        out = await collect(sched.submit(make_request(edited, 6)))
+        assert out.finish.reuse.source is ReuseSource.REWIND
+        assert out.finish.reuse.reused_tokens == edit_at
+        assert pool.num_computed_tokens - before == len(edited) - edit_at + 5
+        await sched.check_integrity()
+    assert out.tokens == await cold(open_pool, edited, 6)
+
+
+async def test_shared_system_prompt_is_copied(open_pool):
+    pool, tok = open_pool(3)
+    system = ids(3, 100)
+    prompts = [system + ids(10 + i, 12) for i in range(3)]
+    async with sched_for(pool, tok) as sched:
+        outs = await asyncio.gather(*(collect(sched.submit(make_request(p, 6))) for p in prompts))
+        await sched.check_integrity()
+    assert [o.finish.reuse.source for o in outs] == [ReuseSource.NONE] + [ReuseSource.COPY] * 2
+    assert [o.finish.reuse.reused_tokens for o in outs] == [0, 100, 100]
+    assert pool.num_computed_tokens == 112 + 2 * 12 + 3 * 5
+    for p, o in zip(prompts, outs):
+        assert o.tokens == await cold(open_pool, p, 6)
+
+
+async def test_checkpoint_restore_and_abort_resend(open_pool):
+    pool, tok = open_pool(1)
+    a, b = ids(4, 120), ids(5, 90)
+    async with sched_for(pool, tok, checkpoint_memory_mb=4) as sched:
+        await collect(sched.submit(make_request(a, 4)))
+        await collect(sched.submit(make_request(b, 4)))  # a's record is captured, then replaced
+        before = pool.num_computed_tokens
+        again = await collect(sched.submit(make_request(a, 6)))
+        assert again.finish.reuse.source is ReuseSource.CHECKPOINT_MEMORY
+        assert again.finish.reuse.reused_tokens == 119
+        assert pool.num_computed_tokens - before == 1 + 5
+        h = sched.submit(make_request(b, 50))  # abort a stream, resend it: one token of prefill
+        async for ev in h:
+            if isinstance(ev, TokenEvent):
+                break
+        assert await h.cancel() is True
+        before = pool.num_computed_tokens
+        resent = await collect(sched.submit(make_request(b, 6)))
+        assert resent.finish.reuse.source in (ReuseSource.REWIND, ReuseSource.CHECKPOINT_MEMORY)
+        assert (resent.finish.reuse.reused_tokens, resent.finish.reuse.prefilled_tokens) == (89, 1)
+        assert pool.num_computed_tokens - before == 1 + 5
+        await sched.check_integrity()
+    assert again.tokens == await cold(open_pool, a, 6)
+    assert resent.tokens == await cold(open_pool, b, 6)

@@ -26,6 +26,11 @@ its length (candidates and matches carry both). A source that would have to be c
 supplies nothing: each source is valued by what it can really supply now, so such a prompt
 restores the best checkpoint at or below its common prefix, or goes cold. The decision records
 what the window cost: tokens a live slot shared but no source could supply (`window_lost_tokens`).
+
+Recurrent state (interface.py) is the same rule at its limit: a slot's floor is its length and a
+restored checkpoint's is its own length, so a live slot supplies only when its whole record is a
+prefix of the prompt (an exact extension; REWIND then cuts to the slot's own length, a no-op),
+a checkpoint only when it ends at or below the divergence, and a COPY takes a whole slot.
 """
 
 from __future__ import annotations

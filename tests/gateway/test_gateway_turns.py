@@ -82,3 +82,26 @@ async def test_a_chat_request_carries_its_turn_offsets_to_the_scheduler():
     assert r.status_code == 200, r.text
     gen = sched.submitted[0]
     assert gen.turn_offsets == turn_offsets(rt, CONV, None, gen.prompt_ids) and len(gen.turn_offsets) == 2
+
+
+def test_turn_offsets_with_the_real_tokenizer_and_a_jinja_template(tiny_model_path):
+    """The tiny fixture's ChatML jinja template and its GGUF tokenizer (byte-level BPE): each
+    offset is where the rendering of the messages before it ends, token for token."""
+    from slotserve.engine_ext.chat import chat_template_for
+    from slotserve.engine_ext.gguf_file import load_model_file
+    from slotserve.engine_ext.tokenizer import Tokenizer
+
+    mf = load_model_file(tiny_model_path)
+    tok = Tokenizer.from_model_file(mf)
+    chat = chat_template_for(mf)
+    assert chat is not None
+    rt = Runtime(scheduler=None, tokenizer=tok, chat=chat, model_names=("tiny",), ctx_len=512, num_slots=1,  # type: ignore[arg-type]
+                 turn_captures=True, token_bytes=tok.token_bytes)  # fmt: skip
+    conv = [msg("user", "hello there"), msg("assistant", "general kenobi"), msg("user", "you are a bold one")]
+    prompt, _ = rt.encode_chat(conv)
+    got = turn_offsets(rt, conv, None, prompt)
+    assistant = tok.encode(chat.render(conv[:1], add_generation_prompt=True))
+    last_user = tok.encode(chat.render(conv[:2], add_generation_prompt=False))
+    assert got == (len(assistant), len(last_user))
+    assert prompt[: len(assistant)] == assistant and prompt[: len(last_user)] == last_user
+    assert tok.pieces[prompt[len(last_user)]] == "<|im_start|>"

@@ -198,6 +198,44 @@ async def test_a_system_prompt_shared_by_several_slots_is_restored_never_copied_
     assert captured(sink, "hint") == [100]
 
 
+async def test_a_shared_prefix_is_learned_from_two_prompts_and_restored_for_the_third():
+    """No hint: the second prompt finds no live slot that can supply its system prompt (the first
+    slot is past it), so the common prefix of the two is captured (rule common_prefix) and the
+    third restores it."""
+    pool = rec_pool(3)
+    sink = RecordingSink()
+    system = prompt_of(45, 120)
+    prompts = [system + prompt_of(46 + i, 60) for i in range(3)]
+    shared = common_prefix_len(np.asarray(prompts[0], np.int32), np.asarray(prompts[1], np.int32))
+    async with make_scheduler(pool, rec_config(capture_prompt_end=False), stats_sink=sink) as sched:
+        outs = [await run_one(sched, p, 4) for p in prompts]
+        await sched.check_integrity()
+    assert [reuse(o) for o in outs] == [
+        (ReuseSource.NONE, 0),
+        (ReuseSource.NONE, 0),
+        (ReuseSource.CHECKPOINT_MEMORY, shared),
+    ]
+    assert captured(sink, "common_prefix") == [shared]
+    for p, o in zip(prompts, outs):
+        assert o.tokens == reference_greedy(pool, p, 4)
+
+
+async def test_a_rollback_ring_lets_a_resend_rewind_the_live_slot():
+    """With the states of the last 8 lengths kept, a regenerate after a 6-token reply (5 rows
+    fed) cuts the live slot back to L - 1 instead of restoring a checkpoint."""
+    pool = rec_pool(1, rollback=8)
+    prompt = prompt_of(23, 200)
+    async with make_scheduler(pool, rec_config(checkpoint_memory_mb=0)) as sched:
+        await run_one(sched, prompt, 6)
+        assert pool.min_truncate_len(0) == 205 - 8
+        before = pool.num_computed_tokens
+        out = await run_one(sched, prompt, 6)
+        await sched.check_integrity()
+    assert reuse(out) == (ReuseSource.REWIND, 199)
+    assert pool.num_computed_tokens - before == 1 + 5
+    assert out.tokens == reference_greedy(pool, prompt, 6)
+
+
 async def test_an_evicted_conversation_is_restored_from_disk_after_a_restart(tmp_path):
     conv = prompt_of(50, 200)
     config = rec_config(kv_disk_dir=str(tmp_path), kv_disk_space_mb=64, capture_prompt_end=False)

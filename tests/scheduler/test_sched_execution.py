@@ -101,6 +101,9 @@ async def test_admission_errors_are_raised_at_once():
             sched.submit(make_request([5], params=SamplingParams(top_p=0)))
         with pytest.raises(ValueError, match="prefix_hint"):
             sched.submit(make_request([5, 6], prefix_hint=3))
+        for bad in ((3,), (0,), (2, 1), (1, 1)):
+            with pytest.raises(ValueError, match="turn_offsets"):
+                sched.submit(make_request([5, 6], turn_offsets=bad))
         running = sched.submit(make_request(prompt_of(2, 10), 2))
         await gate.wait_reached()
         queued = [sched.submit(make_request(prompt_of(3 + i, 10), 2)) for i in range(2)]

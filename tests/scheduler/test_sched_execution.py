@@ -116,7 +116,7 @@ async def test_admission_errors_are_raised_at_once():
         await sched.drain(1.0)
         with pytest.raises(Draining):
             sched.submit(make_request(prompt_of(1, 10)))
-    assert [r.outcome for r in sink.requests].count("rejected") == 6
+    assert [r.outcome for r in sink.requests].count("rejected") == 6 + 4  # 4 bad turn_offsets
     assert pool.num_computed_tokens == 3 * (10 + 1)
 
 

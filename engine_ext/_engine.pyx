@@ -149,8 +149,9 @@ cdef class Engine:
             free(layers)
         if self.e == NULL:
             if status == ENGINE_ENOMEM:
-                kv_gib = (num_slots * cfg.n_layers * 2 * cfg.n_kv_heads * cfg.head_dim * (-(-ctx_len // KEY_LANES) * KEY_LANES)
-                          * (2 if kv_f16 else 4)) / 2**30
+                # per position: keys and values of an attention layer, the conv input of a conv layer
+                row = sum(cfg.dim if conv else 2 * cfg.n_kv_heads * cfg.head_dim for conv in cfg.conv_layers)
+                kv_gib = (num_slots * row * (-(-ctx_len // KEY_LANES) * KEY_LANES) * (2 if kv_f16 else 4)) / 2**30
                 raise MemoryError(f"cannot allocate {kv_gib:.1f} GiB of KV for {num_slots} slots x {ctx_len} tokens "
                                   "(plus weights and step buffers); use fewer slots or a shorter ctx_len")
             raise ValueError("the engine rejected the model or its arguments (shapes or types unsupported)")

@@ -35,6 +35,8 @@ can only move forward or be replaced by a snapshot. For a slot of such a pool:
   copied: that is how n > 1 forks a prompt.
 So routing can reuse a recurrent slot only when its record is a prefix of the prompt (an exact
 extension), and a checkpoint only when it ends at or below the point where the prompt diverges.
+(lfm2's short convolutions are not recurrent here: the engine keeps their inputs per position,
+so such a pool answers like full KV, min_truncate_len 0; engine_ext/pool.py.)
 """
 
 from __future__ import annotations

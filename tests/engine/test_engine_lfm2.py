@@ -129,3 +129,23 @@ def test_f16_conv_rows_against_f32_and_the_reference(f32_path):
     assert f16_err <= 0.02, f16_err
     assert f16_err > f32_err  # the rows really are rounded
     assert np.array_equal(got["f16"].argmax(axis=1), exact.argmax(axis=1))
+
+
+def test_fault_after_the_conv_rows_are_written_taints_only_its_slot(path):
+    """The test fault fires after layer 0 (a convolution) stored its rows for the whole step:
+    the faulted slot is emptied; the batch mate's rows past its length were written too, but it
+    is back to its length and continues exactly as a cold run."""
+    from slotserve.engine_ext.pool import ComputeError
+
+    tokens = random_tokens(40, N_VOCAB, seed=4)
+    pool = make_pool(path, 2, 64)
+    feed(pool, 0, tokens[:20])
+    feed(pool, 1, tokens[:10])
+    pool._inject_fault(0)
+    with pytest.raises(ComputeError) as info:
+        pool.forward([(0, tokens[20:25], 20, True), (1, tokens[10:15], 10, True)])
+    assert info.value.tainted == (0,)
+    assert pool.slot_len(0) == 0 and pool.slot_len(1) == 10
+    cold = make_pool(path, 1, 64)
+    assert np.array_equal(feed(pool, 1, tokens[10:30]), feed(cold, 0, tokens[:30]))
+    pool.check_integrity()

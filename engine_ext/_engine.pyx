@@ -173,16 +173,19 @@ cdef class Engine:
 
     def forward(self, const int32_t[:, ::1] items, const int32_t[::1] tokens, float[:, ::1] logits,
                 int fault_layer=-1):
-        """items: int32 [n, 4] (slot, start_pos, n_tokens, want_logits), validated by the caller;
-        tokens: the items' ids concatenated; logits: float32 [n_want, n_vocab] written in place.
+        """items: int32 [n, 4] (slot, start_pos, n_tokens, want_logits: logits of the item's last
+        that many tokens), validated by the caller; tokens: the items' ids concatenated;
+        logits: float32 [sum of want_logits, n_vocab] written in place.
         Returns the engine status (0 ok, ENGINE_EFAULT when the test fault fired)."""
         cdef int n = items.shape[0], i, off = 0, n_want = 0, status
         if items.shape[1] != 4 or logits.shape[1] != self.n_vocab:
             raise ValueError("forward: bad array shapes")
         for i in range(n):
-            n_want += items[i, 3] != 0
+            if items[i, 3] < 0 or items[i, 3] > items[i, 2]:
+                raise ValueError(f"forward: item {i} wants {items[i, 3]} logits rows of {items[i, 2]} tokens")
+            n_want += items[i, 3]
         if logits.shape[0] != n_want:
-            raise ValueError(f"forward: {n_want} items want logits but the logits array has {logits.shape[0]} rows")
+            raise ValueError(f"forward: the items want {n_want} logits rows but the logits array has {logits.shape[0]}")
         cdef engine_item *its = <engine_item *>malloc(sizeof(engine_item) * max(n, 1))
         if its == NULL:
             raise MemoryError()

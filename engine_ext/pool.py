@@ -252,7 +252,7 @@ class SlotPool:
         self._ring_lo[slot] = 0
 
     def _after_failed_rings(
-        self, items: list[tuple[int, np.ndarray, int, bool]], tainted: tuple[int, ...]
+        self, items: list[tuple[int, np.ndarray, int, int]], tainted: tuple[int, ...]
     ) -> None:
         """A failed step may have written ring rows of the items' new positions, overwriting old
         ones: assume it wrote them all. A slot whose ring then lacks rows its next position needs
@@ -266,7 +266,7 @@ class SlotPool:
             if self.min_truncate_len(s) > self._lens[s]:
                 self._empty(s)
 
-    def _parse_batch(self, batch: Sequence[Any]) -> list[tuple[int, np.ndarray, int, bool]]:
+    def _parse_batch(self, batch: Sequence[Any]) -> list[tuple[int, np.ndarray, int, int]]:
         if batch is None or len(batch) == 0:
             raise ValueError("forward: empty batch; pass at least one item")
         items, seen = [], set()
@@ -314,7 +314,14 @@ class SlotPool:
                     f"forward: slot {slot} would reach position {start_pos + arr.size} > ctx_len "
                     f"{self.ctx_len}; shorten the prompt or use a larger ctx_len"
                 )
-            items.append((slot, arr.astype(np.int32, copy=False), start_pos, bool(want)))
+            if isinstance(want, (bool, np.bool_)):
+                want = int(want)
+            if not isinstance(want, (int, np.integer)) or not 0 <= want <= arr.size:
+                raise ValueError(
+                    f"forward: item {i} (slot {slot}) want_logits={want!r}: give a number of its last "
+                    f"rows in 0..{arr.size} (True = 1, the last row)"
+                )
+            items.append((slot, arr.astype(np.int32, copy=False), start_pos, int(want)))
         return items
 
     # -- slot surgery -----------------------------------------------------------------------

@@ -267,6 +267,10 @@ class FakeSlotPool:
             toks = np.asarray(item.tokens)
             if toks.ndim != 1 or toks.shape[0] == 0:
                 raise ValueError(f"slot {item.slot}: empty item")
+            if not 0 <= int(item.want_logits) <= toks.shape[0]:
+                raise ValueError(
+                    f"slot {item.slot}: want_logits={item.want_logits} rows of an item of {toks.shape[0]} tokens"
+                )
             if item.start_pos != self._len[item.slot]:
                 raise ValueError(
                     f"slot {item.slot}: start_pos={item.start_pos} but slot_len="
@@ -287,7 +291,7 @@ class FakeSlotPool:
                 self._lo[slot] = 0
                 self._drop_states(slot, 0)
             raise FakeEngineError(f"injected fault in slot(s) {faulted}")
-        rows = []
+        rows: list[np.ndarray] = []
         for item in batch:
             slot, pos = item.slot, item.start_pos
             assert self._lo[slot] == 0 or pos - self._reach >= self._lo[slot], "ring state broken"
@@ -311,8 +315,8 @@ class FakeSlotPool:
                 self._drop_states(slot, max(self._sfloor[slot], pos - self.rollback))
             self.computed_tokens[slot] += n
             self.num_computed_tokens += n
-            if item.want_logits:
-                rows.append(self._logits_at(slot, pos - 1))
+            want = int(item.want_logits)
+            rows.extend(self._logits_at(slot, p) for p in range(pos - want, pos))
         if not rows:
             return np.zeros((0, self.n_vocab), dtype=np.float32)
         return np.stack(rows)

@@ -54,13 +54,14 @@ class BatchItem:
 
     slot: which slot. tokens: int32 [n >= 1] ids to feed. start_pos: absolute position of
     tokens[0]; must equal the slot's current length (rewind first with `truncate`).
-    want_logits: return the logits of the last token of this item.
+    want_logits: return the logits of this item's last `want_logits` tokens (0..n; True is 1,
+    the last token's; a verified draft asks for every row).
     """
 
     slot: int
     tokens: np.ndarray  # int32 [n]
     start_pos: int
-    want_logits: bool
+    want_logits: int
 
 
 @runtime_checkable
@@ -82,11 +83,13 @@ class SlotPool(Protocol):
 
     def forward(self, batch: Sequence[BatchItem]) -> np.ndarray:
         """Feed every item's tokens (prefill chunks and decode tokens mixed, at most one item per
-        slot), append them to the records, and return float32 [k, n_vocab]: one row per item
-        with want_logits, in batch order (k may be 0).
+        slot), append them to the records, and return float32 [k, n_vocab]: the logits of each
+        item's last want_logits tokens, in batch order and then position order (k, the sum of
+        want_logits, may be 0).
 
         Raises ValueError for a bad call (unknown slot, start_pos != slot_len, position past
-        ctx_len, token id outside the vocabulary, empty batch or empty item, slot twice); then
+        ctx_len, token id outside the vocabulary, empty batch or empty item, slot twice,
+        want_logits outside 0..n); then
         nothing has changed. Any other exception means compute failed: the slots of that batch
         that the pool could not vouch for have been emptied (record length 0, "tainted");
         slots not in the batch are intact.

@@ -995,7 +995,8 @@ int engine_forward(engine *e, const engine_item *items, int n_items, float *logi
         /* NOTE: n_tokens > ctx_len - start_pos, not start_pos + n_tokens > ctx_len: the sum can
          * overflow int and wrap into range. */
         if (it->slot < 0 || it->slot >= e->num_slots || it->n_tokens < 1 || it->start_pos < 0 ||
-            it->start_pos > e->ctx_len || it->n_tokens > e->ctx_len - it->start_pos)
+            it->start_pos > e->ctx_len || it->n_tokens > e->ctx_len - it->start_pos ||
+            it->want_logits < 0 || it->want_logits > it->n_tokens)
             return ENGINE_EINVAL;
         for (int j = 0; j < it->n_tokens; j++)
             if (it->tokens[j] < 0 || it->tokens[j] >= e->m.n_vocab) return ENGINE_EINVAL;
@@ -1017,16 +1018,18 @@ int engine_forward(engine *e, const engine_item *items, int n_items, float *logi
             sg->pos0 = it->start_pos + offset;
             sg->n = take;
             sg->row0 = e->n_rows;
+            /* the item's last want_logits rows get logits rows, in order (a verified draft) */
+            const int first_logit = it->n_tokens - it->want_logits;
             for (int j = 0; j < take; j++) {
                 int r = e->n_rows + j;
                 e->tokens[r] = it->tokens[offset + j];
                 e->row_pos[r] = sg->pos0 + j;
                 e->row_slot[r] = it->slot;
+                if (offset + j >= first_logit) e->logit_src[e->n_logits++] = r;
             }
             e->n_rows += take;
             offset += take;
             if (offset == it->n_tokens) {
-                if (it->want_logits) e->logit_src[e->n_logits++] = e->n_rows - 1;
                 item++;
                 offset = 0;
             }

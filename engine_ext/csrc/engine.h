@@ -85,7 +85,7 @@ typedef struct {
     int slot;
     int start_pos;          /* absolute position of tokens[0] */
     int n_tokens;           /* >= 1 */
-    int want_logits;        /* logits of the last token */
+    int want_logits;        /* logits of the last want_logits tokens (0..n_tokens) */
     const int32_t *tokens;  /* [n_tokens] */
 } engine_item;
 
@@ -103,8 +103,8 @@ size_t engine_kv_bytes(const engine *e);
 int engine_ring_len(const engine *e);
 int engine_n_threads(const engine *e);
 
-/* Runs every item (split into steps of at most max_tokens rows) and writes one logits row per
- * item with want_logits, in item order, into logits [k][n_vocab]. fault_layer >= 0 makes the
+/* Runs every item (split into steps of at most max_tokens rows) and writes one logits row for
+ * each of every item's last want_logits tokens, in item and row order, into logits [k][n_vocab]. fault_layer >= 0 makes the
  * first step fail after that layer wrote its KV rows (test hook). Returns a status. */
 int engine_forward(engine *e, const engine_item *items, int n_items, float *logits, int fault_layer);
 

@@ -14,6 +14,7 @@ from engine_support import feed, greedy, make_pool, random_tokens
 from gguf_fixtures import ARCHS, K_DIMS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from slotserve.scheduler.interface import BatchItem
 
 N_VOCAB = 299
 GREEDY_STEPS = 6
@@ -193,3 +194,30 @@ def test_long_context_decode_equals_prefill(path, threads):
     got = feed(pool, 1, long[600:660], chunks=[1] * 60)
     assert np.array_equal(got, want)
     assert greedy(pool, 1, got, 4)[0] == greedy(pool, 0, want, 4)[0]
+
+
+@pytest.mark.parametrize("swa", ["full", "ring"])
+def test_every_row_logits_equal_cold_rows(path, tokens, cold, swa):
+    """An item asking for its last k rows' logits (a verified draft) gets, row for row, the
+    logits a cold slot computes at each of those positions: across internal steps (4 rows), beside
+    a batch mate, on full KV and on a ring; the rows of rejected tokens are then cut off."""
+    pool = make_pool(path, 2, 160, max_batch_tokens=4, swa_full=swa == "full")
+    feed(pool, 0, tokens[:40])
+    feed(pool, 1, tokens[:7])
+    out = pool.forward(
+        [
+            BatchItem(slot=1, tokens=tokens[7:9], start_pos=7, want_logits=1),
+            BatchItem(slot=0, tokens=tokens[40:46], start_pos=40, want_logits=6),
+        ]
+    )
+    assert out.shape == (7, N_VOCAB)
+    assert np.array_equal(out[0], cold(9)[0])
+    for j in range(6):
+        assert np.array_equal(out[1 + j], cold(41 + j)[0]), f"row {j}"
+    pool.truncate(0, 43)  # the last 3 rows rejected: a ring still holds what 43 needs
+    assert pool.min_truncate_len(0) <= 43
+    assert_same_as_cold(pool, 0, pool.forward([BatchItem(0, tokens[43:44], 43, True)])[0], cold, 44)
+    n = pool.slot_len(0)
+    with pytest.raises(ValueError, match="want_logits"):
+        pool.forward([BatchItem(0, tokens[:2], n, 3)])
+    assert pool.slot_len(0) == n

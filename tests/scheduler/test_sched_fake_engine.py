@@ -97,3 +97,21 @@ def test_injected_fault_empties_only_that_slot():
         pool.forward([item(0, [8], 2), item(1, [9], 2)])
     assert pool.slot_len(0) == 2 and pool.slot_len(1) == 0
     pool.forward([item(0, [8], 2), item(1, [9], 0)])  # both usable again
+
+
+@pytest.mark.parametrize("window", [None, 4])
+def test_every_row_logits_equal_one_token_steps(window):
+    """want_logits=k returns the logits of the item's last k rows, each as a one-token step
+    would; a bad count is refused before anything changes."""
+    kw = {} if window is None else {"window": window, "step_tokens": 8}
+    a, b = FakeSlotPool(2, 64, 50, **kw), FakeSlotPool(2, 64, 50, **kw)
+    toks = np.arange(3, 20, dtype=np.int32)
+    a.forward([BatchItem(0, toks[:10], 0, False)])
+    b.forward([BatchItem(0, toks[:10], 0, False)])
+    out = a.forward([BatchItem(0, toks[10:15], 10, 5)])
+    assert out.shape == (5, 50)
+    for j in range(5):
+        assert np.array_equal(out[j], b.forward([BatchItem(0, toks[10 + j : 11 + j], 10 + j, True)])[0])
+    with pytest.raises(ValueError, match="want_logits"):
+        a.forward([BatchItem(0, toks[:2], 15, 3)])
+    assert a.slot_len(0) == 15

@@ -1,12 +1,12 @@
 """Anthropic's Messages API (`POST /v1/messages`, `/v1/messages/count_tokens`) over the chat path.
 
-Design: a request is decoded into the Structs of `anthropic_protocol.py`, translated into the OpenAI chat request the
-chat-completions route takes (`to_chat`: system -> a system message, `tool_use` blocks -> an
-assistant's `tool_calls`, `tool_result` blocks -> `role: tool` messages, tools -> function
+Design: a request is decoded into the Structs of `anthropic_protocol.py`, translated into the
+`ChatInput` every chat request becomes (`to_chat`: system -> a system message, `tool_use` blocks
+-> an assistant's tool calls, `tool_result` blocks -> `role: tool` messages, tools -> function
 tools, tool_choice auto/any/tool/none -> auto/required/{function}/none, `output_config.format`
--> a json_schema `response_format`), and built by
+-> a json_schema response format; errors name Anthropic's fields), and planned by
 `translate.chat_plan`, the very function the chat route uses: same template, limits and
-sampling checks. The answer is assembled from the generated text by `agent_output` (text and
+sampling checks. The route runs `endpoint.py`'s skeleton. The answer is assembled from the generated text by `agent_output` (text and
 `tool_use` blocks) and spelled as a `message` object or Anthropic's event stream:
 
     message_start  ping  (content_block_start  content_block_delta...  content_block_stop)...
@@ -63,6 +63,17 @@ from .anthropic_protocol import (
     TextBlockOut,
     ToolUseBlockOut,
     Usage,
+)
+from .chat_input import (
+    JSON,
+    ChatInput,
+    ParamNames,
+    TemplateMessage,
+    ToolChoice,
+    function_tool,
+    named_tool_choice,
+    template_message,
+    tool_call,
 )
 from .endpoint import FrontDoor, Generation
 from .errors import APIError, bad_request, json_response
@@ -146,11 +157,15 @@ def _tool_result_text(block: ContentBlock, where: str) -> str:
     return "\n".join(parts)
 
 
-@dataclass
+# the chat fields' names in this API (named by chat_plan's errors)
+PARAMS = ParamNames(stop="stop_sequences", response_format="output_config.format")
+
+
+@dataclass(frozen=True)
 class ChatPlan:
     """A Messages request as the chat path takes it, plus what the answer needs."""
 
-    chat: p.ChatCompletionRequest
+    chat: ChatInput
     breakpoint: Breakpoint | None  # the hinted cache_control (module docstring), in chat-message terms
 
 
@@ -160,7 +175,7 @@ class _Builder:
     SEP = "\n"  # between text blocks of one message
 
     def __init__(self) -> None:
-        self.messages: list[dict[str, Any]] = []
+        self.messages: list[TemplateMessage] = []
         self.breakpoint: Breakpoint | None = None
         self._texts: list[str] = []  # text blocks of the message being built
         self._cut_at: int | None = None  # a breakpoint inside it: characters kept
@@ -170,17 +185,17 @@ class _Builder:
         if marked and self._cut_at is None:
             self._cut_at = len(self.SEP.join(self._texts))
 
-    def flush(self, role: str, **extra: Any) -> None:
-        """End the message being built (emitted when it has text or `extra`)."""
+    def flush(self, role: str, tool_calls: list[dict[str, JSON]] | None = None) -> None:
+        """End the message being built (emitted when it has text or tool calls)."""
         content = self.SEP.join(self._texts)
-        if self._texts or extra:
-            self.messages.append({"role": role, "content": content, **extra})
+        if self._texts or tool_calls:
+            self.messages.append(template_message(role, content, tool_calls=tool_calls))
             if self._cut_at is not None:
-                end = self._cut_at >= len(content) and "tool_calls" not in extra
+                end = self._cut_at >= len(content) and not tool_calls
                 self._mark(Breakpoint(len(self.messages) - 1, None if end else self._cut_at))
         self._texts, self._cut_at = [], None
 
-    def whole(self, message: dict[str, Any], marked: bool) -> None:
+    def whole(self, message: TemplateMessage, marked: bool) -> None:
         self.messages.append(message)
         if marked:
             self._mark(Breakpoint(len(self.messages) - 1))
@@ -207,14 +222,14 @@ def _add_user(b: _Builder, i: int, content: list[ContentBlock]) -> None:
             text = _tool_result_text(block, where)
             if block.is_error:
                 text = f"Error: {text}"
-            b.whole({"role": "tool", "tool_call_id": block.tool_use_id, "content": text}, marked)
+            b.whole(template_message("tool", text, tool_call_id=block.tool_use_id), marked)
         else:
             raise _refuse_block(block, where)
     b.flush("user")
 
 
 def _add_assistant(b: _Builder, i: int, content: list[ContentBlock]) -> None:
-    calls: list[dict[str, Any]] = []
+    calls: list[dict[str, JSON]] = []
     marked_call = False
     for j, block in enumerate(content):
         where = f"messages[{i}].content[{j}]"
@@ -226,22 +241,19 @@ def _add_assistant(b: _Builder, i: int, content: list[ContentBlock]) -> None:
             args = block.input if block.input is not None else {}
             if not isinstance(args, dict):
                 raise bad_request(f"{where}.input must be an object", param=f"{where}.input")
-            arguments = json.dumps(args, ensure_ascii=False, separators=(",", ":"))
-            calls.append(
-                {"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}}
-            )
+            calls.append(tool_call(block.id, block.name, args))
             marked_call = marked_call or block.cache_control is not None
         else:
             raise _refuse_block(block, where)
     if calls:
-        b.flush("assistant", tool_calls=calls)
+        b.flush("assistant", calls)
         if marked_call:
             b.mark_last()
     else:
         b.flush("assistant")
 
 
-def _tool_choice(req: CountTokensRequest) -> Any:
+def _tool_choice(req: CountTokensRequest) -> ToolChoice:
     tc = req.tool_choice
     if tc is None:
         return None
@@ -256,7 +268,7 @@ def _tool_choice(req: CountTokensRequest) -> Any:
             raise bad_request("tool_choice of type 'tool' needs `name`", param="tool_choice.name")
         if not any(t.name == tc.name for t in req.tools or ()):
             raise bad_request(f"tool_choice names {tc.name!r}, which is not in `tools`", param="tool_choice")
-        return {"type": "function", "function": {"name": tc.name}}
+        return named_tool_choice(tc.name)
     raise bad_request(
         f"tool_choice type must be auto, any, tool or none; got {tc.type!r}", param="tool_choice.type"
     )
@@ -271,7 +283,7 @@ def to_chat(req: CountTokensRequest) -> ChatPlan:
         )
     if req.mcp_servers:
         raise bad_request("MCP servers (server tools) are not supported by this server", param="mcp_servers")
-    if getattr(req, "container", None) is not None:
+    if isinstance(req, MessagesRequest) and req.container is not None:
         raise bad_request("containers (server tools) are not supported by this server", param="container")
     b = _Builder()
     if req.system is not None:
@@ -306,43 +318,36 @@ def to_chat(req: CountTokensRequest) -> ChatPlan:
                 "give client tools with name, description and input_schema",
                 param=f"tools[{k}].type",
             )
-        fn: dict[str, Any] = {"name": t.name, "parameters": t.input_schema or {"type": "object"}}
-        if t.description is not None:
-            fn["description"] = t.description
-        if t.strict:  # held to `input_schema` by constrained decoding (the chat route's `strict`)
-            fn["strict"] = True
-        tools.append({"type": "function", "function": fn})
+        tools.append(function_tool(t.name, t.description, t.input_schema, t.strict))
     if req.cache_control is not None:  # Anthropic: "the last cacheable block": the last message
         b.mark_last()
     tool_choice = _tool_choice(req)
-    body: dict[str, Any] = {"messages": b.messages}
-    if req.tool_choice is not None and req.tool_choice.disable_parallel_tool_use:
-        body["parallel_tool_calls"] = False
     fmt = req.output_config.format if req.output_config is not None else None
+    response_format = None
     if fmt is not None:
         if fmt.type != "json_schema":
             raise bad_request(
                 f"output_config.format type must be 'json_schema'; got {fmt.type!r}",
                 param="output_config.format",
             )
-        schema = {"name": "output", "schema": fmt.schema or {"type": "object"}, "strict": True}
-        body["response_format"] = {"type": "json_schema", "json_schema": schema}
-    if tools:
-        body["tools"] = tools
-        if tool_choice is not None:
-            body["tool_choice"] = tool_choice
-    if isinstance(req, MessagesRequest):
-        body.update(
-            max_tokens=req.max_tokens,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            top_k=req.top_k,
-            stop=req.stop_sequences,
-        )
-    try:
-        chat = msgspec.convert(body, p.ChatCompletionRequest)
-    except msgspec.ValidationError as exc:
-        raise bad_request(f"Invalid request: {exc}") from None
+        schema = p.JsonSchemaFormat(name="output", schema=fmt.schema or {"type": "object"}, strict=True)
+        response_format = p.ResponseFormat(type="json_schema", json_schema=schema)
+    sampling = req if isinstance(req, MessagesRequest) else None  # count_tokens has none
+    chat = ChatInput(
+        messages=b.messages,
+        tools=tools or None,
+        tool_choice=tool_choice if tools else None,
+        parallel_tool_calls=(
+            False if req.tool_choice is not None and req.tool_choice.disable_parallel_tool_use else None
+        ),
+        response_format=response_format,
+        max_tokens=sampling.max_tokens if sampling else None,
+        temperature=sampling.temperature if sampling else None,
+        top_p=sampling.top_p if sampling else None,
+        top_k=sampling.top_k if sampling else None,
+        stop=sampling.stop_sequences if sampling else None,
+        params=PARAMS,
+    )
     return ChatPlan(chat, b.breakpoint)
 
 
@@ -462,18 +467,6 @@ class MessagesStream(StreamFormat):
 # ------------------------------------------------------------------ routes
 
 
-# chat-request field -> this API's name for it (named in error messages)
-_PARAMS = {"stop": "stop_sequences", "response_format": "output_config.format"}
-
-
-def _rename(err: APIError) -> APIError:
-    if err.param in _PARAMS:
-        err.param = _PARAMS[err.param]
-    elif err.param is not None and err.param.startswith("messages["):  # a chat index is not ours
-        err.param = "messages"
-    return err
-
-
 class MessagesGeneration(Generation):
     """A Messages request, planned: one choice, answered as a `message` or Anthropic's stream."""
 
@@ -524,16 +517,14 @@ def plan_message(gw: Gateway, req: MessagesRequest, model: str) -> MessagesGener
     """The generation request, tool-call parsing and cache_control hint of a Messages request."""
     rid = f"msg_{uuid.uuid4().hex}"
     plan = to_chat(req)
-    try:
-        planned = translate.chat_plan(plan.chat, gw.config, gw.runtime, rid)
-    except APIError as err:
-        raise _rename(err) from None
+    planned = translate.chat_plan(plan.chat, gw.config, gw.runtime, rid)
     gen = planned.gen
     hint = None
     if plan.breakpoint is not None:
-        tools = msgspec.to_builtins(plan.chat.tools) if plan.chat.tools else None
-        messages = translate.chat_messages(plan.chat)
-        hint = breakpoint_offset(gw.runtime, messages, tools, plan.breakpoint, gen.prompt_ids)
+        chat = plan.chat
+        hint = breakpoint_offset(
+            gw.runtime, chat.messages, chat.template_tools(), plan.breakpoint, gen.prompt_ids
+        )
         if hint is not None:
             gen.prefix_hint = hint
     tools = ToolSpec.from_plan(planned.spec, new_tool_use_id)
@@ -546,10 +537,7 @@ MESSAGES = FrontDoor("create_message", MessagesRequest, "messages", plan_message
 async def count_tokens(gw: Gateway, request: Request) -> Response:
     req = await gw.read_body(request, CountTokensRequest)
     gw.check_model(req.model)
-    try:
-        gen = translate.chat_request(to_chat(req).chat, gw.config, gw.runtime, "count_tokens")
-    except APIError as err:
-        raise _rename(err) from None
+    gen = translate.chat_plan(to_chat(req).chat, gw.config, gw.runtime, "count_tokens").gen
     return json_response({"input_tokens": len(gen.prompt_ids)})
 
 

@@ -107,7 +107,9 @@ CHAT = FrontDoor(
     "chatcmpl_generate",
     p.ChatCompletionRequest,
     "messages",
-    OpenAIKind("chatcmpl", translate.chat_plan, openai_reply.ChatStream, openai_reply.chat_completion).plan,
+    OpenAIKind(
+        "chatcmpl", translate.chat_completion_plan, openai_reply.ChatStream, openai_reply.chat_completion
+    ).plan,
 )
 COMPLETION = FrontDoor(
     "cmpl_generate",

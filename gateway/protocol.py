@@ -80,7 +80,7 @@ class ResponseFormat(Struct):
 TopLogprobs = Annotated[int, Meta(ge=0, le=20)]
 
 
-class _SamplingFields(Struct, kw_only=True):
+class SamplingFields(Struct, frozen=True, kw_only=True):
     """Fields shared by chat and text completions (OpenAI's, plus vLLM/llama.cpp extensions)."""
 
     model: str | None = None
@@ -114,7 +114,7 @@ class _SamplingFields(Struct, kw_only=True):
     store: Any = None
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(SamplingFields, frozen=True):
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
     max_completion_tokens: PositiveInt | None = None
     tools: list[ToolDef] | None = None
@@ -124,7 +124,7 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: TopLogprobs | None = None
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(SamplingFields, frozen=True):
     # a string, a list of token ids, or a one-element list of either (OpenAI's batch form)
     prompt: str | list[str | int | list[int]]
     logprobs: TopLogprobs | None = None  # k: the sampled token's logprob and the k best

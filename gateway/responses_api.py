@@ -1,10 +1,10 @@
 """OpenAI's Responses API (`POST /v1/responses`) over the chat path.
 
-Design: as `anthropic_api.py`: the request becomes the OpenAI chat request the chat route takes
+Design: as `anthropic_api.py`: the request becomes the `ChatInput` every chat request becomes
 (`to_chat`: `instructions` -> a system message, input messages as they are, `function_call`
-items -> an assistant's `tool_calls`, `function_call_output` items -> `role: tool` messages,
-function tools and tool_choice in chat's spelling, `text.format` -> `response_format`), built by
-`translate.chat_plan`; the answer is assembled by `agent_output` into `message` and
+items -> an assistant's tool calls, `function_call_output` items -> `role: tool` messages,
+function tools and tool_choice in chat's spelling, `text.format` -> the response format; errors
+name this API's fields), planned by `translate.chat_plan` and run by `endpoint.py`'s skeleton; the answer is assembled by `agent_output` into `message` and
 `function_call` output items, as one response object or the Responses event stream:
 
     response.created  response.in_progress
@@ -46,6 +46,18 @@ from .agent_output import (
     ToolSpec,
     split_output,
 )
+from .chat_input import (
+    JSON,
+    ChatInput,
+    ParamNames,
+    TemplateMessage,
+    ToolChoice,
+    function_tool,
+    named_tool_choice,
+    template_arguments,
+    template_message,
+    tool_call,
+)
 from .endpoint import FrontDoor, Generation
 from .errors import APIError, bad_request
 from .response_store import ResponseStore
@@ -72,20 +84,10 @@ _encode = msgspec.json.Encoder().encode
 
 # ------------------------------------------------------------------ request translation
 
-# chat-request field -> this API's name for it (in error params). NOTE: a chat message index is
+# the chat fields' names in this API (named by chat_plan's errors). NOTE: a chat message index is
 # not an input index (instructions come first, function calls join their message), so an error
-# about one message names `input` as a whole.
-_PARAMS = {"max_tokens": "max_output_tokens", "messages": "input", "response_format": "text.format"}
-
-
-def _rename(err: APIError) -> APIError:
-    param = err.param or ""
-    base = param.split(".")[0].split("[")[0]
-    if base in _PARAMS:
-        err.param = _PARAMS[base] if base == "messages" else _PARAMS[base] + param[len(base) :]
-        if base == "max_tokens":
-            err.message = err.message.replace("max_tokens", "max_output_tokens", 1)
-    return err
+# about the messages names `input` as a whole.
+PARAMS = ParamNames(messages="input", max_tokens="max_output_tokens", response_format="text.format")
 
 
 def _text_of(content: str | list[InputContent] | None, where: str) -> str:
@@ -112,11 +114,11 @@ def _text_of(content: str | list[InputContent] | None, where: str) -> str:
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
 
-def input_messages(items: str | list[InputItem]) -> list[dict[str, Any]]:
-    """The chat messages of `input` (400 for items not served)."""
+def input_messages(items: str | list[InputItem]) -> list[TemplateMessage]:
+    """The chat messages of `input` (400 for items not served), as the template reads them."""
     if isinstance(items, str):
-        return [{"role": "user", "content": items}]
-    out: list[dict[str, Any]] = []
+        return [template_message("user", items)]
+    out: list[TemplateMessage] = []
     for i, item in enumerate(items):
         where = f"input[{i}]"
         kind = item.type or ("message" if item.role is not None else None)
@@ -127,29 +129,21 @@ def input_messages(items: str | list[InputItem]) -> list[dict[str, Any]]:
                     f"{where}.role must be user, assistant, system or developer; got {item.role!r}",
                     param=f"{where}.role",
                 )
-            out.append({"role": role, "content": _text_of(item.content, f"{where}.content")})
+            out.append(template_message(role, _text_of(item.content, f"{where}.content")))
         elif kind == "function_call":
             if not item.call_id or not item.name:
                 raise bad_request(f"{where}: a function_call needs call_id and name", param=where)
-            call = {
-                "id": item.call_id,
-                "type": "function",
-                "function": {"name": item.name, "arguments": item.arguments or "{}"},
-            }
+            call = tool_call(item.call_id, item.name, template_arguments(item.arguments or "{}"))
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant":  # calls after (or beside) its text
                 last.setdefault("tool_calls", []).append(call)
             else:
-                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                out.append(template_message("assistant", "", tool_calls=[call]))
         elif kind == "function_call_output":
             if not item.call_id:
                 raise bad_request(f"{where}: a function_call_output needs call_id", param=f"{where}.call_id")
             out.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": item.call_id,
-                    "content": _text_of(item.output, f"{where}.output"),
-                }
+                template_message("tool", _text_of(item.output, f"{where}.output"), tool_call_id=item.call_id)
             )
         elif kind == "reasoning":
             raise bad_request(
@@ -164,13 +158,13 @@ def input_messages(items: str | list[InputItem]) -> list[dict[str, Any]]:
     return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class ChatPlan:
-    chat: p.ChatCompletionRequest
-    conversation: list[dict[str, Any]]  # what a stored response keeps (without instructions)
+    chat: ChatInput
+    conversation: list[TemplateMessage]  # what a stored response keeps (without instructions)
 
 
-def _tool_choice(value: Any, names: list[str]) -> Any:
+def _tool_choice(value: JSON, names: list[str]) -> ToolChoice:
     if value is None or value in ("auto", "none", "required"):
         return value
     if isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("name"), str):
@@ -178,23 +172,25 @@ def _tool_choice(value: Any, names: list[str]) -> Any:
             raise bad_request(
                 f"tool_choice names {value['name']!r}, which is not in `tools`", param="tool_choice"
             )
-        return {"type": "function", "function": {"name": value["name"]}}
+        return named_tool_choice(value["name"])
     raise bad_request(
         "tool_choice must be auto, none, required or {'type': 'function', 'name': ...}", param="tool_choice"
     )
 
 
-def _response_format(text: TextConfig | None) -> dict[str, Any] | None:
+def _response_format(text: TextConfig | None) -> p.ResponseFormat | None:
     fmt = text.format if text is not None else None
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_schema":
-        schema = {"name": fmt.name or "response", "schema": fmt.schema or {}, "strict": bool(fmt.strict)}
-        return {"type": "json_schema", "json_schema": schema}
-    return {"type": fmt.type}
+        schema = p.JsonSchemaFormat(
+            name=fmt.name or "response", schema=fmt.schema or {}, strict=bool(fmt.strict)
+        )
+        return p.ResponseFormat(type="json_schema", json_schema=schema)
+    return p.ResponseFormat(type=fmt.type)
 
 
-def to_chat(req: ResponsesRequest, history: list[dict[str, Any]]) -> ChatPlan:
+def to_chat(req: ResponsesRequest, history: list[TemplateMessage]) -> ChatPlan:
     """The chat request for `req`, continuing `history` (the previous response's conversation)."""
     if req.background:
         raise bad_request("background responses are not supported by this server", param="background")
@@ -216,34 +212,21 @@ def to_chat(req: ResponsesRequest, history: list[dict[str, Any]]) -> ChatPlan:
             )
         if not t.name:
             raise bad_request(f"tools[{k}] needs a name", param=f"tools[{k}].name")
-        fn: dict[str, Any] = {"name": t.name, "parameters": t.parameters or {"type": "object"}}
-        if t.description is not None:
-            fn["description"] = t.description
-        if t.strict:  # held to `parameters` by constrained decoding (the chat route's `strict`)
-            fn["strict"] = True
-        tools.append({"type": "function", "function": fn})
+        tools.append(function_tool(t.name, t.description, t.parameters, t.strict))
         names.append(t.name)
     tool_choice = _tool_choice(req.tool_choice, names)
-    messages = [{"role": "system", "content": req.instructions}] if req.instructions else []
-    body: dict[str, Any] = {
-        "messages": messages + conversation,
-        "max_tokens": req.max_output_tokens,
-        "temperature": req.temperature,
-        "top_p": req.top_p,
-    }
-    if tools:
-        body["tools"] = tools
-        if tool_choice is not None:
-            body["tool_choice"] = tool_choice
-    if req.parallel_tool_calls is False:
-        body["parallel_tool_calls"] = False
-    fmt = _response_format(req.text)
-    if fmt is not None:
-        body["response_format"] = fmt
-    try:
-        chat = msgspec.convert(body, p.ChatCompletionRequest)
-    except msgspec.ValidationError as exc:
-        raise bad_request(f"Invalid request: {exc}") from None
+    system = [template_message("system", req.instructions)] if req.instructions else []
+    chat = ChatInput(
+        messages=system + conversation,
+        max_tokens=req.max_output_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        tools=tools or None,
+        tool_choice=tool_choice if tools else None,
+        parallel_tool_calls=False if req.parallel_tool_calls is False else None,
+        response_format=_response_format(req.text),
+        params=PARAMS,
+    )
     return ChatPlan(chat, conversation)
 
 
@@ -286,15 +269,15 @@ def output_items(blocks: list[Block], status: str, ids: dict[int, str] | None = 
     return out
 
 
-def assistant_message(blocks: list[Block]) -> dict[str, Any]:
+def assistant_message(blocks: list[Block]) -> TemplateMessage:
     """The output as the chat message a stored conversation continues with."""
     text = "".join(b.text for b in blocks if b.kind is BlockKind.TEXT)
     calls = [
-        {"id": b.call_id, "type": "function", "function": {"name": b.name, "arguments": b.text}}
+        tool_call(b.call_id, b.name, template_arguments(b.text))
         for b in blocks
         if b.kind is BlockKind.TOOL_CALL
     ]
-    return {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
+    return template_message("assistant", text, tool_calls=calls)
 
 
 def status_of(finish: FinishEvent) -> tuple[str, IncompleteDetails | None]:
@@ -490,7 +473,7 @@ def plan_response(
 ) -> ResponsesGeneration:
     """The generation request of a Responses request, continuing its previous response (404 for
     one not stored)."""
-    history: list[dict[str, Any]] = []
+    history: list[TemplateMessage] = []
     if req.previous_response_id is not None:
         found = store.get(req.previous_response_id)
         if found is None:
@@ -505,10 +488,7 @@ def plan_response(
         history = found
     rid = _item_id("resp")
     plan = to_chat(req, history)
-    try:
-        planned = translate.chat_plan(plan.chat, gw.config, gw.runtime, rid)
-    except APIError as err:
-        raise _rename(err) from None
+    planned = translate.chat_plan(plan.chat, gw.config, gw.runtime, rid)
     tools = ToolSpec.from_plan(planned.spec, new_call_id)
     answer = _Answer(req, plan, rid, model, int(time.time()), store)
     return ResponsesGeneration(planned.gen, answer, tools)

@@ -22,7 +22,7 @@ router tries to fetch a tokenizer from the Hugging Face hub (a GGUF path is not 
 costs a failed network call and a warning; its HTTP cache-aware policy routes on request text and
 needs no tokenizer.
 
-The render routes build the request exactly as the generation routes do (`translate.chat_request`
+The render routes build the request exactly as the generation routes do (`translate.chat_plan`
 / `translate.completion_request`), so the ids are the ones the scheduler would receive, and a
 request the generation route would reject is rejected here with the same 4xx.
 """
@@ -112,11 +112,11 @@ def _render(gw: Gateway, model: str, ids: list[int], text: str) -> Response:
 async def chat_render(gw: Gateway, request: Request) -> Response:
     req = await gw.read_body(request, p.ChatCompletionRequest)
     model = gw.check_model(req.model)
-    gen = translate.chat_request(req, gw.config, gw.runtime, "render")
+    chat = translate.chat_input(req)
+    gen = translate.chat_plan(chat, gw.config, gw.runtime, "render").gen
     text = ""
-    if gw.runtime.chat is not None:  # chat_request already rendered once; render again for the text (cheap)
-        tools = msgspec.to_builtins(req.tools) if req.tools else None
-        text = gw.runtime.render_chat(translate.chat_messages(req), tools)
+    if gw.runtime.chat is not None:  # chat_plan already rendered once; render again for the text (cheap)
+        text = gw.runtime.render_chat(chat.messages, chat.template_tools())
     return _render(gw, model, list(gen.prompt_ids), text)
 
 

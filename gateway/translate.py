@@ -1,36 +1,31 @@
-"""OpenAI request bodies -> `GenerationRequest` (chat and text completions).
+"""Chat and text completion requests -> `GenerationRequest` and how to answer them (`Planned`).
 
 Every check that needs the server's limits or spans fields lives here and raises `APIError`
-(400, with `param` naming the field), so the routes stay thin. The response half (scheduler
-events -> response bodies and SSE chunks) is openai_reply.py; its names are re-exported here.
+(400, with `param` naming the field in the request's own terms), so the routes stay thin.
+`chat_plan` takes a `ChatInput` (chat_input.py), which all three front doors build: OpenAI's
+chat completions through `chat_input` here, Anthropic's and the Responses API's in their own
+modules. The response half (scheduler events -> OpenAI bodies and SSE chunks) is openai_reply.py.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import msgspec
-
 from ..scheduler.request import GenerationRequest, Grammar, SamplingParams
 from . import protocol as p
+from .chat_input import (
+    JSON,
+    OPENAI_PARAMS,
+    ChatInput,
+    TemplateMessage,
+    template_arguments,
+    template_message,
+)
 from .config import ServeConfig
 from .errors import bad_request
-from .openai_reply import ChatStream as ChatStream
-from .openai_reply import CompletionStream as CompletionStream
-from .openai_reply import OutputSpec as OutputSpec
-from .openai_reply import chat_completion as chat_completion
-from .openai_reply import chat_logprobs as chat_logprobs
-from .openai_reply import completion as completion
-from .openai_reply import completion_logprobs as completion_logprobs
-from .openai_reply import failure as failure
-from .openai_reply import finish_reason as finish_reason
-from .openai_reply import parse_reply as parse_reply
-from .openai_reply import slotserve_info as slotserve_info
-from .openai_reply import usage as usage
-from .openai_reply import usage_of as usage_of
+from .openai_reply import OutputSpec
 from .runtime import PromptError, Runtime
 from .structured import GrammarCompiler, GrammarError
 from .tool_calls import ToolCallFamily
@@ -102,9 +97,9 @@ def _grammars(runtime: Runtime, param: str) -> GrammarCompiler:
 
 
 def _response_format_grammar(
-    req: p.ChatCompletionRequest | p.CompletionRequest, runtime: Runtime
+    req: ChatInput | p.CompletionRequest, runtime: Runtime, param: str = "response_format"
 ) -> Grammar | None:
-    """The Grammar for response_format (None for text)."""
+    """The Grammar for response_format (None for text); `param`: the request's name for it."""
     rf = req.response_format
     if rf is None or rf.type == "text":
         return None
@@ -112,37 +107,34 @@ def _response_format_grammar(
         schema = None
     elif rf.type == "json_schema":
         if rf.json_schema is None:
-            raise bad_request(
-                "response_format json_schema needs a `json_schema` object", param="response_format"
-            )
+            raise bad_request("response_format json_schema needs a `json_schema` object", param=param)
         schema = rf.json_schema.schema if rf.json_schema.schema is not None else {"type": "object"}
     else:
         raise bad_request(
             f"response_format type {rf.type!r} is not supported; use text, json_object or json_schema",
-            param="response_format",
+            param=param,
         )
     try:
-        return _grammars(runtime, "response_format").json_schema(schema)
+        return _grammars(runtime, param).json_schema(schema)
     except GrammarError as exc:
-        raise bad_request(
-            f"response_format schema cannot be enforced: {exc}", param="response_format"
-        ) from None
+        raise bad_request(f"response_format schema cannot be enforced: {exc}", param=param) from None
 
 
 def sampling_params(
-    req: p.ChatCompletionRequest | p.CompletionRequest,
+    req: ChatInput | p.CompletionRequest,
     config: ServeConfig,
     runtime: Runtime,
     *,
     max_tokens: int | None,
     default_max_tokens: int | None,
     max_tokens_param: str = "max_tokens",
+    stop_param: str = "stop",
     logprobs: int | None = None,
     grammar: Grammar | None = None,
 ) -> SamplingParams:
     """Map the sampling fields, enforcing --max-tokens-limit, the slot count for n and the
-    unsupported options (`max_tokens_param`: the body field `max_tokens` came from, named by its
-    error). No max_tokens and no `default_max_tokens`: up to --max-tokens-limit, so generation runs
+    unsupported options (`max_tokens_param`, `stop_param`: the body fields `max_tokens` and
+    `stop` came from, named by their errors). No max_tokens and no `default_max_tokens`: up to --max-tokens-limit, so generation runs
     to the end of the turn or of the slot's context (the scheduler ends it with `length` there)."""
     check_unhonoured(req)
     if req.n > runtime.num_slots:
@@ -166,7 +158,7 @@ def sampling_params(
     else:
         stop = tuple(req.stop)
     if any(s == "" for s in stop):
-        raise bad_request("stop strings must not be empty", param="stop")
+        raise bad_request("stop strings must not be empty", param=stop_param)
     stop_ids = tuple(req.stop_token_ids or ())
     if any(t >= runtime.n_vocab for t in stop_ids):
         raise bad_request(
@@ -215,8 +207,8 @@ def _token_bytes_fn(runtime: Runtime) -> Callable[[int], bytes]:
     return lambda t: runtime.decode([t]).encode()
 
 
-def _message_dict(i: int, m: p.ChatMessage) -> dict[str, Any]:
-    """One message as the chat template expects it: role, content text, and tool fields."""
+def _message_dict(i: int, m: p.ChatMessage) -> TemplateMessage:
+    """One OpenAI message as the chat template expects it: role, content text, and tool fields."""
     if m.role not in CHAT_ROLES:
         raise bad_request(
             f"role must be one of {', '.join(sorted(CHAT_ROLES))}; got {m.role!r}",
@@ -239,39 +231,49 @@ def _message_dict(i: int, m: p.ChatMessage) -> dict[str, Any]:
         content = "".join(texts)
     else:
         content = m.content or ""
-    out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
-    if m.name is not None:
-        out["name"] = m.name
-    if m.tool_calls:
-        calls = msgspec.to_builtins(m.tool_calls)
-        for call in calls:
-            # NOTE: templates write `tool_call.arguments | tojson`, which wants the object, not
-            # OpenAI's JSON text (transformers' convention; vLLM converts likewise)
-            fn = call["function"]
-            try:
-                args = json.loads(fn.get("arguments") or "{}")
-            except ValueError:
-                continue
-            if isinstance(args, dict):
-                fn["arguments"] = args
-        out["tool_calls"] = calls
-    if m.tool_call_id is not None:
-        out["tool_call_id"] = m.tool_call_id
-    return out
+    calls: list[dict[str, JSON]] = [
+        {
+            "function": {"name": c.function.name, "arguments": template_arguments(c.function.arguments)},
+            "id": c.id,
+            "type": c.type,
+        }
+        for c in m.tool_calls or ()
+    ]
+    role = "system" if m.role == "developer" else m.role
+    return template_message(role, content, name=m.name, tool_calls=calls, tool_call_id=m.tool_call_id)
 
 
-def chat_messages(req: p.ChatCompletionRequest | p.TokenizeRequest) -> list[dict[str, Any]]:
+def chat_messages(req: p.ChatCompletionRequest | p.TokenizeRequest | ChatInput) -> list[TemplateMessage]:
+    """The messages of a chat request as the template reads them (400 naming a bad one)."""
+    if isinstance(req, ChatInput):
+        return req.messages
     return [_message_dict(i, m) for i, m in enumerate(req.messages or [])]
 
 
-def _tool_plan(req: p.ChatCompletionRequest, runtime: Runtime) -> tuple[Any, OutputSpec]:
+def chat_input(req: p.ChatCompletionRequest) -> ChatInput:
+    """An OpenAI chat completion request as `chat_plan` takes it."""
+    sampling = {name: getattr(req, name) for name in p.SamplingFields.__struct_fields__}
+    return ChatInput(
+        **sampling,
+        messages=chat_messages(req),
+        tools=req.tools,
+        tool_choice=req.tool_choice,
+        parallel_tool_calls=req.parallel_tool_calls,
+        max_completion_tokens=req.max_completion_tokens,
+        logprobs=req.logprobs,
+        top_logprobs=req.top_logprobs,
+        params=OPENAI_PARAMS,
+    )
+
+
+def _tool_plan(req: ChatInput, runtime: Runtime) -> tuple[Grammar | None, OutputSpec]:
     """(grammar or None, tool parsing) for `tools` / `tool_choice` / `parallel_tool_calls`."""
     choice = req.tool_choice
     if not req.tools:
         if choice not in (None, "none", "auto"):
             raise bad_request("tool_choice needs `tools`", param="tool_choice")
         return None, OutputSpec()
-    tools = [msgspec.to_builtins(t) for t in req.tools]
+    tools = req.template_tools() or []
     for i, t in enumerate(req.tools):
         if t.type != "function":
             raise bad_request(
@@ -314,28 +316,31 @@ def _tool_plan(req: p.ChatCompletionRequest, runtime: Runtime) -> tuple[Any, Out
     return grammar, spec
 
 
-def chat_plan(
-    req: p.ChatCompletionRequest, config: ServeConfig, runtime: Runtime, request_id: str
-) -> Planned:
-    messages = chat_messages(req)
-    tools = msgspec.to_builtins(req.tools) if req.tools else None
+def chat_plan(req: ChatInput, config: ServeConfig, runtime: Runtime, request_id: str) -> Planned:
+    """A chat request of any front door planned: prompt ids, sampling, grammar, answer spec."""
+    names = req.params
+    if not req.messages:  # an agent request whose messages all turned out empty
+        raise bad_request("Invalid request: no message with any content", param=names.messages)
+    messages = req.messages
+    tools = req.template_tools()
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
     tool_grammar, spec = _tool_plan(req, runtime)
-    json_grammar = _response_format_grammar(req, runtime)
+    json_grammar = _response_format_grammar(req, runtime, names.response_format)
     if tool_grammar is not None and json_grammar is not None:
         raise bad_request(
-            "response_format cannot be combined with a forced or strict tool call", param="response_format"
+            "response_format cannot be combined with a forced or strict tool call",
+            param=names.response_format,
         )
     try:
         ids, hint = runtime.encode_chat(messages, tools)
     except PromptError as exc:
-        raise bad_request(str(exc), param="messages") from None
+        raise bad_request(str(exc), param=names.messages) from None
     max_tokens: int | None
     if req.max_completion_tokens is not None:
         max_tokens, max_tokens_param = req.max_completion_tokens, "max_completion_tokens"
     else:
-        max_tokens, max_tokens_param = req.max_tokens, "max_tokens"
+        max_tokens, max_tokens_param = req.max_tokens, names.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(
         req,
@@ -344,6 +349,7 @@ def chat_plan(
         max_tokens=max_tokens,
         default_max_tokens=config.default_max_tokens,
         max_tokens_param=max_tokens_param,
+        stop_param=names.stop,
         logprobs=logprobs,
         grammar=tool_grammar or json_grammar,
     )
@@ -355,10 +361,17 @@ def chat_plan(
     return Planned(gen, spec)
 
 
+def chat_completion_plan(
+    req: p.ChatCompletionRequest, config: ServeConfig, runtime: Runtime, request_id: str
+) -> Planned:
+    """`chat_plan` of an OpenAI chat completion request."""
+    return chat_plan(chat_input(req), config, runtime, request_id)
+
+
 def chat_request(
     req: p.ChatCompletionRequest, config: ServeConfig, runtime: Runtime, request_id: str
 ) -> GenerationRequest:
-    return chat_plan(req, config, runtime, request_id).gen
+    return chat_completion_plan(req, config, runtime, request_id).gen
 
 
 def completion_prompt_ids(req: p.CompletionRequest, runtime: Runtime) -> list[int]:

@@ -107,12 +107,13 @@ def test_text_format_and_tool_choice_spellings() -> None:
         ResponsesRequest,
     )
     # what the chat route receives (the chat route decides what it serves)
+    from slotserve.gateway import protocol
     from slotserve.gateway.responses_api import _response_format
 
-    assert _response_format(req.text) == {
-        "type": "json_schema",
-        "json_schema": {"name": "out", "schema": schema, "strict": True},
-    }
+    assert _response_format(req.text) == protocol.ResponseFormat(
+        type="json_schema",
+        json_schema=protocol.JsonSchemaFormat(name="out", schema=schema, strict=True),
+    )
     fmt = to_chat(req, []).chat.response_format
     assert fmt is not None and fmt.json_schema is not None
     assert (fmt.type, fmt.json_schema.name, fmt.json_schema.schema) == ("json_schema", "out", schema)

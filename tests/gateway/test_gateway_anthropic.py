@@ -22,7 +22,7 @@ from gateway_support import (
     serve_config,
 )
 from slotserve.gateway import translate
-from slotserve.gateway.anthropic_api import to_chat
+from slotserve.gateway.anthropic_chat import to_chat
 from slotserve.gateway.anthropic_protocol import MessagesRequest
 from slotserve.gateway.app import create_app
 from slotserve.scheduler.request import Draining, FinishReason, PromptTooLong, QueueFull

@@ -23,7 +23,7 @@ from gateway_support import (
 from slotserve.gateway import translate
 from slotserve.gateway.app import create_app
 from slotserve.gateway.response_store import ResponseStore
-from slotserve.gateway.responses_api import to_chat
+from slotserve.gateway.responses_chat import to_chat
 from slotserve.gateway.responses_protocol import ResponsesRequest
 from slotserve.scheduler.request import FinishReason
 
@@ -108,7 +108,7 @@ def test_text_format_and_tool_choice_spellings() -> None:
     )
     # what the chat route receives (the chat route decides what it serves)
     from slotserve.gateway import protocol
-    from slotserve.gateway.responses_api import _response_format
+    from slotserve.gateway.responses_chat import _response_format
 
     assert _response_format(req.text) == protocol.ResponseFormat(
         type="json_schema",

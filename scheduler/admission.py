@@ -18,20 +18,22 @@ values a ring slot by what it can really supply. With ring KV (`share_by_checkpo
 that waits for another's prefill of a shared prefix also gives that prefill a capture point at
 the shared length: the leader's ring will soon be past it, but the waiter can restore it.
 
-The queue and the running table belong to the scheduler (it finishes, cancels and times out
-requests in both); admission receives them by reference and is the only code that moves a
-request from one to the other.
+The queue and the running table are the `RequestTable` the scheduler shares with admission;
+admission is the only code that moves a request from the queue to a slot (or back, when it
+preempts one). `admit` plans the step and returns what it did as an `Admitted`: the requests it
+routed with their decisions, the events for the stats sink in order, the requests it preempted
+and the disk checkpoints to load; the scheduler emits the events and starts the loads.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from .checkpoint_policy import CheckpointPolicy, EmitFn
+from .captures import plan_capture
+from .checkpoint_policy import CheckpointPolicy
 from .checkpoint_store import CaptureRule, RestoredFloor
-from .config import SchedulerConfig
+from .config import SchedulerConfig, reuse_log_from_env
 from .policy import (
     Capabilities,
     CheckpointMatch,
@@ -43,105 +45,91 @@ from .policy import (
 )
 from .prefill_order import AgingRate, PrefillOrder, estimate_tokens_left, order_key
 from .request import ReuseInfo
+from .request_table import RequestTable
 from .sequence import Phase, Sequence
 from .slot_table import SlotTable
-from .stats import CheckpointEventKind
+from .stats import AdmissionEvent, CheckpointEvent, CheckpointEventKind, Preemption, RouteStats
 from .step import Prepare, StepPlan
 
 log = logging.getLogger("slotserve.scheduler")
 reuse_log = logging.getLogger("slotserve.reuse")
 
-# (plan, slot, num_tokens, rule) -> None: snapshot the slot's first rows at the start of the step
-PlanCaptureFn = Callable[[StepPlan, int, int, CaptureRule], None]
-# (seq, now) -> None: take the slot back from a request that holds it
-ReleaseFn = Callable[[Sequence, float], None]
+
+@dataclass(slots=True)
+class Admitted:
+    """What one `Admission.admit` did, for the scheduler to act on."""
+
+    routed: list[tuple[Sequence, RouteDecision]] = field(default_factory=list)  # given a slot
+    events: list[AdmissionEvent] = field(default_factory=list)  # for the stats sink, in order
+    preempted: list[Sequence] = field(default_factory=list)  # put back in the queue
+    # disk checkpoints to load for queued requests (each marked `loading` already)
+    disk_loads: list[tuple[Sequence, CheckpointMatch]] = field(default_factory=list)
 
 
 class Admission:
+    """Admission over the scheduler's collaborators: the request table it moves requests in,
+    the slot mirror it plans slot preparations into, and the checkpoint policy it routes
+    against. `aging` is the scheduler's measured prefill rate (prefill_order.py);
+    `restored_floor` the pool's `restored_min_truncate_len`; `share_by_checkpoint` is True
+    with ring KV (see the module's docstring)."""
+
     def __init__(
         self,
         config: SchedulerConfig,
         *,
-        caps: Capabilities,
+        table: RequestTable,
         slots: SlotTable,
         checkpoints: CheckpointPolicy,
-        queue: list[Sequence],
-        running: dict[int, Sequence],
-        release_slot: ReleaseFn,
-        plan_capture: PlanCaptureFn,
-        emit_checkpoint: EmitFn,
-        on_preemption: Callable[[], None],
-        wake: Callable[[], None],
-        log_reuse: bool,
+        caps: Capabilities,
+        aging: AgingRate,
         restored_floor: RestoredFloor,
-        emit_route: Callable[[RouteDecision], None],
         share_by_checkpoint: bool = False,
-        aging: AgingRate | None = None,
     ) -> None:
         self._config = config
-        self._caps = caps
+        self._table = table
         self._slots = slots
         self._ckpt = checkpoints
-        self._queue = queue  # waiting, by (-priority, order); by prefill order when admitting
-        self._running = running  # slot -> request holding it
-        self._release_slot = release_slot
-        self._plan_capture = plan_capture
-        self._emit_checkpoint = emit_checkpoint
-        self._on_preemption = on_preemption
-        self._wake = wake
-        self._reuse_log = log_reuse
+        self._caps = caps
+        self._aging = aging
         self._restored_floor = restored_floor
-        self._emit_route = emit_route
         self._share_by_checkpoint = share_by_checkpoint
-        # the scheduler's (it measures the prefill throughput); fixed rate if not given
-        self._aging = aging or AgingRate(config.prefill_aging_tokens_per_s)
+        self._reuse_log = config.reuse_log or reuse_log_from_env()
         self.num_preemptions = 0
-        self._io_tasks: set[asyncio.Task[None]] = set()  # disk loads in flight
 
-    async def aclose(self) -> None:
-        """Wait for the disk loads in flight."""
-        if self._io_tasks:
-            await asyncio.gather(*self._io_tasks, return_exceptions=True)
-
-    def enqueue(self, seq: Sequence) -> None:
-        """Put `seq` in the queue behind every request of its priority or higher admitted earlier."""
-        seq.phase = Phase.QUEUED
-        key = (-seq.priority, seq.order)
-        i = 0
-        while i < len(self._queue) and (-self._queue[i].priority, self._queue[i].order) < key:
-            i += 1
-        self._queue.insert(i, seq)
-
-    def admit(self, plan: StepPlan, now: float) -> None:
+    def admit(self, plan: StepPlan, now: float) -> Admitted:
         """Give slots to queued requests, in prefill order, until one must wait for a slot."""
-        if len(self._queue) > 1 and len(self._running) < self._slots.num_slots:
+        out = Admitted()
+        table = self._table
+        queue = table.queue
+        if len(queue) > 1 and not table.all_slots_held:
             self._sort_queue()
         i = 0
-        while i < len(self._queue):
-            seq = self._queue[i]
+        while i < len(queue):
+            seq = queue[i]
             if seq.loading:
                 i += 1
                 continue
-            if len(self._running) == self._slots.num_slots:  # no free slot: skip the routing
-                if self._try_preempt(seq, plan, now):
+            if table.all_slots_held:  # no free slot: skip the routing
+                if self._try_preempt(seq, plan, now, out):
                     continue
-                return
+                return out
             decision = self._route(seq, now)
             if decision.action is RouteAction.WAIT_SLOT:
-                if self._try_preempt(seq, plan, now):
+                if self._try_preempt(seq, plan, now, out):
                     continue
-                return
+                return out
             if decision.action is RouteAction.WAIT_SHARED:
                 self._mark_shared(decision)
                 i += 1
                 continue
             if decision.action is RouteAction.RESTORE_DISK and seq.staged_snapshot is None:
                 assert decision.checkpoint is not None
-                self._start_disk_load(seq, decision.checkpoint)
+                seq.loading = True
+                out.disk_loads.append((seq, decision.checkpoint))
                 i += 1
                 continue
-            self._queue.pop(i)
-            self._assign(seq, decision, plan, now)
+            self._assign(seq, decision, plan, now, out)
+        return out
 
     def _sort_queue(self) -> None:
         """Sort the queue by prefill order (stable: equal keys keep admission order). With COST
@@ -152,14 +140,14 @@ class Admission:
             return
         rate = self._aging.tokens_per_s
         slots = [(self._slots.record(s), self._slots.floors[s]) for s in range(self._slots.num_slots)]
-        for seq in self._queue:
+        for seq in self._table.queue:
             if cfg.reuse_enabled:
                 matches = self._ckpt.matches(seq.prompt, seq.staged_snapshot)
                 seq.est_tokens_left = estimate_tokens_left(seq.prompt, slots, matches)
             else:
                 seq.est_tokens_left = seq.prompt_len
-        self._queue.sort(
-            key=lambda q: order_key(
+        self._table.sort_queue(
+            lambda q: order_key(
                 cfg.prefill_order,
                 priority=q.priority,
                 admitted_at=q.admitted_at,
@@ -172,7 +160,7 @@ class Admission:
     def _route(self, seq: Sequence, now: float) -> RouteDecision:
         cands = []
         for s in range(self._slots.num_slots):
-            owner = self._running.get(s)
+            owner = self._table.lookup(s)
             target = owner.prompt if owner is not None and owner.phase is Phase.PREFILL else None
             cands.append(
                 SlotCandidate(
@@ -195,7 +183,7 @@ class Admission:
 
     def _mark_shared(self, d: RouteDecision) -> None:
         """Give the leader of a shared prefill a capture point where the waiter's prefix ends."""
-        leader = self._running.get(d.src_slot) if d.src_slot is not None else None
+        leader = self._table.lookup(d.src_slot) if d.src_slot is not None else None
         if not self._share_by_checkpoint or leader is None or d.common <= leader.num_computed:
             return
         if d.common < self._config.min_checkpoint_tokens:
@@ -204,11 +192,11 @@ class Admission:
             leader.capture_points.append((d.common, CaptureRule.COMMON_PREFIX))
             leader.capture_points.sort()
 
-    def _try_preempt(self, seq: Sequence, plan: StepPlan, now: float) -> bool:
+    def _try_preempt(self, seq: Sequence, plan: StepPlan, now: float, out: Admitted) -> bool:
         """Put back the lowest-priority running prefill below seq's priority; True if done."""
         victims = [
             r
-            for r in self._running.values()
+            for r in self._table.running()
             if r.phase is Phase.PREFILL
             and r.priority < seq.priority
             and not r.cancel_requested
@@ -217,19 +205,20 @@ class Admission:
         if not victims:
             return False
         v = min(victims, key=lambda r: (r.priority, -r.order))
-        self._release_slot(v, now)
+        self._table.release(v, now)
         v.reuse = None
-        self.enqueue(v)
+        self._table.enqueue(v)
         self.num_preemptions += 1
-        self._on_preemption()
+        out.preempted.append(v)
+        out.events.append(Preemption())
         log.debug("preempted %s (priority %d) for %s", v.request_id, v.priority, seq.request_id)
         return True
 
-    def _assign(self, seq: Sequence, d: RouteDecision, plan: StepPlan, now: float) -> None:
+    def _assign(self, seq: Sequence, d: RouteDecision, plan: StepPlan, now: float, out: Admitted) -> None:
         dest, n = d.dest, d.reuse_len
-        assert dest is not None and dest not in self._running
+        assert dest is not None and self._table.lookup(dest) is None
         if d.evicts and d.lost_tokens >= self._config.min_checkpoint_tokens:
-            self._plan_capture(plan, dest, self._slots.lens[dest], CaptureRule.EVICT)
+            plan_capture(plan, self._slots, self._ckpt, dest, self._slots.lens[dest], CaptureRule.EVICT)
         source = d.action.reuse_source
         prep: Prepare | None = None
         if d.action is RouteAction.REWIND:
@@ -246,8 +235,10 @@ class Admission:
             assert entry is not None
             prep = Prepare(RouteAction.RESTORE_MEMORY, dest, n, snapshot=entry.data)
             self._slots.assign(dest, entry.tokens[:n], self._restored_floor(entry.num_tokens))
-            self._emit_checkpoint(
-                CheckpointEventKind.RESTORE, CheckpointTier.MEMORY, entry.rule, entry.num_bytes, n
+            out.events.append(
+                CheckpointEvent(
+                    CheckpointEventKind.RESTORE, CheckpointTier.MEMORY, entry.rule, entry.num_bytes, n
+                )
             )
         elif d.action is RouteAction.RESTORE_DISK:
             assert seq.staged_snapshot is not None
@@ -255,8 +246,10 @@ class Admission:
             seq.staged_snapshot = None
             prep = Prepare(RouteAction.RESTORE_DISK, dest, n, snapshot=data)
             self._slots.assign(dest, tokens[:n], self._restored_floor(int(tokens.shape[0])))
-            self._emit_checkpoint(
-                CheckpointEventKind.RESTORE, CheckpointTier.DISK, None, memoryview(data).nbytes, n
+            out.events.append(
+                CheckpointEvent(
+                    CheckpointEventKind.RESTORE, CheckpointTier.DISK, None, memoryview(data).nbytes, n
+                )
             )
         else:  # COLD
             if self._slots.lens[dest]:
@@ -265,20 +258,24 @@ class Admission:
         if prep is not None:
             plan.add_prepare(prep, seq, d)
         seq.phase = Phase.PREFILL
-        seq.slot = dest
+        self._table.assign(seq, dest)
         seq.num_computed = n
         seq.num_errors = 0
         seq.reuse = ReuseInfo(source, n, seq.prompt_len - n, dest)
         if seq.assigned_at is None:
             seq.assigned_at = now
-        self._running[dest] = seq
         if n > 0:
             self._slots.num_reuse_hits[dest] += 1
             self._slots.num_reused_tokens[dest] += n
         seq.capture_points = self._ckpt.record_routed(
             seq.prompt, seq.req.prefix_hint, d, seq.req.turn_offsets
         )
-        self._emit_route(d)
+        out.routed.append((seq, d))
+        out.events.append(
+            RouteStats(
+                d.action.reuse_source, d.reuse_len, d.window_refused, d.window_lost_tokens, d.restore_reason
+            )
+        )
         if self._reuse_log:
             extra = f" src={d.src_slot}" if d.action is RouteAction.COPY else ""
             if d.window_refused:
@@ -297,23 +294,3 @@ class Admission:
                 seq.prompt_len - n,
                 seq.request_id,
             )
-
-    def _start_disk_load(self, seq: Sequence, match: CheckpointMatch) -> None:
-        disk = self._ckpt.disk
-        assert disk is not None
-        seq.loading = True
-
-        async def load() -> None:
-            try:
-                loaded = await asyncio.to_thread(disk.load, match.key)
-            except Exception:  # noqa: BLE001 - a failed load only loses the reuse
-                log.exception("loading disk checkpoint %s failed", match.key)
-                loaded = None
-            seq.loading = False
-            if loaded is not None and seq.phase is Phase.QUEUED:
-                seq.staged_snapshot = loaded
-            self._wake()
-
-        task = asyncio.get_running_loop().create_task(load())
-        self._io_tasks.add(task)  # keep a reference until done
-        task.add_done_callback(self._io_tasks.discard)

@@ -1,10 +1,23 @@
-"""The records of a finished (or rejected) request: pure functions, no scheduler state."""
+"""Ending requests: `Finisher`, the one place a request becomes DONE, and the records of a
+finished (or rejected) request (pure functions).
+
+Design: a request ends exactly once (stop, length, cancel, timeout, error), from whichever part
+of the scheduler noticed it: `Finisher.finish` takes it out of the `RequestTable` (queue or
+slot), puts its FinishEvent on its event stream, resolves a waiting cancel, hands its stats to
+the sink and sets `changed` (what `drain` waits on). `release` takes a request's slot back (also
+without ending it: preempted or rerouted requests) and tells the scheduler through
+`on_release(slot, held)`, which ends a decode chain's use of the slot and wakes the loop.
+"""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+
 from .request import FinishEvent, FinishReason, GenerationRequest, ReuseSource
-from .sequence import Sequence
-from .stats import Outcome, RequestStats
+from .request_table import RequestTable
+from .sequence import Phase, Sequence
+from .stats import CancelStats, GuardedSink, Outcome, RequestStats
 
 _OUTCOME = {
     FinishReason.STOP: Outcome.OK,
@@ -49,3 +62,47 @@ def finish_records(
         itl_s=tuple(seq.itl_s),
     )
     return ev, stats
+
+
+class Finisher:
+    def __init__(
+        self, table: RequestTable, sink: GuardedSink, on_release: Callable[[int | None, bool], None]
+    ) -> None:
+        self._table = table
+        self._sink = sink
+        self._on_release = on_release  # (slot the request had, whether it held it)
+        self.changed = asyncio.Event()  # set whenever a request finishes
+
+    def release(self, seq: Sequence, now: float) -> None:
+        """Take back the slot `seq` holds, if any (see RequestTable.release)."""
+        slot = seq.slot
+        held = self._table.release(seq, now)
+        self._on_release(slot, held)
+
+    def finish(
+        self,
+        seq: Sequence,
+        reason: FinishReason,
+        now: float,
+        *,
+        error: str | None = None,
+        cancel_phase: Phase | None = None,
+        cancel_at: float | None = None,
+    ) -> None:
+        """End `seq` for `reason` (no-op if it has ended). A cancel's stats count from
+        `cancel_at`, else from its first cancel() call, in `cancel_phase` (default DECODE)."""
+        if seq.phase is Phase.DONE:
+            return
+        self._table.remove_queued(seq)
+        self.release(seq, now)
+        seq.phase = Phase.DONE
+        ev, stats = finish_records(seq, reason, seq.detok.flush(), now, error)
+        seq.finish = ev
+        seq.events.put_nowait(ev)
+        if seq.ack is not None and not seq.ack.done():
+            seq.ack.set_result(reason is FinishReason.CANCELLED)
+        self._sink.on_request(stats)
+        if reason is FinishReason.CANCELLED:
+            started = cancel_at if cancel_at is not None else (seq.cancel_at or now)
+            self._sink.on_cancel(CancelStats(cancel_phase or Phase.DECODE, now - started))
+        self.changed.set()

@@ -3,13 +3,15 @@
 Design: everything except pool calls runs on the event loop. One loop task repeats
 
     plan = schedule()                      # timeouts, cancels, admission + routing, captures, batch
-    result = await worker.run(execute_plan, pool, plan)   # the only place the pool is called
+    result = await worker.run(execute_plan, pool, plan)   # the engine step, on the worker thread
     apply(plan, result)                    # sample, emit events, finish requests, store checkpoints
 
 so cancels and submits that arrive while the engine computes take effect at the next step
-boundary, which is at most one prefill segment away. The slot mirror (`SlotTable`) is updated
-as pool operations are planned; the plan executes them in the same order, and a failure
-resynchronises the mirror from the pool.
+boundary, which is at most one prefill segment away. The pool is called only on the worker
+thread: by `execute_plan` and a decode chain (step.py, chain.py), and once by `start()`, which
+reads every slot's record (`pool.record`, `min_truncate_len`) before the loop runs. The slot
+mirror (`SlotTable`) is updated as pool operations are planned; the plan executes them in the
+same order, and a failure resynchronises the mirror from the pool.
 
 Between two engine steps the loop does only what the next plan needs (stop checks, events,
 schedule; the tokens are picked on the worker, step.py); the step's stats go to the sink after
@@ -20,12 +22,15 @@ something needs the loop to schedule (`_kick`: a submit, a cancel, a request it 
 deadline); rows the worker computed for a request the loop had already ended are cut off in
 the next plan (`_trims`).
 
-Admission walks the queue by priority, then by prefill order (`prefill_order.py`: least prompt
-left to prefill first, aged by waiting time, or FIFO), and the step's prefill budget goes to
-running prefills in the same order: each request is routed (`policy.route`) against every
-slot and the checkpoint store, then its slot is prepared (rewind / copy / restore / clear) in
-the same step that starts its first prefill segment. A request that would overwrite valuable
-content first has it captured into the checkpoint store.
+The requests held (the queue and who holds which slot) are one `RequestTable`, shared with
+`Admission` (admission.py), which walks the queue by priority, then by prefill order
+(`prefill_order.py`: least prompt left to prefill first, aged by waiting time, or FIFO): each
+request is routed (`policy.route`) against every slot and the checkpoint store, then its slot
+is prepared (rewind / copy / restore / clear) in the same step that starts its first prefill
+segment. A request that would overwrite valuable content first has it captured into the
+checkpoint store (captures.py). Admission returns what it did (`Admitted`); the scheduler
+hands its events to the stats sink and starts its disk loads (disk_loads.py). The step's
+prefill budget goes to running prefills in the same prefill order (batch.py).
 """
 
 from __future__ import annotations
@@ -40,48 +45,47 @@ from collections.abc import Sequence as Seq
 import numpy as np
 
 from .admission import Admission
+from .apply import StepApplier
+from .batch import plan_batch
+from .captures import plan_due_captures
 from .chain import DecodeChain
 from .checkpoint_policy import CheckpointPolicy, auto_interval_tokens
 from .checkpoint_store import CaptureRule
-from .config import SchedulerConfig, reuse_log_from_env
+from .config import SchedulerConfig
 from .detok import Detokenizer
-from .finish import finish_records, rejected_stats
+from .disk_loads import DiskLoads
+from .finish import Finisher, rejected_stats
 from .handle import RequestHandle
-from .interface import BatchItem, SlotPool
-from .policy import Capabilities, CheckpointTier, RouteAction, RouteDecision
-from .prefill_order import AgingRate, order_key
+from .interface import SlotPool
+from .policy import Capabilities, CheckpointTier
+from .prefill_order import AgingRate
 from .request import (
     Draining,
     FinishReason,
     GenerationRequest,
     PromptTooLong,
     QueueFull,
-    SlotState,
     SlotView,
-    TokenEvent,
 )
+from .request_table import RequestTable
 from .sampling import Sampler
 from .sequence import Phase, Sequence
 from .slot_table import SlotTable
 from .stats import (
-    CancelStats,
     CheckpointEvent,
     CheckpointEventKind,
+    GuardedSink,
     NullSink,
-    RequestStats,
-    RouteStats,
     SchedulerStats,
     SlotLevel,
     StatsSink,
     StepStats,
 )
-from .step import Capture, StepPlan, StepResult, Trim, execute_plan
+from .step import StepPlan, StepResult, Trim, execute_plan
 from .validation import validate_request
 from .worker import EngineWorker
 
 log = logging.getLogger("slotserve.scheduler")
-
-_MAX_STEP_ERRORS = 3  # a request whose slot survives this many failed steps is failed anyway
 
 
 class Scheduler:
@@ -107,7 +111,7 @@ class Scheduler:
         self._config = config
         self._token_bytes = list(token_bytes)
         self._eos = frozenset(int(t) for t in eos_token_ids)
-        self._sink: StatsSink = stats_sink or NullSink()
+        self._sink = GuardedSink(stats_sink or NullSink())
         self._clock = clock
         self._caps = Capabilities(bool(pool.can_copy), bool(pool.can_snapshot))
         self._slots = SlotTable(pool.num_slots, pool.ctx_len)
@@ -132,14 +136,12 @@ class Scheduler:
             interval_tokens=interval,
             live_records=self._slots.live_records,
         )
-        self._queue: list[Sequence] = []  # waiting, by priority (admission sorts by prefill order)
-        self._running: dict[int, Sequence] = {}  # slot -> request holding it
+        self._table = RequestTable(self._slots)  # who waits, who holds which slot
         self._order = itertools.count()
         self._ids = itertools.count(1)
         self._draining = False
         self._closing = False
         self._wake = asyncio.Event()
-        self._changed = asyncio.Event()  # set whenever a request finishes
         self._step_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._worker = EngineWorker()
@@ -150,21 +152,24 @@ class Scheduler:
         self._trims: dict[int, int] = {}  # slot -> rows its ended request holds (cut in the next plan)
         self._admission = Admission(
             config,
-            caps=self._caps,
+            table=self._table,
             slots=self._slots,
             checkpoints=self._ckpt,
-            queue=self._queue,
-            running=self._running,
-            release_slot=self._release_slot,
-            plan_capture=self._plan_capture,
-            emit_checkpoint=self._emit_checkpoint,
-            on_preemption=lambda: self._sink_call(self._sink.on_preemption),
-            wake=self._kick,
-            log_reuse=config.reuse_log or reuse_log_from_env(),
-            restored_floor=pool.restored_min_truncate_len,
-            emit_route=self._emit_route,
-            share_by_checkpoint=pool.restored_min_truncate_len(pool.ctx_len) > 0,  # ring, recurrent
+            caps=self._caps,
             aging=self._aging,
+            restored_floor=pool.restored_min_truncate_len,
+            share_by_checkpoint=pool.restored_min_truncate_len(pool.ctx_len) > 0,  # ring, recurrent
+        )
+        self._disk_loads = DiskLoads(wake=self._kick)
+        self._finisher = Finisher(self._table, self._sink, on_release=self._on_release)
+        self._applier = StepApplier(
+            table=self._table,
+            slots=self._slots,
+            checkpoints=self._ckpt,
+            finisher=self._finisher,
+            aging=self._aging,
+            eos=self._eos,
+            ctx_len=pool.ctx_len,
         )
 
     @property
@@ -218,7 +223,7 @@ class Scheduler:
             except Exception:  # noqa: BLE001 - already logged by the loop
                 pass
             self._task = None
-        await self._admission.aclose()
+        await self._disk_loads.aclose()
         await asyncio.to_thread(self._worker.stop)
         await self._ckpt.aclose()
 
@@ -227,19 +232,19 @@ class Scheduler:
         then cancel the rest (each cancel acknowledged)."""
         self._draining = True
         deadline = self._clock() + grace_s
-        while self._queue or self._running:
+        while not self._table.is_empty:
             left = deadline - self._clock()
             if left <= 0:
                 break
-            self._changed.clear()
+            self._finisher.changed.clear()
             try:
-                await asyncio.wait_for(self._changed.wait(), left)
+                await asyncio.wait_for(self._finisher.changed.wait(), left)
             except asyncio.TimeoutError:
                 break
         await self._cancel_all()
 
     async def _cancel_all(self) -> None:
-        seqs = list(self._queue) + list(self._running.values())
+        seqs = self._table.all()
         if seqs:
             await asyncio.gather(*(self._cancel(s) for s in seqs))
 
@@ -254,7 +259,7 @@ class Scheduler:
         except (ValueError, PromptTooLong):
             self._reject(req)
             raise
-        if len(self._queue) >= self._config.max_queue:
+        if self._table.num_queued >= self._config.max_queue:
             self._reject(req)
             raise QueueFull(self._config.retry_after_s)
         if not req.request_id:
@@ -271,20 +276,21 @@ class Scheduler:
             detok=Detokenizer(self._token_bytes, req.params.stop),
             events=asyncio.Queue(),
         )
-        self._admission.enqueue(seq)
+        self._table.enqueue(seq)
         self._kick()
         return RequestHandle(seq, self._cancel)
 
     def _reject(self, req: GenerationRequest) -> None:
-        self._emit_request_stats(rejected_stats(req))
+        self._sink.on_request(rejected_stats(req))
 
     def stats(self) -> SchedulerStats:
         return SchedulerStats(
-            queue_depth=len(self._queue),
+            queue_depth=self._table.num_queued,
             max_queue=self._config.max_queue,
-            num_running=len(self._running),
+            num_running=self._table.num_running,
             slots=tuple(
-                SlotLevel(s, self._slot_state(s), self._slots.lens[s]) for s in range(self._slots.num_slots)
+                SlotLevel(s, self._table.slot_state(s), self._slots.lens[s])
+                for s in range(self._slots.num_slots)
             ),
             ctx_len=self._pool.ctx_len,
             checkpoint_memory_bytes=self._ckpt.memory.bytes_used,
@@ -294,28 +300,7 @@ class Scheduler:
         )
 
     def slots(self) -> list[SlotView]:
-        now = self._clock()
-        out = []
-        for s in range(self._slots.num_slots):
-            seq = self._running.get(s)
-            out.append(
-                SlotView(
-                    slot=s,
-                    state=self._slot_state(s),
-                    num_tokens=self._slots.lens[s],
-                    idle_s=None if seq is not None else now - self._slots.last_used[s],
-                    request_id=seq.request_id if seq is not None else None,
-                    num_reuse_hits=self._slots.num_reuse_hits[s],
-                    num_reused_tokens=self._slots.num_reused_tokens[s],
-                )
-            )
-        return out
-
-    def _slot_state(self, s: int) -> SlotState:
-        seq = self._running.get(s)
-        if seq is not None:
-            return SlotState.DECODE if seq.phase is Phase.DECODE else SlotState.PREFILL
-        return SlotState.IDLE if self._slots.lens[s] else SlotState.EMPTY
+        return self._table.slot_views(self._clock())
 
     async def check_integrity(self) -> None:
         """Assert the slot mirror equals the pool and the stores are consistent (tests)."""
@@ -323,8 +308,7 @@ class Scheduler:
         async with self._step_lock:
             await self._worker.run(self._slots.check_integrity, self._pool)
             self._ckpt.memory.check_integrity()
-            assert all(self._running[s].slot == s for s in self._running)
-            assert all(q.phase is Phase.QUEUED for q in self._queue)
+            self._table.check_integrity()
 
     # -- cancel ----------------------------------------------------------------------------
     async def _cancel(self, seq: Sequence) -> bool:
@@ -332,7 +316,7 @@ class Scheduler:
             return seq.was_cancelled
         now = self._clock()
         if seq.phase is Phase.QUEUED:
-            self._finish(seq, FinishReason.CANCELLED, now, cancel_phase=Phase.QUEUED, cancel_at=now)
+            self._finisher.finish(seq, FinishReason.CANCELLED, now, cancel_phase=Phase.QUEUED, cancel_at=now)
             return True
         if not seq.cancel_requested:
             seq.cancel_requested = True
@@ -361,7 +345,7 @@ class Scheduler:
                         self._apply(plan, result, self._clock())
                         continue
                 self._flush_step_stats()
-                if self._closing and not self._queue and not self._running:
+                if self._closing and self._table.is_empty:
                     return
                 try:
                     await asyncio.wait_for(self._wake.wait(), self._next_deadline_in(now))
@@ -371,14 +355,12 @@ class Scheduler:
             log.exception("scheduler loop failed; failing every request it holds")
             self._draining = True  # new requests are refused (503) instead of hanging
             now = self._clock()
-            for seq in list(self._queue) + list(self._running.values()):
-                self._finish(seq, FinishReason.ERROR, now, error="scheduler failure")
+            for seq in self._table.all():
+                self._finisher.finish(seq, FinishReason.ERROR, now, error="scheduler failure")
             raise
 
     def _next_deadline(self) -> float | None:
-        deadlines = [
-            s.deadline for s in itertools.chain(self._queue, self._running.values()) if s.deadline is not None
-        ]
+        deadlines = [s.deadline for s in self._table if s.deadline is not None]
         return min(deadlines) if deadlines else None
 
     def _next_deadline_in(self, now: float) -> float | None:
@@ -435,7 +417,7 @@ class Scheduler:
         """Cut each slot whose request a chain outran back to that request's rows (as far as
         its ring allows: any length from the floor up is exact)."""
         for slot, n in self._trims.items():
-            assert slot not in self._running, f"slot {slot} was handed on before its trim"
+            assert self._table.lookup(slot) is None, f"slot {slot} was handed on before its trim"
             n = max(n, self._slots.floors[slot])
             if self._slots.lens[slot] > n:
                 plan.trims.append(Trim(slot, n))
@@ -446,229 +428,45 @@ class Scheduler:
         plan = StepPlan()
         if self._trims:
             self._plan_trims(plan)
-        for seq in [*self._queue, *self._running.values()]:
+        for seq in self._table.all():
             if seq.deadline is not None and seq.deadline <= now:
-                self._finish(seq, FinishReason.TIMEOUT, now)
-        for seq in list(self._running.values()):
+                self._finisher.finish(seq, FinishReason.TIMEOUT, now)
+        for seq in list(self._table.running()):
             if seq.cancel_requested:
-                self._finish(seq, FinishReason.CANCELLED, now, cancel_phase=seq.phase)
+                self._finisher.finish(seq, FinishReason.CANCELLED, now, cancel_phase=seq.phase)
         if not self._closing:
-            self._admission.admit(plan, now)
-        self._plan_due_captures(plan)
-        self._plan_batch(plan)
+            self._admit(plan, now)
+        plan_due_captures(plan, self._slots, self._ckpt, self._table.running())
+        plan_batch(plan, self._table.running(), self._slots, self._config, self._aging.tokens_per_s)
         return None if plan.is_empty() else plan
 
-    # -- captures --------------------------------------------------------------------------
-    def _plan_capture(self, plan: StepPlan, slot: int, n: int, rule: CaptureRule) -> None:
-        """Snapshot the first n rows of slot at the start of this step, if worth it and room."""
-        tokens = self._slots.record(slot)[:n].copy()
-        if not self._ckpt.wants(tokens, rule):
-            return
-        if any(np.array_equal(c.tokens, tokens) for c in plan.captures):
-            return
-        plan.captures.append(Capture(slot, tokens, rule))
+    def _admit(self, plan: StepPlan, now: float) -> None:
+        """Run admission for this step and act on what it reports."""
+        admitted = self._admission.admit(plan, now)
+        for event in admitted.events:
+            self._sink.emit(event)
+        if admitted.preempted:
+            self._kick()
+        for seq, match in admitted.disk_loads:
+            disk = self._ckpt.disk
+            assert disk is not None
+            self._disk_loads.start(disk, seq, match)
 
-    def _plan_due_captures(self, plan: StepPlan) -> None:
-        """Plan the captures whose prompt offset (from `record_routed`) each slot now holds."""
-        for seq in self._running.values():
-            if plan.prepares_slot_for(seq):
-                # NOTE: captures run before prepares in execute_plan, so a slot prepared in this
-                # step still holds its old rows when snapshots are taken: capture next step.
-                continue
-            slot = _held_slot(seq)
-            held = self._slots.lens[slot]
-            while seq.capture_points and seq.capture_points[0][0] <= min(held, seq.num_computed):
-                n, rule = seq.capture_points.pop(0)
-                if n >= self._slots.floors[slot]:  # else the ring no longer holds it
-                    self._plan_capture(plan, slot, n, rule)
-
-    # -- batch -----------------------------------------------------------------------------
-    def _plan_batch(self, plan: StepPlan) -> None:
-        for seq in self._running.values():
-            if seq.phase is Phase.DECODE and seq.pending_token is not None:
-                toks = np.array([seq.pending_token], dtype=np.int32)
-                self._add_item(plan, seq, toks, want_logits=True)
-        cfg = self._config
-        rate = self._aging.tokens_per_s
-        budget = cfg.step_token_budget
-        # Prefill order (prefill_order.py): with COST the least prompt left, aged, goes first,
-        # so a mostly reused prompt's short tail runs beside, not after, long cold prefills.
-        prefilling = sorted(
-            (s for s in self._running.values() if s.phase is Phase.PREFILL),
-            key=lambda s: order_key(
-                cfg.prefill_order,
-                priority=s.priority,
-                admitted_at=s.admitted_at,
-                admission_order=s.order,
-                tokens_left=s.prompt_len - s.num_computed,
-                aging_tokens_per_s=rate,
-            ),
-        )
-        for seq in prefilling:
-            n = min(seq.prompt_len - seq.num_computed, self._config.segment_tokens, budget)
-            # A segment ends at the next capture point, so the snapshot is taken with the slot
-            # exactly there (a ring could not be cut back to it from much further).
-            nxt = next((p for p, _ in seq.capture_points if p > seq.num_computed), None)
-            if nxt is not None:
-                n = min(n, nxt - seq.num_computed)
-            if n <= 0:
-                break
-            toks = seq.prompt[seq.num_computed : seq.num_computed + n]
-            self._add_item(plan, seq, toks, want_logits=seq.num_computed + n == seq.prompt_len)
-            budget -= n
-
-    def _add_item(self, plan: StepPlan, seq: Sequence, toks: np.ndarray, want_logits: bool) -> None:
-        slot = _held_slot(seq)
-        sampler = seq.sampler if want_logits and seq.sampler.can_sample_off_loop else None
-        plan.add_item(BatchItem(slot, toks, self._slots.lens[slot], want_logits), seq, sampler)
-        self._slots.append(slot, toks)
-
-    # -- applying results ------------------------------------------------------------------
+    # -- applying results (apply.py) -------------------------------------------------------
     def _apply(self, plan: StepPlan, result: StepResult, now: float) -> None:
-        if plan.chained:  # the worker planned it: its rows enter the mirror now
-            for e in plan.items:
-                self._slots.append(e.batch.slot, e.batch.tokens)
-        for cap, snap in zip(plan.captures, result.snapshots):
-            if isinstance(snap, BaseException):
-                log.warning("checkpoint capture of %d tokens failed: %s", cap.num_tokens, snap)
-                continue
-            self._ckpt.keep(cap.tokens, snap, cap.rule)
-        for slot, rec in result.resync.items():
-            self._slots.assign(slot, rec, result.floors[slot])
-        self._slots.floors[:] = result.floors
-        for i, err in result.prepare_errors.items():
-            seq, d = plan.prepares[i].owner, plan.prepares[i].decision
-            log.warning("preparing slot %d for %s failed (%s); rerouting", d.dest, seq.request_id, err)
-            if d.action is RouteAction.RESTORE_MEMORY:
-                assert d.checkpoint is not None
-                self._ckpt.drop_memory(d.checkpoint.key, d.checkpoint.num_tokens)
-            elif d.action is RouteAction.RESTORE_DISK:
-                assert d.checkpoint is not None
-                self._ckpt.drop_disk(d.checkpoint.key, err)
-            if seq.cancel_requested:
-                # NOTE: requeued, a cancelled request would wait for a free slot before its
-                # cancel is acknowledged (the queue only honours cancels as they arrive).
-                self._finish(seq, FinishReason.CANCELLED, now, cancel_phase=seq.phase)
-                continue
-            self._release_slot(seq, now)
-            seq.reuse = None
-            if seq.phase is not Phase.DONE:
-                self._admission.enqueue(seq)
-        ran = [(e.batch, e.owner) for e, ok in zip(plan.items, result.ran_items) if ok]
-        if not ran:
-            return
-        num_prefill = sum(len(it.tokens) for it, seq in ran if seq.phase is Phase.PREFILL)
-        num_tokens = sum(len(it.tokens) for it, _ in ran)
-        # rows a chain computed for a request the loop had already ended (cut off by _trims)
-        num_discarded = sum(len(it.tokens) for it, seq in ran if seq.phase is Phase.DONE)
-        self._pending_steps.append(
-            StepStats(
-                result.forward_s,
-                num_tokens,
-                num_prefill,
-                num_tokens - num_prefill,
-                len(ran),
-                chained=plan.chained,
-                num_discarded_tokens=num_discarded,
-            )
-        )
-        if result.forward_error is not None:
-            self._apply_forward_error(ran, result.forward_error, now)
-            return
-        self._aging.observe(num_prefill, result.forward_s)
-        assert result.logits is not None  # the forward ran without error
-        k = 0  # logits row (and pick) of the next want_logits item
-        for it, seq in ran:
-            n = len(it.tokens)
-            if seq.phase is Phase.PREFILL:
-                seq.num_computed += n
-                seq.num_prefilled += n
-                seq.prefill_s += result.forward_s
-                if it.want_logits:
-                    seq.phase = Phase.DECODE
-                    self._on_logits(seq, result, k, now)
-            elif seq.phase is Phase.DECODE:
-                seq.pending_token = None
-                self._on_logits(seq, result, k, now)
-            # else DONE: a chained step's row for a request that had ended, discarded (_trims)
-            k += it.want_logits
+        step = self._applier.apply(plan, result, now)
+        if step is not None:
+            self._pending_steps.append(step)
 
-    def _apply_forward_error(
-        self, ran: list[tuple[BatchItem, Sequence]], err: BaseException, now: float
-    ) -> None:
-        log.error("engine step failed: %s", err)
-        for it, seq in ran:
-            if seq.phase is Phase.DONE:
-                continue
-            seq.num_errors += 1
-            tainted = self._slots.lens[it.slot] < it.start_pos
-            if tainted or isinstance(err, ValueError) or seq.num_errors >= _MAX_STEP_ERRORS:
-                self._finish(seq, FinishReason.ERROR, now, error=f"engine error: {err}")
-
-    def _on_logits(self, seq: Sequence, result: StepResult, k: int, now: float) -> None:
-        """Take the token of logits row k: picked on the worker (step.py), else sampled here."""
-        pick = result.picks[k]
-        if pick is None:
-            assert result.logits is not None
-            tok, lp = seq.sampler.sample(result.logits[k]), seq.sampler.last_logprob
-        else:
-            tok, lp = pick
-        seq.num_generated += 1
-        if seq.first_token_at is None:
-            seq.first_token_at = now
-        elif seq.last_token_at is not None:
-            seq.itl_s.append(now - seq.last_token_at)
-        seq.last_token_at = now
-        p = seq.req.params
-        if (tok in self._eos and not p.ignore_eos) or tok in p.stop_token_ids:
-            self._finish(seq, FinishReason.STOP, now)
-            return
-        text = seq.detok.push(tok)
-        seq.events.put_nowait(TokenEvent((tok,), text, (lp,) if lp is not None else ()))
-        if seq.detok.stopped:
-            self._finish(seq, FinishReason.STOP, now)
-        elif seq.num_generated >= p.max_tokens or self._slots.lens[_held_slot(seq)] >= self._pool.ctx_len:
-            self._finish(seq, FinishReason.LENGTH, now)
-        else:
-            seq.pending_token = tok
-
-    # -- finishing -------------------------------------------------------------------------
-    def _release_slot(self, seq: Sequence, now: float) -> None:
-        if seq.slot is not None and self._running.get(seq.slot) is seq:
-            del self._running[seq.slot]
-            self._slots.last_used[seq.slot] = now
-            if self._chain is not None and seq.slot in self._chain.slots:
-                # the worker may already be computing the next row of this slot (chain.py)
-                self._trims[seq.slot] = self._slots.lens[seq.slot]
-        seq.pending_token = None
+    # -- finishing (finish.py) ------------------------------------------------------------
+    def _on_release(self, slot: int | None, held: bool) -> None:
+        """A request's slot was taken back (`held`; else it held none): a decode chain that may
+        be computing the slot's next row has it cut back in the next plan; wake the loop."""
+        if held and self._chain is not None and slot in self._chain.slots:
+            assert slot is not None
+            # the worker may already be computing the next row of this slot (chain.py)
+            self._trims[slot] = self._slots.lens[slot]
         self._kick()
-
-    def _finish(
-        self,
-        seq: Sequence,
-        reason: FinishReason,
-        now: float,
-        *,
-        error: str | None = None,
-        cancel_phase: Phase | None = None,
-        cancel_at: float | None = None,
-    ) -> None:
-        if seq.phase is Phase.DONE:
-            return
-        if seq.phase is Phase.QUEUED and seq in self._queue:
-            self._queue.remove(seq)
-        self._release_slot(seq, now)
-        seq.phase = Phase.DONE
-        ev, stats = finish_records(seq, reason, seq.detok.flush(), now, error)
-        seq.finish = ev
-        seq.events.put_nowait(ev)
-        if seq.ack is not None and not seq.ack.done():
-            seq.ack.set_result(reason is FinishReason.CANCELLED)
-        self._emit_request_stats(stats)
-        if reason is FinishReason.CANCELLED:
-            started = cancel_at if cancel_at is not None else (seq.cancel_at or now)
-            self._sink_call(self._sink.on_cancel, CancelStats(cancel_phase or Phase.DECODE, now - started))
-        self._changed.set()
 
     # -- stats helpers ---------------------------------------------------------------------
     def _flush_step_stats(self) -> None:
@@ -676,22 +474,7 @@ class Scheduler:
         if self._pending_steps:
             steps, self._pending_steps = self._pending_steps, []
             for st in steps:
-                self._sink_call(self._sink.on_step, st)
-
-    def _sink_call(self, fn: Callable[..., None], *args: object) -> None:
-        try:
-            fn(*args)
-        except Exception:  # noqa: BLE001 - a broken metrics sink must not stop serving
-            log.exception("stats sink failed")
-
-    def _emit_request_stats(self, s: RequestStats) -> None:
-        self._sink_call(self._sink.on_request, s)
-
-    def _emit_route(self, d: RouteDecision) -> None:
-        stats = RouteStats(
-            d.action.reuse_source, d.reuse_len, d.window_refused, d.window_lost_tokens, d.restore_reason
-        )
-        self._sink_call(self._sink.on_route, stats)
+                self._sink.on_step(st)
 
     def _emit_checkpoint(
         self,
@@ -701,10 +484,4 @@ class Scheduler:
         num_bytes: int,
         n: int,
     ) -> None:
-        self._sink_call(self._sink.on_checkpoint, CheckpointEvent(kind, tier, rule, num_bytes, n))
-
-
-def _held_slot(seq: Sequence) -> int:
-    """The slot of a request that holds one (running: prefill or decode)."""
-    assert seq.slot is not None, f"{seq.request_id} holds no slot"
-    return seq.slot
+        self._sink.on_checkpoint(CheckpointEvent(kind, tier, rule, num_bytes, n))

@@ -13,6 +13,8 @@ misspelt value is a type error, not a dropped event at run time.
 from __future__ import annotations
 
 import enum
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,6 +23,8 @@ from .policy import CheckpointTier, RestoreReason
 from .request import FinishReason, ReuseSource, SlotState
 from .sequence import Phase
 
+_log = logging.getLogger("slotserve.scheduler")
+
 __all__ = [
     "CancelStats",
     "CaptureRule",
@@ -28,10 +32,12 @@ __all__ = [
     "CheckpointEventKind",
     "CheckpointTier",
     "FinishReason",
+    "GuardedSink",
     "NullSink",
     "Outcome",
     "PrefillClass",
     "Phase",
+    "Preemption",
     "RequestStats",
     "RestoreReason",
     "ReuseSource",
@@ -120,6 +126,15 @@ class RouteStats:
 
 
 @dataclass(frozen=True, slots=True)
+class Preemption:
+    """A running prefill put back in the queue for a request of higher priority."""
+
+
+# the events admission reports for the sink, in the order they happened (admission.py)
+AdmissionEvent = CheckpointEvent | RouteStats | Preemption
+
+
+@dataclass(frozen=True, slots=True)
 class CancelStats:
     phase: Phase  # QUEUED, PREFILL or DECODE when the cancel was acknowledged
     ack_s: float  # cancel() call to acknowledgement
@@ -174,3 +189,45 @@ class NullSink:
 
     def on_preemption(self) -> None:
         pass
+
+
+class GuardedSink:
+    """The scheduler's view of its StatsSink: every call is guarded, so a broken metrics sink is
+    logged and never stops serving."""
+
+    def __init__(self, sink: StatsSink) -> None:
+        self._sink = sink
+
+    def on_step(self, s: StepStats) -> None:
+        self._call(self._sink.on_step, s)
+
+    def on_request(self, s: RequestStats) -> None:
+        self._call(self._sink.on_request, s)
+
+    def on_checkpoint(self, e: CheckpointEvent) -> None:
+        self._call(self._sink.on_checkpoint, e)
+
+    def on_route(self, r: RouteStats) -> None:
+        self._call(self._sink.on_route, r)
+
+    def on_cancel(self, c: CancelStats) -> None:
+        self._call(self._sink.on_cancel, c)
+
+    def on_preemption(self) -> None:
+        self._call(self._sink.on_preemption)
+
+    def emit(self, e: AdmissionEvent) -> None:
+        """Hand one of admission's events to the sink method of its type."""
+        if isinstance(e, CheckpointEvent):
+            self.on_checkpoint(e)
+        elif isinstance(e, RouteStats):
+            self.on_route(e)
+        else:
+            self.on_preemption()
+
+    @staticmethod
+    def _call(fn: Callable[..., None], *args: object) -> None:
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - a broken metrics sink must not stop serving
+            _log.exception("stats sink failed")

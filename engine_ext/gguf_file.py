@@ -43,6 +43,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
 
 from .errors import UnsupportedModelError
+from .gguf_split import part_paths
 
 SUPPORTED_TYPES: frozenset[int] = frozenset(
     int(t)
@@ -218,7 +219,7 @@ class ModelFile:
     tensors: dict[str, TensorRef]
     metadata: dict[str, object]  # every key/value field, decoded to Python scalars/str/lists
     fingerprint: str  # hex digest of metadata + tensor layout + file size (not the weight bytes)
-    _reader: GGUFReader = field(repr=False)
+    _readers: tuple[GGUFReader, ...] = field(repr=False)  # one per file (a split GGUF has several)
 
     def tensor(self, name: str) -> TensorRef:
         """The tensor called `name`; ValueError naming it if the file has no such tensor."""
@@ -254,6 +255,8 @@ def load_model_file(path: str | os.PathLike[str]) -> ModelFile:
         raise ValueError(f"{path}: big-endian GGUF files are not supported; convert it little-endian")
 
     metadata = {name: _decode_field(path, f) for name, f in reader.fields.items()}
+    files = part_paths(path, metadata)  # [path], or every part of a split GGUF (read in place)
+    readers = [reader, *(_open_part(p) for p in files[1:])]
     arch = metadata.get("general.architecture")
     if arch not in ARCHITECTURES:
         raise UnsupportedModelError(
@@ -264,10 +267,13 @@ def load_model_file(path: str | os.PathLike[str]) -> ModelFile:
             name=t.name,
             ggml_type=int(t.tensor_type),
             shape=tuple(int(d) for d in t.shape),
-            data=_raw_bytes(reader, t),
+            data=_raw_bytes(r, t),
         )
-        for t in reader.tensors
+        for r in readers
+        for t in r.tensors
     }
+    if len(tensors) != sum(len(r.tensors) for r in readers):
+        raise ValueError(f"{path}: the parts of this split GGUF repeat a tensor name")
     config = _read_config(path, metadata, tensors)
     _check_tensors(path, config, tensors)
     name = metadata.get("general.name")
@@ -277,8 +283,8 @@ def load_model_file(path: str | os.PathLike[str]) -> ModelFile:
         config=config,
         tensors=tensors,
         metadata=metadata,
-        fingerprint=_fingerprint(path, metadata, reader),
-        _reader=reader,
+        fingerprint=_fingerprint(files, metadata, readers),
+        _readers=tuple(readers),
     )
 
 
@@ -555,13 +561,24 @@ def _check_tensors(path: Path, config: ModelConfig, tensors: dict[str, TensorRef
             raise ValueError(f"{path}: tensor {name!r} data is truncated or has the wrong size")
 
 
-def _fingerprint(path: Path, metadata: dict[str, object], reader: GGUFReader) -> str:
+def _open_part(path: Path) -> GGUFReader:
+    """A later part of a split GGUF (engine_ext/gguf_split.py), mapped like the first."""
+    try:
+        return _FastReader(path, "r")
+    except Exception as exc:
+        raise ValueError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+
+
+def _fingerprint(files: list[Path], metadata: dict[str, object], readers: list[GGUFReader]) -> str:
     h = hashlib.blake2b(digest_size=16)
-    h.update(f"size={path.stat().st_size}\n".encode())
+    h.update(f"size={files[0].stat().st_size}\n".encode())
     for key in sorted(metadata):
         h.update(f"{key}={metadata[key]!r}\n".encode("utf-8", "surrogatepass"))
-    for t in reader.tensors:
-        h.update(
-            f"{t.name}:{int(t.tensor_type)}:{tuple(int(d) for d in t.shape)}@{int(t.data_offset)}\n".encode()
-        )
+    for i, (part, reader) in enumerate(zip(files, readers)):
+        if i:  # a split's later parts: their size and tensor layout
+            h.update(f"part {i} size={part.stat().st_size}\n".encode())
+        for t in reader.tensors:
+            h.update(
+                f"{t.name}:{int(t.tensor_type)}:{tuple(int(d) for d in t.shape)}@{int(t.data_offset)}\n".encode()
+            )
     return h.hexdigest()

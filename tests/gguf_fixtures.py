@@ -192,8 +192,11 @@ def write_tiny_llama(
     extra_tokens: tuple[str, ...] = (),
     conv_layers: tuple[int, ...] = (),
     conv_len: int = 3,
+    split_max_tensors: int = 0,
 ) -> Path:
-    """Write a random tiny model to `path` and return the path.
+    """Write a random tiny model to `path` and return the path (with split_max_tensors > 0: a
+    split GGUF of that many tensors per part, `STEM-0000i-of-0000N.gguf` beside `path`, and the
+    path of its first part).
 
     weight_type applies to every 2-D weight (token_embd and output included), or names a mix
     in WEIGHT_MIXES (a type per kind of tensor); norms stay F32. K-quant types need dim and
@@ -239,7 +242,7 @@ def write_tiny_llama(
             return weight_type
         return mix.get(name.removesuffix(".weight"), mix.get(kind, mix.get("*", "Q8_0")))
 
-    w = GGUFWriter(path, architecture)
+    w = GGUFWriter(path, architecture, split_max_tensors=split_max_tensors)
     w.add_name(f"tiny-llama-{weight_type}")
     w.add_block_count(n_layers)
     w.add_context_length(ctx_train)
@@ -341,6 +344,8 @@ def write_tiny_llama(
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    if split_max_tensors:
+        return w.format_shard_names(path)[0]
     return path
 
 

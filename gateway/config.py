@@ -18,9 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from slotserve.scheduler.config import parse_bool
-from slotserve.scheduler.prefill_order import PrefillOrder
-
+from ..scheduler.config import parse_bool
+from ..scheduler.prefill_order import PrefillOrder
 from .kv_events import KVEventsConfig
 
 ENV_PREFIX = "SLOTSERVE_"

@@ -34,8 +34,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from slotserve import __version__
-
+from .. import __version__
 from . import protocol as p
 from . import translate
 from .errors import json_response

@@ -26,10 +26,9 @@ from .config import ServeConfig
 from .tool_calls import ToolCallFamily, family_for_template, hermes_shim
 
 if TYPE_CHECKING:  # engine_ext and llguidance load only when a model is opened
-    from slotserve.engine_ext.chat import ChatTemplate
-    from slotserve.engine_ext.loader import ModelBundle
-    from slotserve.engine_ext.tokenizer import Tokenizer
-
+    from ..engine_ext.chat import ChatTemplate
+    from ..engine_ext.loader import ModelBundle
+    from ..engine_ext.tokenizer import Tokenizer
     from .structured import GrammarCompiler
 
 log = logging.getLogger("slotserve.gateway")
@@ -184,8 +183,8 @@ class OpenedModel:
 def open_served_model(config: ServeConfig) -> OpenedModel:
     """Resolve and open the model (heavy: loads weights, allocates KV); starts the KV-events
     publisher when configured (closed by the returned `closers`)."""
-    from slotserve.engine_ext.loader import open_model
-    from slotserve.engine_ext.model_cache import resolve_model, short_name
+    from ..engine_ext.loader import open_model
+    from ..engine_ext.model_cache import resolve_model, short_name
 
     path = Path(resolve_model(config.model))
     bundle = open_model(
@@ -256,7 +255,7 @@ def build_runtime(config: ServeConfig, model: OpenedModel, *, stats_sink: StatsS
 def load_chat_template(path: str, tok: Tokenizer) -> ChatTemplate:
     """The jinja template in file `path` (--chat-template), with the tokenizer's bos/eos texts.
     ValueError naming the flag if the file cannot be read or does not compile."""
-    from slotserve.engine_ext.chat import ChatTemplate
+    from ..engine_ext.chat import ChatTemplate
 
     try:
         source = Path(path).read_text(encoding="utf-8")

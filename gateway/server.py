@@ -35,9 +35,8 @@ from .config import ServeConfig
 from .transport import protocol_class
 
 if TYPE_CHECKING:  # imported where used: `slotserve serve --help` loads none of them
-    from slotserve.metrics import ServerMetrics
-    from slotserve.scheduler.api import SchedulerAPI
-
+    from ..metrics import ServerMetrics
+    from ..scheduler.api import SchedulerAPI
     from .runtime import Runtime
 
 log = logging.getLogger("slotserve.gateway")
@@ -200,8 +199,8 @@ def summary_line(runtime: Runtime, config: ServeConfig) -> str:
 def server_metrics(model_name: str) -> ServerMetrics:
     """The server's `ServerMetrics`: slotserve's series plus the vllm:-named router gauges
     labelled `model_name`, both made from the one stats snapshot each scrape takes."""
-    from slotserve.metrics import ServerMetrics
-    from slotserve.metrics.router_compat import router_compat_maker
+    from ..metrics import ServerMetrics
+    from ..metrics.router_compat import router_compat_maker
 
     return ServerMetrics(extra_levels=[router_compat_maker(model_name)])
 

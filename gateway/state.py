@@ -67,7 +67,7 @@ class Gateway:
         self.runtime = runtime
         self.config = config
         if metrics is None:  # levels only: pushed series need the sink given to the Scheduler
-            from slotserve.metrics import ServerMetrics
+            from ..metrics import ServerMetrics
 
             metrics = ServerMetrics()
         self.metrics = metrics

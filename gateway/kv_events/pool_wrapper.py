@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-from slotserve.scheduler.interface import SlotPool
 
+from ...scheduler.interface import SlotPool
 from .publisher import KVEventsConfig, ZmqPublisher
 from .wire import DEFAULT_BLOCK_SIZE, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, chain_hashes
 

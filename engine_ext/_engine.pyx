@@ -80,11 +80,12 @@ cdef class Engine:
     cdef engine *e
     cdef object model_file  # keeps the weights' memory map alive
     cdef readonly int num_slots, ctx_len, n_vocab, n_threads, max_batch_tokens, ring_len
-    cdef readonly size_t kv_bytes
+    cdef readonly size_t kv_bytes, state_bytes
+    cdef readonly int rollback
     cdef readonly str kernel_variant, kv_dtype
 
     def __cinit__(self, model_file, int num_slots, int ctx_len, int threads, str kv_dtype,
-                  int max_batch_tokens, str kernels, bint swa_ring=False):
+                  int max_batch_tokens, str kernels, bint swa_ring=False, int rollback=0):
         self.e = NULL
         if kv_dtype not in ("f16", "f32"):
             raise ValueError(f"kv_dtype must be 'f16' or 'f32', got {kv_dtype!r}")
@@ -109,6 +110,13 @@ cdef class Engine:
         m.output = _weight(t["token_embd.weight" if cfg.tied_output else "output.weight"])
         m.output_norm = _f32(t[cfg.output_norm_name], cfg.dim)
         m.conv_len = cfg.conv_len
+        m.rope_dim = cfg.rope_dim
+        m.q_gate = cfg.q_gate
+        ssm = cfg.ssm
+        m.ssm_taps = ssm.conv if ssm is not None else 0
+        m.ssm_d = ssm.d_state if ssm is not None else 0
+        m.ssm_k_heads = ssm.k_heads if ssm is not None else 0
+        m.ssm_v_heads = ssm.v_heads if ssm is not None else 0
         # zeroed: the weights a layer's kind lacks stay empty (NULL rows)
         cdef layer_weights *layers = <layer_weights *>calloc(cfg.n_layers, sizeof(layer_weights))
         if layers == NULL:
@@ -119,7 +127,7 @@ cdef class Engine:
             for i in range(cfg.n_layers):
                 p = f"blk.{i}."
                 layers[i].attn_norm = _f32(t[p + "attn_norm.weight"], cfg.dim)
-                layers[i].ffn_norm = _f32(t[p + "ffn_norm.weight"], cfg.dim)
+                layers[i].ffn_norm = _f32(t[p + cfg.ffn_norm_name + ".weight"], cfg.dim)
                 layers[i].ffn_gate = _weight(t[p + "ffn_gate.weight"])
                 layers[i].ffn_up = _weight(t[p + "ffn_up.weight"])
                 layers[i].ffn_down = _weight(t[p + "ffn_down.weight"])
@@ -130,6 +138,17 @@ cdef class Engine:
                     layers[i].conv_out = _weight(t[p + "shortconv.out_proj.weight"])
                     layers[i].conv_w = _f32(t[p + "shortconv.conv.weight"], cfg.dim * cfg.conv_len)
                     continue
+                if cfg.recurrent_layers[i]:  # qwen35: a Gated DeltaNet block instead of attention
+                    layers[i].ssm_qkv = _weight(t[p + "attn_qkv.weight"])
+                    layers[i].ssm_z = _weight(t[p + "attn_gate.weight"])
+                    layers[i].ssm_beta = _weight(t[p + "ssm_beta.weight"])
+                    layers[i].ssm_alpha = _weight(t[p + "ssm_alpha.weight"])
+                    layers[i].ssm_out = _weight(t[p + "ssm_out.weight"])
+                    layers[i].ssm_conv = _f32(t[p + "ssm_conv1d.weight"], ssm.conv_dim * ssm.conv)
+                    layers[i].ssm_dt = _f32(t[p + "ssm_dt.bias"], ssm.v_heads)
+                    layers[i].ssm_a = _f32(t[p + "ssm_a"], ssm.v_heads)
+                    layers[i].ssm_norm = _f32(t[p + "ssm_norm.weight"], ssm.d_state)
+                    continue
                 layers[i].attn_q = _weight(t[p + "attn_q.weight"])
                 layers[i].attn_k = _weight(t[p + "attn_k.weight"])
                 layers[i].attn_v = _weight(t[p + "attn_v.weight"])
@@ -139,12 +158,13 @@ cdef class Engine:
                 layers[i].q_norm = _f32_opt(t, p + "attn_q_norm.weight", cfg.head_dim)
                 layers[i].k_norm = _f32_opt(t, p + "attn_k_norm.weight", cfg.head_dim)
                 layers[i].attn_output = _weight(t[p + "attn_output.weight"])
-                layers[i].post_attn_norm = _f32_opt(t, p + "post_attention_norm.weight", cfg.dim)
+                if cfg.post_norms:
+                    layers[i].post_attn_norm = _f32(t[p + "post_attention_norm.weight"], cfg.dim)
                 layers[i].post_ffn_norm = _f32_opt(t, p + "post_ffw_norm.weight", cfg.dim)
             m.layers = layers
             with nogil:
                 self.e = engine_create(&m, kt, num_slots, ctx_len, kv_f16, max_batch_tokens, threads, swa_ring,
-                                       &status)
+                                       rollback, &status)
         finally:
             free(layers)
         if self.e == NULL:
@@ -165,6 +185,8 @@ cdef class Engine:
         self.ring_len = engine_ring_len(self.e)
         self.kernel_variant = kt.name.decode()
         self.kv_dtype = kv_dtype
+        self.state_bytes = engine_state_bytes(self.e)
+        self.rollback = rollback
 
     def __dealloc__(self):
         if self.e != NULL:
@@ -244,6 +266,35 @@ cdef class Engine:
         self._check(dst, n)
         with nogil:
             engine_kv_copy(self.e, src, dst, n)
+
+    def state_read(self, int slot, int which) -> bytes:
+        """One slot's recurrent state (engine_state_read: which -1 live, else ring entry)."""
+        self._check(slot, 0)
+        if not -1 <= which < self.rollback:
+            raise ValueError(f"state entry {which} out of range")
+        out = PyBytes_FromStringAndSize(NULL, self.state_bytes)
+        cdef char *dst = PyBytes_AS_STRING(out)
+        with nogil:
+            engine_state_read(self.e, slot, which, dst)
+        return out
+
+    def state_write(self, int slot, const uint8_t[::1] state):
+        """Overwrite one slot's live recurrent state with bytes laid out as state_read's."""
+        self._check(slot, 0)
+        if <size_t>state.shape[0] != self.state_bytes:
+            raise ValueError("state_write: wrong state byte count")
+        if self.state_bytes:
+            with nogil:
+                engine_state_write(self.e, slot, &state[0])
+
+    def state_copy(self, int src, int which, int dst):
+        """dst's live state = src's state `which` (-1 live, else ring entry)."""
+        self._check(src, 0)
+        self._check(dst, 0)
+        if not -1 <= which < self.rollback:
+            raise ValueError(f"state entry {which} out of range")
+        with nogil:
+            engine_state_copy(self.e, src, which, dst)
 
     cdef _check(self, int slot, int n):
         if not (0 <= slot < self.num_slots and 0 <= n <= self.ctx_len):
@@ -474,3 +525,39 @@ cdef class KernelTable:
         self.kt.shortconv(&ov[0], &gate[0], ptrs, f16, &w[0, 0], taps, n)
         return out
 
+
+    def ssm_conv(self, const float[::1] x, const float[:, ::1] tail, const float[:, ::1] w):
+        """One conv position over n channels (kernels.h ssm_conv): x float32 [n], tail float32
+        [taps-1, n] (oldest first), w float32 [taps, n] tap-major. Returns (out, new tail)."""
+        cdef int n = x.shape[0], taps = w.shape[0]
+        if not 2 <= taps <= 16 or w.shape[1] != n or tail.shape[0] != taps - 1 or tail.shape[1] != n:
+            raise ValueError("need w [taps in 2..16, n] and tail [taps-1, n]")
+        _check_row(n, n)
+        new_tail = np.array(tail, dtype=np.float32, copy=True)
+        out = np.empty(n, np.float32)
+        cdef float[:, ::1] tv = new_tail
+        cdef float[::1] ov = out
+        self.kt.ssm_conv(&ov[0], &tv[0, 0], &x[0], &w[0, 0], taps, n, n)
+        return out, new_tail
+
+    def l2norm(self, const float[::1] x, float eps):
+        """x / sqrt(sum(x^2) + eps) (kernels.h l2norm)."""
+        _check_row(x.shape[0], x.shape[0])
+        out = np.array(x, dtype=np.float32, copy=True)
+        cdef float[::1] ov = out
+        self.kt.l2norm(&ov[0], x.shape[0], eps)
+        return out
+
+    def gdn_step(self, const float[:, ::1] S, const float[::1] q, const float[::1] k, const float[::1] v,
+                 float decay, float beta, float scale):
+        """One token of the delta rule on S [d, d] (kernels.h gdn_step). Returns (new S, o)."""
+        cdef int d = S.shape[0]
+        if S.shape[1] != d or q.shape[0] != d or k.shape[0] != d or v.shape[0] != d:
+            raise ValueError("need S [d, d] and q, k, v [d]")
+        _check_row(d, d)
+        new_s = np.array(S, dtype=np.float32, copy=True)
+        out = np.empty(d, np.float32)
+        cdef float[:, ::1] sv = new_s
+        cdef float[::1] ov = out
+        self.kt.gdn_step(&sv[0, 0], &ov[0], &q[0], &k[0], &v[0], decay, beta, scale, d)
+        return new_s, out

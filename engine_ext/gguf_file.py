@@ -2,7 +2,7 @@
 
 Design: `load_model_file` parses the file with the `gguf` package's GGUFReader over a read-only
 memory map and checks everything the engine relies on before any C code sees a pointer: a
-supported architecture (`ARCHITECTURES`: llama, qwen2, qwen3, gemma3, lfm2), tensor types the kernels
+supported architecture (`ARCHITECTURES`: llama, qwen2, qwen3, gemma3, lfm2, qwen35), tensor types the kernels
 implement, every required tensor present, every shape consistent with the config. One
 `ModelConfig` describes every architecture: the `{arch}.*` hyper-parameters plus the switches
 (rope mode, activation, biases, q/k norms, post-norms, embedding scale) and per-layer arrays
@@ -23,6 +23,14 @@ NOTE: lfm2 (LFM2, LFM2.5) as llama.cpp reads it: `attention.head_count_kv` is an
 entry per layer, 0 on the short-convolution layers (blk.{i}.shortconv.{in_proj,conv,out_proj};
 conv kernel `shortconv.l_cache` taps, stored [dim][l_cache] in F32) and the attention count on
 the others (which add attn_{q,k}_norm); its final norm is called token_embd_norm.weight.
+NOTE: qwen35 (Qwen3.5 dense) as llama.cpp reads it (src/models/qwen35.cpp): layer i is a Gated
+DeltaNet layer unless (i + 1) % full_attention_interval == 0 (default 4), and those others are
+gated attention (attn_q yields, per head, head_dim query values then head_dim gate values; NEOX
+rope on the first rope.dimension_count dims). The DeltaNet dimensions: ssm.state_size d (head
+width of keys and values), ssm.group_count key heads, ssm.time_step_rank value heads,
+ssm.inner_size = value heads * d, ssm.conv_kernel taps; the FFN norm is post_attention_norm.
+rope.dimension_sections is honoured only where it rotates every pair by the token position
+(text: sections t, h, w cover rope.dimension_count / 2 pairs), as for every Qwen3.5 file.
 
 NOTE: gemma's norms. HF Gemma computes rmsnorm(x) * (1 + w); llama.cpp's converter stores
 w + 1 in the GGUF, so every norm here, gemma3's included, is plain rmsnorm(x) * w.
@@ -105,6 +113,7 @@ class ArchSpec:
     sliding_window: bool = False  # {arch}.attention.sliding_window on SWA_PATTERN - 1 of SWA_PATTERN layers
     rope_freqs: bool = False  # may carry rope_freqs.weight (llama 3.1 frequency factors)
     shortconv: bool = False  # lfm2: short-convolution layers where head_count_kv[i] == 0
+    deltanet: bool = False  # qwen35: Gated DeltaNet layers, gated attention, partial rotary
 
 
 ARCHITECTURES: dict[str, ArchSpec] = {
@@ -120,6 +129,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         sliding_window=True,
     ),
     "lfm2": ArchSpec(RopeMode.NEOX, Activation.SILU, qk_norm=True, shortconv=True),
+    "qwen35": ArchSpec(RopeMode.NEOX, Activation.SILU, qk_norm=True, deltanet=True),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 
@@ -128,6 +138,36 @@ SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 # global layers').
 SWA_PATTERN = 6
 SWA_ROPE_BASE = 10000.0
+
+
+@dataclass(frozen=True)
+class SsmConfig:
+    """A Gated DeltaNet layer's dimensions (qwen35's ssm.* keys)."""
+
+    conv: int  # taps of the causal conv over q, k, v (ssm.conv_kernel)
+    d_state: int  # width of a key head and of a value head (ssm.state_size)
+    k_heads: int  # key (and query) heads (ssm.group_count)
+    v_heads: int  # value heads (ssm.time_step_rank); v head h reads k head h % k_heads
+
+    @property
+    def key_dim(self) -> int:
+        return self.k_heads * self.d_state
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_heads * self.d_state
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+    @property
+    def state_floats(self) -> int:
+        """f32 values one layer keeps per slot: the conv tail and the per-head matrices."""
+        return (self.conv - 1) * self.conv_dim + self.v_heads * self.d_state * self.d_state
+
+
+MAX_SSM_CONV = 16  # engine.c: longest DeltaNet conv
 
 
 @dataclass(frozen=True)
@@ -160,6 +200,11 @@ class ModelConfig:
     conv_layers: tuple[bool, ...] = ()  # per layer: a short-convolution block (lfm2); () = none
     conv_len: int = 0  # taps of the short convolutions ({arch}.shortconv.l_cache); 0 = none
     output_norm_name: str = "output_norm.weight"  # lfm2: token_embd_norm.weight
+    rope_dim: int = 0  # dims of a head RoPE rotates (the first ones); 0 = head_dim
+    q_gate: bool = False  # qwen35: attn_q also yields a sigmoid gate per head on the attention output
+    ssm: SsmConfig | None = None  # qwen35: the Gated DeltaNet layers' dimensions
+    recurrent_layers: tuple[bool, ...] = ()  # per layer: Gated DeltaNet (no KV); () = none
+    ffn_norm_name: str = "ffn_norm"  # the FFN's norm tensor (qwen35: post_attention_norm)
 
     def __post_init__(self) -> None:
         if not self.attn_scale:
@@ -178,6 +223,14 @@ class ModelConfig:
             raise ValueError("layer_windows, layer_rope_bases and conv_layers need one entry per layer")
         if any(self.conv_layers) != (self.conv_len > 0):
             raise ValueError("conv_len is set exactly when some layer is a short convolution")
+        if not self.rope_dim:
+            object.__setattr__(self, "rope_dim", self.head_dim)
+        if not self.recurrent_layers:
+            object.__setattr__(self, "recurrent_layers", (False,) * self.n_layers)
+        if len(self.recurrent_layers) != self.n_layers or any(self.recurrent_layers) != (
+            self.ssm is not None
+        ):
+            raise ValueError("recurrent_layers needs one entry per layer, and ssm exactly when one is set")
 
     @property
     def q_dim(self) -> int:
@@ -377,7 +430,7 @@ def _read_config(path: Path, metadata: dict[str, object], tensors: dict[str, Ten
         raise UnsupportedModelError(
             f"{path}: key_length {head_dim} != value_length {value_dim} is not supported"
         )
-    if rope_dim != head_dim:
+    if rope_dim != head_dim and not spec.deltanet:
         raise UnsupportedModelError(
             f"{path}: partial rotary embedding (rope.dimension_count {rope_dim} "
             f"< head_dim {head_dim}) is not supported"
@@ -413,6 +466,9 @@ def _read_config(path: Path, metadata: dict[str, object], tensors: dict[str, Ten
         )
     rope_base = _meta_float(path, metadata, key("rope.freq_base"), 10000.0)
     windows, bases = (0,) * n_layers, (rope_base,) * n_layers
+    ssm, recurrent = (
+        _read_deltanet(path, metadata, arch, n_layers, rope_dim, head_dim) if spec.deltanet else (None, ())
+    )
     if spec.sliding_window and metadata.get(key("attention.sliding_window")):
         window = _meta_int(path, metadata, key("attention.sliding_window"))
         local = [(i + 1) % SWA_PATTERN != 0 for i in range(n_layers)]
@@ -441,10 +497,69 @@ def _read_config(path: Path, metadata: dict[str, object], tensors: dict[str, Ten
         rope_freqs=has_rope_freqs,
         layer_windows=windows,
         layer_rope_bases=bases,
+        rope_dim=rope_dim,
+        q_gate=spec.deltanet,
+        ssm=ssm,
+        recurrent_layers=recurrent,
+        ffn_norm_name="post_attention_norm" if spec.deltanet else "ffn_norm",
         conv_layers=conv_layers,
         conv_len=conv_len,
         output_norm_name="token_embd_norm.weight" if spec.shortconv else "output_norm.weight",
     )
+
+
+def _read_deltanet(
+    path: Path, metadata: dict[str, object], arch: str, n_layers: int, rope_dim: int, head_dim: int
+) -> tuple[SsmConfig, tuple[bool, ...]]:
+    """qwen35's DeltaNet dimensions and which layers are DeltaNet (module NOTE)."""
+
+    def key(name: str) -> str:
+        return f"{arch}.{name}"
+
+    if rope_dim % 2 or rope_dim > head_dim:
+        raise ValueError(f"{path}: rope.dimension_count {rope_dim} must be even and <= head_dim {head_dim}")
+    sections = metadata.get(key("rope.dimension_sections"))
+    if sections is not None:
+        if (
+            not isinstance(sections, list)
+            or len(sections) < 3
+            or not all(isinstance(v, int) for v in sections)
+        ):
+            raise ValueError(f"{path}: {key('rope.dimension_sections')} must be a list of integers")
+        # llama.cpp's interleaved M-RoPE: pair i takes section i % 3 of sections t, h, w while
+        # i < 3 * that section; text positions are (p, p, p, 0), so any other pair turns by 0
+        total, limits = sum(sections[:4]), sections[:3]
+        sectors = [i % total if total > 0 else 0 for i in range(rope_dim // 2)]
+        if total <= 0 or not all(sec < 3 * limits[sec % 3] for sec in sectors):
+            raise UnsupportedModelError(
+                f"{path}: rope.dimension_sections {sections} leave rotary pairs at position 0; not supported"
+            )
+    ssm = SsmConfig(
+        conv=_meta_int(path, metadata, key("ssm.conv_kernel")),
+        d_state=_meta_int(path, metadata, key("ssm.state_size")),
+        k_heads=_meta_int(path, metadata, key("ssm.group_count")),
+        v_heads=_meta_int(path, metadata, key("ssm.time_step_rank")),
+    )
+    inner = _meta_int(path, metadata, key("ssm.inner_size"))
+    if inner != ssm.value_dim:
+        raise ValueError(
+            f"{path}: ssm.inner_size {inner} != time_step_rank {ssm.v_heads} x state_size {ssm.d_state}"
+        )
+    if ssm.v_heads % ssm.k_heads:
+        raise ValueError(
+            f"{path}: ssm.time_step_rank {ssm.v_heads} is not a multiple of group_count {ssm.k_heads}"
+        )
+    if not 2 <= ssm.conv <= MAX_SSM_CONV:
+        raise UnsupportedModelError(f"{path}: ssm.conv_kernel {ssm.conv} is not in 2..{MAX_SSM_CONV}")
+    if key("attention.recurrent_layers") in metadata:
+        raise UnsupportedModelError(f"{path}: {key('attention.recurrent_layers')} is not supported")
+    if metadata.get(key("nextn_predict_layers"), 0):
+        raise UnsupportedModelError(f"{path}: multi-token-prediction layers are not supported")
+    interval = _meta_int(path, metadata, key("full_attention_interval"), 4)
+    recurrent = tuple((i + 1) % interval != 0 for i in range(n_layers))
+    if not any(recurrent):
+        raise UnsupportedModelError(f"{path}: {arch} without a DeltaNet layer is not supported")
+    return ssm, recurrent
 
 
 MAX_CONV_LEN = 16  # engine.c MAX_CONV_LEN
@@ -496,11 +611,11 @@ def _expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes["rope_freqs.weight"] = (c.head_dim // 2,)
     per_layer = {
         "attn_norm.weight": (c.dim,),
-        "attn_q.weight": (c.dim, q_dim),
+        "attn_q.weight": (c.dim, 2 * q_dim if c.q_gate else q_dim),
         "attn_k.weight": (c.dim, kv_dim),
         "attn_v.weight": (c.dim, kv_dim),
         "attn_output.weight": (q_dim, c.dim),
-        "ffn_norm.weight": (c.dim,),
+        f"{c.ffn_norm_name}.weight": (c.dim,),
         "ffn_gate.weight": (c.dim, c.ffn_dim),
         "ffn_up.weight": (c.dim, c.ffn_dim),
         "ffn_down.weight": (c.ffn_dim, c.dim),
@@ -518,10 +633,31 @@ def _expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         "shortconv.out_proj.weight": (c.dim, c.dim),
         **{k: v for k, v in per_layer.items() if k.startswith("ffn_")},
     }
+    recurrent = _deltanet_shapes(c, per_layer) if c.ssm is not None else per_layer
     for i in range(c.n_layers):
-        for suffix, shape in (conv_layer if c.conv_layers[i] else per_layer).items():
+        kind = conv_layer if c.conv_layers[i] else recurrent if c.recurrent_layers[i] else per_layer
+        for suffix, shape in kind.items():
             shapes[f"blk.{i}.{suffix}"] = shape
     return shapes
+
+
+def _deltanet_shapes(c: ModelConfig, per_layer: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """A DeltaNet layer's tensors (llama.cpp's names): these replace the attention tensors."""
+    assert c.ssm is not None
+    s = c.ssm
+    return {
+        "attn_norm.weight": (c.dim,),
+        "attn_qkv.weight": (c.dim, s.conv_dim),
+        "attn_gate.weight": (c.dim, s.value_dim),
+        "ssm_conv1d.weight": (s.conv, s.conv_dim),
+        "ssm_dt.bias": (s.v_heads,),
+        "ssm_a": (s.v_heads,),
+        "ssm_beta.weight": (c.dim, s.v_heads),
+        "ssm_alpha.weight": (c.dim, s.v_heads),
+        "ssm_norm.weight": (s.d_state,),
+        "ssm_out.weight": (s.value_dim, c.dim),
+        **{k: v for k, v in per_layer.items() if k.startswith(("ffn_", c.ffn_norm_name))},
+    }
 
 
 def _check_tensors(path: Path, config: ModelConfig, tensors: dict[str, TensorRef]) -> None:

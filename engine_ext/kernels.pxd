@@ -72,6 +72,10 @@ cdef extern from "kernels.h" nogil:
         void (*f16_to_f32)(float *y, const uint16_t *x, int n)
         void (*shortconv)(float *out, const float *gate, const void *const *rows, int rows_f16, const float *w,
                           int taps, int n)
+        void (*ssm_conv)(float *out, float *tail, const float *x, const float *w, int taps, int n, int ld)
+        void (*l2norm)(float *x, int n, float eps)
+        void (*gdn_step)(float *S, float *o, const float *q, const float *k, const float *v, float decay,
+                         float beta, float scale, int d)
 
     const kernel_table *kernels_select(const char *name)
     int kernels_avx2_supported()
@@ -120,6 +124,15 @@ cdef extern from "engine.h" nogil:
         weight_t conv_in
         weight_t conv_out
         const float *conv_w
+        weight_t ssm_qkv
+        weight_t ssm_z
+        weight_t ssm_beta
+        weight_t ssm_alpha
+        weight_t ssm_out
+        const float *ssm_conv
+        const float *ssm_dt
+        const float *ssm_a
+        const float *ssm_norm
 
     ctypedef struct model_desc:
         int n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, n_vocab
@@ -134,6 +147,9 @@ cdef extern from "engine.h" nogil:
         const float *output_norm
         layer_weights *layers
         int conv_len
+        int rope_dim
+        int q_gate
+        int ssm_taps, ssm_d, ssm_k_heads, ssm_v_heads
 
     ctypedef struct engine_item:
         int slot
@@ -146,7 +162,7 @@ cdef extern from "engine.h" nogil:
         pass
 
     engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots, int ctx_len,
-                          int kv_f16, int max_tokens, int n_threads, int swa_ring, int *status)
+                          int kv_f16, int max_tokens, int n_threads, int swa_ring, int rollback, int *status)
     int engine_ring_len(const engine *e)
     void engine_destroy(engine *e)
     size_t engine_kv_bytes(const engine *e)
@@ -156,3 +172,7 @@ cdef extern from "engine.h" nogil:
     void engine_kv_read(const engine *e, int slot, int n, void *dst)
     void engine_kv_write(engine *e, int slot, int n, const void *src)
     void engine_kv_copy(engine *e, int src, int dst, int n)
+    size_t engine_state_bytes(const engine *e)
+    void engine_state_read(const engine *e, int slot, int which, void *dst)
+    void engine_state_write(engine *e, int slot, const void *src)
+    void engine_state_copy(engine *e, int src, int which, int dst)

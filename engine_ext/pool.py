@@ -13,6 +13,7 @@ Snapshot layout (little-endian):
     +---------------------------------------------------------------------------------------+
     | token ids int32 [n]                                                                   |
     | KV per layer: n_kv_heads k planes (blocked keys), n_kv_heads v planes (rows); engine.h |
+    | recurrent state (qwen35 only): engine_state_bytes, the state at length n; engine.h      |
     | crc32 u32 of everything before it                                                     |
     +---------------------------------------------------------------------------------------+
 
@@ -29,6 +30,18 @@ Short convolutions (lfm2): such a layer keeps, instead of keys and values, its c
 dim values in the KV dtype) per position, in the KV's place in the snapshot (engine.h), so it is
 rewound, copied and snapshotted exactly like full KV (min_truncate_len stays 0); the fingerprint
 names the conv length, so snapshots never cross into a layout without it.
+
+Recurrent state (qwen35's Gated DeltaNet layers): a slot holds one state, the one at its length,
+so it can only be extended (scheduler/interface.py). `_rs_lo[slot]` is the shortest length whose
+state the slot still holds: its length, or with a rollback ring of k states (SlotPool(rollback=k),
+engine.h) down to length - k while the slot went through those lengths since it was last emptied,
+restored or copied into. Every forward from L0 to L1 sets it to max(_rs_lo, L1 - k) (0 when L0 is
+0: a slot starts at the zero state); a truncate to n >= it takes the state of length n from the
+ring and leaves it; a restore or a copy into a slot sets it to n. min_truncate_len is that (0 for
+an empty slot). A snapshot of n carries the state at n (live or from the ring) after the KV; the
+fingerprint names the recurrent layout, so such snapshots never cross into another pool's layout.
+An injected fault fires before any state changes (engine.c), so it empties the faulted slot only,
+like on KV; any other failure empties every slot of the batch.
 """
 
 from __future__ import annotations
@@ -56,6 +69,7 @@ KERNELS_ENV = "SLOTSERVE_KERNELS"  # auto | scalar | avx2 | avx512vnni: which ke
 # avx2 with the same integer sums on other instructions; tests/engine/test_kernels.py holds
 # them to ==), so snapshots move between them.
 NUMERICS = {"avx512vnni": "avx2"}
+MAX_ROLLBACK = 64  # states a rollback ring may keep per slot (each is engine_state_bytes)
 MAX_DIM = 1 << 30  # bound on num_slots, ctx_len, max_batch_tokens: positions stay C ints with room
 
 _ENGINE_FAULT = -3  # engine.h ENGINE_EFAULT
@@ -109,8 +123,11 @@ class SlotPool:
     (default: the CPUs this process may use), kv_dtype "f16" (default) or "f32",
     max_batch_tokens (rows of one internal step; longer forwards run in several steps; the
     results are identical), kernels (None: $SLOTSERVE_KERNELS or auto), swa_full (keep every
-    row of sliding-window layers too: every length rewindable, more memory; default: rings).
-    All KV memory is allocated here and reported as kv_bytes.
+    row of sliding-window layers too: every length rewindable, more memory; default: rings),
+    rollback (recurrent models: keep the states of the last k lengths per slot so a slot can be
+    cut back by up to k tokens exactly; 0, the default, keeps none). All KV and recurrent state
+    memory is allocated here and reported as kv_bytes (the state part also as state_bytes, per
+    slot and state).
     """
 
     can_copy = True
@@ -127,6 +144,7 @@ class SlotPool:
         max_batch_tokens: int = 512,
         kernels: str | None = None,
         swa_full: bool = False,
+        rollback: int = 0,
     ) -> None:
         if not isinstance(model, ModelFile):
             model = load_model_file(Path(model))
@@ -143,11 +161,18 @@ class SlotPool:
             raise ValueError(f"threads must be an integer in 1..256, got {threads!r}")
         if kv_dtype not in KV_DTYPE_CODES:
             raise ValueError(f"kv_dtype must be one of {sorted(KV_DTYPE_CODES)}, got {kv_dtype!r}")
+        recurrent = model.config.ssm is not None
+        if isinstance(rollback, bool) or not isinstance(rollback, int) or not 0 <= rollback <= MAX_ROLLBACK:
+            raise ValueError(f"rollback must be an integer in 0..{MAX_ROLLBACK}, got {rollback!r}")
+        if rollback and not recurrent:
+            raise ValueError(
+                "rollback keeps recurrent states; this model has none (every length is rewindable)"
+            )
         variant = kernel_variant(kernels)
         self._model = model
         self._cfg = model.config
         self._engine = _engine.Engine(
-            model, num_slots, ctx_len, threads, kv_dtype, max_batch_tokens, variant, not swa_full
+            model, num_slots, ctx_len, threads, kv_dtype, max_batch_tokens, variant, not swa_full, rollback
         )
         self.ring_len = int(self._engine.ring_len)  # rows of a ring layer's planes; 0: no rings
         # widest window of the ring layers; None: every layer keeps every row (any cut is exact)
@@ -157,7 +182,10 @@ class SlotPool:
         self.ctx_len = ctx_len
         self.n_vocab = self._cfg.n_vocab
         self.kv_dtype = kv_dtype
-        self.kv_bytes = int(self._engine.kv_bytes)
+        self.recurrent = recurrent
+        self.rollback = rollback
+        self.state_bytes = int(self._engine.state_bytes)  # one slot's recurrent state; 0 without
+        self.kv_bytes = int(self._engine.kv_bytes) + num_slots * (1 + rollback) * self.state_bytes
         self.kernel_variant = self._engine.kernel_variant
         self.n_threads = int(self._engine.n_threads)
         self.max_batch_tokens = max_batch_tokens
@@ -169,10 +197,12 @@ class SlotPool:
             f"/kv={kv_dtype}/layout={LAYOUT_VERSION}/kernels={numerics}"
             + (f"/ring={self.kv_window}" if self.kv_window is not None else "")
             + (f"/conv_rows={self._cfg.conv_len}" if self._cfg.conv_len else "")
+            + (f"/recurrent=f32x{self.state_bytes}" if recurrent else "")
         )
         self._records = np.zeros((num_slots, ctx_len), np.int32)  # [slot][pos] token ids
         self._lens = [0] * num_slots  # tokens held per slot
         self._ring_lo = [0] * num_slots  # lowest position every ring of the slot still holds
+        self._rs_lo = [0] * num_slots  # shortest length whose recurrent state the slot holds
         self._faults: set[int] = set()  # slots whose next forward fails (test hook)
         self._lock = threading.Lock()
 
@@ -188,16 +218,22 @@ class SlotPool:
         return out
 
     def min_truncate_len(self, slot: int) -> int:
-        """See the module docstring: 0 for full KV or a ring that has not wrapped."""
-        lo = self._ring_lo[self._slot(slot)]
+        """See the module docstring: 0 for full KV or a ring that has not wrapped; for recurrent
+        state the shortest length whose state the slot holds."""
+        slot = self._slot(slot)
+        if self.recurrent:
+            return self._rs_lo[slot] if self._lens[slot] else 0
+        lo = self._ring_lo[slot]
         return 0 if lo == 0 else lo + self._reach
 
     def restored_min_truncate_len(self, n: int) -> int:
+        if self.recurrent:
+            return n
         return 0 if self.kv_window is None or n <= self._reach else n
 
     def snapshot_nbytes(self, n: int) -> int:
         fp_len = len(self.fingerprint.encode())
-        return HEADER.size + fp_len + 4 * n + int(self._engine.kv_snapshot_bytes(n)) + 4
+        return HEADER.size + fp_len + 4 * n + int(self._engine.kv_snapshot_bytes(n)) + self.state_bytes + 4
 
     def check_integrity(self) -> None:
         """Assert the pool's invariants (for tests)."""
@@ -205,6 +241,10 @@ class SlotPool:
         assert all(0 <= n <= self.ctx_len for n in self._lens)
         assert all(self.min_truncate_len(s) <= self._lens[s] for s in range(self.num_slots))
         assert all(lo == 0 for lo, n in zip(self._ring_lo, self._lens) if n == 0)
+        assert all(
+            lo <= n and (not self.recurrent or n - lo <= self.rollback)
+            for lo, n in zip(self._rs_lo, self._lens)
+        )
         assert all(0 <= s < self.num_slots for s in self._faults)
 
     # -- compute ---------------------------------------------------------------------------
@@ -243,6 +283,8 @@ class SlotPool:
             for s, t, p, _ in items:
                 self._records[s, p : p + len(t)] = t
                 self._lens[s] = p + len(t)
+                if self.recurrent:
+                    self._rs_lo[s] = max(self._rs_lo[s] if p else 0, p + len(t) - self.rollback)
                 if self.ring_len:
                     self._ring_lo[s] = max(self._ring_lo[s], p + len(t) - self.ring_len)
         return logits
@@ -250,6 +292,12 @@ class SlotPool:
     def _empty(self, slot: int) -> None:
         self._lens[slot] = 0
         self._ring_lo[slot] = 0
+        self._rs_lo[slot] = 0
+
+    def _state_at(self, slot: int, n: int) -> int:
+        """Which engine state holds `slot`'s state at length n (checked by _check_cut): -1 the
+        live one, else its rollback ring entry."""
+        return -1 if n == self._lens[slot] else n % self.rollback
 
     def _after_failed_rings(
         self, items: list[tuple[int, np.ndarray, int, int]], tainted: tuple[int, ...]
@@ -334,6 +382,8 @@ class SlotPool:
                 self._empty(slot)
                 return
             self._check_cut(slot, n, "truncate")
+            if self.recurrent and n != self._lens[slot]:
+                self._engine.state_copy(slot, self._state_at(slot, n), slot)
             self._lens[slot] = n
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
@@ -344,9 +394,12 @@ class SlotPool:
                 self._empty(dst)
                 return
             self._check_cut(src, n, "copy_prefix")
+            if self.recurrent and (src != dst or n != self._lens[src]):
+                self._engine.state_copy(src, self._state_at(src, n), dst)
             if src != dst:
                 self._engine.kv_copy(src, dst, n)
                 self._records[dst, :n] = self._records[src, :n]
+                self._rs_lo[dst] = n
             self._lens[dst] = n
             self._ring_lo[dst] = self._ring_lo[src]
 
@@ -368,20 +421,25 @@ class SlotPool:
                 len(fp),
             )
             body = self._engine.kv_snapshot(slot, n, head + fp + self._records[slot, :n].tobytes())
+            if self.recurrent:
+                body += self._engine.state_read(slot, self._state_at(slot, n))
         return body + struct.pack("<I", zlib.crc32(body))
 
     def restore(self, slot: int, snap: bytes) -> int:
         slot = self._slot(slot)
         view = memoryview(snap).cast("B")
-        n, tokens, kv = self._parse_snapshot(view)
+        n, tokens, kv, state = self._parse_snapshot(view)
         with self._lock:
             self._engine.kv_restore(slot, n, kv)
+            if self.recurrent:
+                self._engine.state_write(slot, state)
             self._records[slot, :n] = tokens
             self._lens[slot] = n
             self._ring_lo[slot] = max(0, n - self._reach) if self.ring_len else 0
+            self._rs_lo[slot] = n
         return n
 
-    def _parse_snapshot(self, view: memoryview) -> tuple[int, np.ndarray, memoryview]:
+    def _parse_snapshot(self, view: memoryview) -> tuple[int, np.ndarray, memoryview, memoryview]:
         def refuse(why: str) -> ValueError:
             return ValueError(
                 f"restore: {why}; take snapshots from a pool of the same model, KV dtype "
@@ -416,12 +474,12 @@ class SlotPool:
             )
         tok_end = fp_end + 4 * n
         kv_end = tok_end + int(self._engine.kv_snapshot_bytes(n))
-        if kv_end + 4 != len(view):
+        if kv_end + self.state_bytes + 4 != len(view):
             raise refuse("the snapshot has the wrong size for its token count")
         tokens = np.frombuffer(view[fp_end:tok_end], dtype="<i4")
         if n and (int(tokens.min()) < 0 or int(tokens.max()) >= self.n_vocab):
             raise refuse("the snapshot holds token ids outside the vocabulary")
-        return n, tokens, view[tok_end:kv_end]
+        return n, tokens, view[tok_end:kv_end], view[kv_end : kv_end + self.state_bytes]
 
     # -- test hook ---------------------------------------------------------------------------
 
@@ -445,6 +503,12 @@ class SlotPool:
 
     def _check_cut(self, slot: int, n: int, what: str) -> None:
         floor = self.min_truncate_len(slot)
+        if n < floor and self.recurrent:
+            raise ValueError(
+                f"{what}: slot {slot} can only be cut back to {floor} tokens (its recurrent state "
+                f"summarises all {self._lens[slot]}; the rollback ring holds {self.rollback} earlier states); "
+                "restore a checkpoint instead"
+            )
         if n < floor:
             raise ValueError(
                 f"{what}: slot {slot} can only be cut back to {floor} tokens (its sliding-window "

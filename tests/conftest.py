@@ -57,6 +57,25 @@ def arch_model_factory(tiny_model_factory: Callable[..., Path]) -> Callable[...,
 
 
 @pytest.fixture(scope="session")
+def qwen35_model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """callable(weight_type="Q8_0", **write_tiny_qwen35_kwargs) -> Path of a tiny qwen35 GGUF
+    (gguf_fixtures.write_tiny_qwen35), written once per argument set per session."""
+    from gguf_fixtures import write_tiny_qwen35
+
+    root = tmp_path_factory.mktemp("tiny_qwen35")
+    cache: dict[tuple, Path] = {}
+
+    def make(weight_type: str = "Q8_0", **kwargs: object) -> Path:
+        key = (weight_type, *sorted((k, repr(v)) for k, v in kwargs.items()))
+        if key not in cache:
+            path = root / f"tiny-qwen35-{len(cache)}-{weight_type}.gguf"
+            cache[key] = write_tiny_qwen35(path, weight_type=weight_type, **kwargs)  # type: ignore[arg-type]
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def tiny_model_path(tiny_model_factory: Callable[..., Path]) -> Path:
     """The default tiny model: Q8_0 weights, 2 layers, dim 64, 4 heads / 2 kv heads, vocab 299."""
     return tiny_model_factory("Q8_0")

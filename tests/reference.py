@@ -25,6 +25,21 @@ by a short convolution, the others are qwen3's attention block (q/k norms, NEOX 
     h = rmsnorm(x) * attn_norm; b, c, u = thirds of h @ W_in.T   (in that order)
     v = b * u; y[t] = sum_i conv[:, i] * v[t - (L-1) + i]  (v before position 0 is zero)
     x += (c * y) @ W_out.T;   and the final norm is token_embd_norm
+
+qwen35 (Qwen3.5 dense, llama.cpp's src/models/qwen35.cpp) has its own block (`_qwen35_hidden`):
+layers with (i + 1) % full_attention_interval != 0 are Gated DeltaNet, the others gated
+attention, and the FFN reads post_attention_norm:
+
+    DeltaNet: qkv = h @ Wqkv.T, z = h @ Wgate.T, beta = sigmoid(h @ Wbeta.T),
+              g = softplus(h @ Walpha.T + dt_bias) * ssm_a        (ssm_a = -exp(A_log))
+              c = silu(causal depthwise conv of qkv over ssm.conv_kernel positions, zeros before 0)
+              q, k, v = c split [k heads * d | k heads * d | v heads * d]; q, k /= sqrt(|.|^2 + eps)
+              v head h reads k head h % k_heads (llama.cpp tiles them)
+              per token, per v head: S = exp(g) S; S += beta (v - S k) k^T; o = S q / sqrt(d)
+              o = rmsnorm(o per head) * ssm_norm * silu(z);  x += o @ Wout.T
+    attention: q|gate = h @ Wq.T (per head: d query values, then d gate values); q, k normed
+              per head; NEOX rope on the first rope.dimension_count dims only, angle
+              pos * base ** (-2i / rope_dim); softmax attention; o = attn * sigmoid(gate)
 """
 
 from __future__ import annotations
@@ -37,7 +52,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "lfm2")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "lfm2", "qwen35")
 
 
 class ReferenceModel:
@@ -75,6 +90,13 @@ class ReferenceModel:
         self.rope_base = float(meta.get(f"{arch}.rope.freq_base", 10000.0))
         self.eps = float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5))
         self.window = int(meta.get(f"{arch}.attention.sliding_window", 0)) if arch == "gemma3" else 0
+        if arch == "qwen35":
+            self.rope_dim = int(meta[f"{arch}.rope.dimension_count"])
+            self.interval = int(meta.get(f"{arch}.full_attention_interval", 4))
+            self.ssm = {
+                k: int(meta[f"{arch}.ssm.{k}"])
+                for k in ("conv_kernel", "state_size", "group_count", "time_step_rank")
+            }
         self.w: dict[str, np.ndarray] = {}
         for t in reader.tensors:
             qtype = GGMLQuantizationType(int(t.tensor_type))
@@ -124,6 +146,8 @@ class ReferenceModel:
 
     def _final_hidden(self, tokens: Sequence[int]) -> np.ndarray:
         """[len(tokens), dim]: the normalized hidden state that the output matrix reads."""
+        if self.arch == "qwen35":
+            return self._qwen35_hidden(tokens)
         ids = np.asarray(tokens, dtype=np.int64)
         n, hd = len(ids), self.head_dim
         group = self.n_heads // self.n_kv_heads
@@ -187,6 +211,81 @@ class ReferenceModel:
         v = np.concatenate([np.zeros((taps - 1, dim), self.dtype), b * u])
         y = sum(kernel[:, i] * v[i : i + n] for i in range(taps))
         return c * y
+
+    @staticmethod
+    def _silu(x: np.ndarray) -> np.ndarray:
+        return x / (1.0 + np.exp(-x))
+
+    def _qwen35_hidden(self, tokens: Sequence[int]) -> np.ndarray:
+        ids = np.asarray(tokens, dtype=np.int64)
+        n, hd, rd = len(ids), self.head_dim, self.rope_dim
+        x = self.embd[ids]
+        pos = np.arange(n)
+        causal = np.where(pos[None, :] > pos[:, None], -np.inf, 0.0).astype(self.dtype)
+        taps, d = self.ssm["conv_kernel"], self.ssm["state_size"]
+        hk, hv = self.ssm["group_count"], self.ssm["time_step_rank"]
+        for i in range(self.n_layers):
+            w = lambda s, i=i: self.w[f"blk.{i}.{s}"]  # noqa: E731
+            h = self._rmsnorm(x, w("attn_norm.weight"))
+            if (i + 1) % self.interval != 0:
+                qkv = h @ w("attn_qkv.weight").T  # [n, conv_dim]
+                z = (h @ w("attn_gate.weight").T).reshape(n, hv, d)
+                beta = 1.0 / (1.0 + np.exp(-(h @ w("ssm_beta.weight").T)))  # [n, hv]
+                a = h @ w("ssm_alpha.weight").T + w("ssm_dt.bias")
+                g = np.where(a > 20.0, a, np.log1p(np.exp(np.minimum(a, 20.0)))) * w("ssm_a")
+                kernel = w("ssm_conv1d.weight")  # [conv_dim, taps]
+                padded = np.concatenate([np.zeros((taps - 1, qkv.shape[1]), self.dtype), qkv])
+                conv = sum(padded[j : j + n] * kernel[:, j] for j in range(taps))
+                c = self._silu(conv)
+                q = c[:, : hk * d].reshape(n, hk, d)
+                k = c[:, hk * d : 2 * hk * d].reshape(n, hk, d)
+                v = c[:, 2 * hk * d :].reshape(n, hv, d)
+                q = q / np.sqrt((q * q).sum(-1, keepdims=True) + self.eps)
+                k = k / np.sqrt((k * k).sum(-1, keepdims=True) + self.eps)
+                state = np.zeros((hv, d, d), self.dtype)  # [head][v index][k index]
+                o = np.empty((n, hv, d), self.dtype)
+                for t in range(n):
+                    for head in range(hv):
+                        kh, qh = k[t, head % hk], q[t, head % hk]
+                        s = state[head] * np.exp(g[t, head])
+                        delta = (v[t, head] - s @ kh) * beta[t, head]
+                        s = s + np.outer(delta, kh)
+                        state[head] = s
+                        o[t, head] = (s @ qh) / math.sqrt(d)
+                o = self._rmsnorm(o, w("ssm_norm.weight")) * self._silu(z)
+                x = x + o.reshape(n, hv * d) @ w("ssm_out.weight").T
+            else:
+                qg = (h @ w("attn_q.weight").T).reshape(n, self.n_heads, 2 * hd)
+                q, gate = qg[..., :hd], qg[..., hd:].reshape(n, self.n_heads * hd)
+                k = (h @ w("attn_k.weight").T).reshape(n, self.n_kv_heads, hd)
+                v = (h @ w("attn_v.weight").T).reshape(n, self.n_kv_heads, hd)
+                q = self._rmsnorm(q, w("attn_q_norm.weight"))
+                k = self._rmsnorm(k, w("attn_k_norm.weight"))
+                inv_freq = self.rope_base ** (-np.arange(0, rd, 2, dtype=np.float64) / rd)
+                angle = pos[:, None].astype(np.float64) * inv_freq[None, :]
+                cos = np.cos(angle)[:, None, :].astype(self.dtype)
+                sin = np.sin(angle)[:, None, :].astype(self.dtype)
+
+                def rope(t: np.ndarray, cos: np.ndarray = cos, sin: np.ndarray = sin) -> np.ndarray:
+                    out = t.copy()
+                    a, b = t[..., : rd // 2], t[..., rd // 2 : rd]
+                    out[..., : rd // 2], out[..., rd // 2 : rd] = a * cos - b * sin, a * sin + b * cos
+                    return out
+
+                q, k = rope(q), rope(k)
+                group = self.n_heads // self.n_kv_heads
+                attn = np.empty((n, self.n_heads, hd), dtype=self.dtype)
+                for head in range(self.n_heads):
+                    kv = head // group
+                    scores = q[:, head] @ k[:, kv].T / math.sqrt(hd) + causal
+                    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+                    attn[:, head] = (scores / scores.sum(axis=-1, keepdims=True)) @ v[:, kv]
+                o = attn.reshape(n, -1) / (1.0 + np.exp(-gate))
+                x = x + o @ w("attn_output.weight").T
+            h = self._rmsnorm(x, w("post_attention_norm.weight"))
+            gate_f = h @ w("ffn_gate.weight").T
+            x = x + (self._silu(gate_f) * (h @ w("ffn_up.weight").T)) @ w("ffn_down.weight").T
+        return self._rmsnorm(x, self.w["output_norm.weight"])
 
     def greedy(self, tokens: Sequence[int], n: int) -> list[int]:
         """The n tokens greedy decoding appends to `tokens` (argmax, lowest id on ties)."""

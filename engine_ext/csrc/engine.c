@@ -1,6 +1,7 @@
-/* The decoder forward pass over a pool of KV slots: llama, qwen2, qwen3, gemma3 and lfm2, one
- * phase sequence whose optional parts (biases, q/k norms, post-norms, sliding windows, short
- * convolutions) are switched by the model description (engine.h).
+/* The decoder forward pass over a pool of KV slots: llama, qwen2, qwen3, gemma3, lfm2 and qwen35,
+ * one phase sequence whose optional parts (biases, q/k norms, post-norms, sliding windows, short
+ * convolutions, gated attention, Gated DeltaNet layers) are switched by the model description
+ * (engine.h).
  *
  * Design: a forward call is cut into steps of at most max_tokens rows; a step holds segments
  * (consecutive tokens of one slot) from any number of slots, so one step streams every weight
@@ -56,6 +57,17 @@
  * The conv reads the current row from the store too, so a row's result is the same whether
  * its predecessors were computed in this step or an earlier one.
  *
+ * Gated DeltaNet layers (qwen35) keep no rows at all but a recurrent state per slot, in its own
+ * block (engine_state_*: conv tail [taps-1][conv_dim] and head matrices [v_heads][d][d], f32),
+ * and walk the attention block's phases as: norm | qkv, z, beta, alpha matmuls | conv (segment x
+ * channel block: each channel's tokens in position order through the tail) | delta rule
+ * (segment x value head: each token in position order: l2-normed q, k, the gated update of the
+ * head's matrix, its output rmsnormed and gated by silu(z)) | - | quantize | out matmul | -.
+ * Every row's numbers come from the same operations on the same state in the same order, however
+ * the tokens were cut into steps or batched, and whichever thread runs a unit. A segment that
+ * starts at position 0 starts from a zero state. With a rollback ring, the state at each of the
+ * last `rollback` lengths is copied aside before the token that leaves it (engine_state_copy).
+ *
  * NOTE: attention stays bit-identical to full planes: a chunk of ATTN_CHUNK keys never wraps,
  * so the chunk kernels run on the same keys in the same order with positions shifted by a
  * multiple of R (pos0 - S, chunk - S / ATTN_CHUNK); only where the keys are read from changes.
@@ -84,6 +96,8 @@
 #define SPLIT_BELOW_UNITS 4     /* split attention into chunks when it has < this many units per thread */
 #define PART_FLOATS (1 << 18)   /* capacity of the split attention partial states (1 MiB) */
 #define ROWS_PER_UNIT 4         /* rows per unit of the row-wise phases (1 for small steps) */
+#define CONV_BLOCK 256          /* channels per unit of the DeltaNet conv phase */
+#define MAX_SSM_TAPS 16         /* longest DeltaNet conv (gguf_file.MAX_SSM_CONV) */
 
 typedef struct {
     int slot;
@@ -135,7 +149,23 @@ struct engine {
     size_t kv_bytes;
     int n_rope;               /* distinct rope tables (one per distinct layer rope_base) */
     int *layer_rope;          /* [n_layers] rope table of each layer */
-    double *inv_freq;         /* [n_rope][head_dim/2]: rope_base^(-2i/head_dim) / rope_freqs[i] */
+    double *inv_freq;         /* [n_rope][head_dim/2]: rope_base^(-2i/rope_dim) / rope_freqs[i] (0 past rope_dim/2) */
+
+    /* Gated DeltaNet (qwen35; see top) */
+    int conv_dim, value_dim, key_dim;
+    size_t *rs_off;           /* [n_layers] offset (floats) of a DeltaNet layer in a slot's state */
+    size_t rs_floats;         /* floats of one slot's state */
+    float *rstate;            /* [num_slots][rs_floats] live states */
+    int rollback;             /* states kept per slot for rollback (0 = none) */
+    float *rring;             /* [num_slots][rollback][rs_floats] */
+    float *ssm_taps;          /* [n_layers][taps][conv_dim] tap-major conv kernels (DeltaNet layers) */
+    float *ones;              /* [CONV_BLOCK] 1.0f (silu(x) = silu_mul(x, 1)) */
+    float *sqkv, *sconv;      /* [T][conv_dim] the qkv matmul result, its conv + silu */
+    float *sz;                /* [T][value_dim] output gate */
+    float *sb, *sa;           /* [T][v_heads] beta and alpha before their activations */
+    float *ssm_scratch;       /* [n_threads][2 * d] normalised q, k */
+    float *qg;                /* [T][2 * q_dim] gated attention's q matmul (q_gate) */
+    float *qgate;             /* [T][q_dim] its gate values */
 
     float *conv_taps;         /* [n_layers][conv_len][dim] tap-major copies of the conv kernels (conv layers only) */
     size_t conv_row_bytes;    /* dim * kv_elt: one position's conv input */
@@ -193,6 +223,19 @@ static int weight_ok(const weight_t *w, int n_in, int n_out) {
 #define MAX_CONV_LEN 16          /* longest short convolution (lfm2 uses 3) */
 
 static inline int is_conv_layer(const layer_weights *L) { return L->conv_in.rows != NULL; }
+static inline int is_delta_layer(const layer_weights *L) { return L->ssm_qkv.rows != NULL; }
+
+/* A DeltaNet layer's weights against the model's dimensions. */
+static int delta_layer_ok(const model_desc *m, const layer_weights *L) {
+    const int d = m->ssm_d, vd = m->ssm_v_heads * d, cd = 2 * m->ssm_k_heads * d + vd;
+    return m->ssm_taps >= 2 && m->ssm_taps <= MAX_SSM_TAPS && d >= 1 && m->ssm_k_heads >= 1 &&
+           m->ssm_v_heads % m->ssm_k_heads == 0 && L->attn_norm && L->ffn_norm && !L->attn_q.rows &&
+           !L->attn_output.rows && L->ssm_conv && L->ssm_dt && L->ssm_a && L->ssm_norm && cd <= MAX_ROW_LEN &&
+           weight_ok(&L->ssm_qkv, m->dim, cd) && weight_ok(&L->ssm_z, m->dim, vd) &&
+           weight_ok(&L->ssm_beta, m->dim, m->ssm_v_heads) && weight_ok(&L->ssm_alpha, m->dim, m->ssm_v_heads) &&
+           weight_ok(&L->ssm_out, vd, m->dim) && weight_ok(&L->ffn_gate, m->dim, m->ffn_dim) &&
+           weight_ok(&L->ffn_up, m->dim, m->ffn_dim) && weight_ok(&L->ffn_down, m->ffn_dim, m->dim);
+}
 
 static int model_ok(const model_desc *m) {
     if (m->n_layers < 1 || m->dim < 1 || m->n_heads < 1 || m->n_kv_heads < 1 || m->head_dim < 2 ||
@@ -204,6 +247,8 @@ static int model_ok(const model_desc *m) {
         !(m->attn_scale > 0.0f) || !(m->rms_eps >= 0.0f))
         return 0;
     if (m->n_heads / m->n_kv_heads > ATTN_MAX_ROWS) return 0;
+    if (m->rope_dim < 0 || m->rope_dim > m->head_dim || m->rope_dim % 2 || (m->rope_dim && m->rope_dim < m->head_dim && m->rope_mode != ROPE_NEOX))
+        return 0;
     int q_dim = m->n_heads * m->head_dim, kv_dim = m->n_kv_heads * m->head_dim;
     if (!m->token_embd.rows || m->token_embd.n_in != m->dim || m->token_embd.n_out != m->n_vocab ||
         ggml_row_bytes(m->token_embd.type, m->dim) == 0 ||
@@ -221,7 +266,11 @@ static int model_ok(const model_desc *m) {
                 return 0;
             continue;
         }
-        if (!L->attn_norm || !L->ffn_norm || !weight_ok(&L->attn_q, m->dim, q_dim) ||
+        if (is_delta_layer(L)) {
+            if (!delta_layer_ok(m, L)) return 0;
+            continue;
+        }
+        if (!L->attn_norm || !L->ffn_norm || !weight_ok(&L->attn_q, m->dim, m->q_gate ? 2 * q_dim : q_dim) ||
             !weight_ok(&L->attn_k, m->dim, kv_dim) || !weight_ok(&L->attn_v, m->dim, kv_dim) ||
             !weight_ok(&L->attn_output, q_dim, m->dim) || !weight_ok(&L->ffn_gate, m->dim, m->ffn_dim) ||
             !weight_ok(&L->ffn_up, m->dim, m->ffn_dim) || !weight_ok(&L->ffn_down, m->ffn_dim, m->dim) ||
@@ -274,13 +323,14 @@ static void big_free(void *p, size_t n) {
     free(p);
 }
 
-static const int N_LAYER_MATRICES = 9;
+static const int N_LAYER_MATRICES = 14;
 
 static weight_t *matrix(engine *e, int i) {
     if (i == 0) return &e->m.output;
     layer_weights *L = &e->layers[(i - 1) / N_LAYER_MATRICES];
-    weight_t *ws[] = {&L->attn_q,   &L->attn_k, &L->attn_v,    &L->attn_output, &L->ffn_gate,
-                      &L->ffn_up,   &L->ffn_down, &L->conv_in, &L->conv_out};
+    weight_t *ws[] = {&L->attn_q,   &L->attn_k,  &L->attn_v,    &L->attn_output, &L->ffn_gate,
+                      &L->ffn_up,   &L->ffn_down, &L->conv_in, &L->conv_out,   &L->ssm_qkv,
+                      &L->ssm_z,    &L->ssm_beta, &L->ssm_alpha, &L->ssm_out};
     return ws[(i - 1) % N_LAYER_MATRICES];
 }
 
@@ -307,10 +357,42 @@ static int pack_weights(engine *e) {
     return 1;
 }
 
+/* The DeltaNet layers' state blocks, tap-major kernels and step buffers (see top). */
+static int delta_create(engine *e, const model_desc *m, int max_tokens, int n_threads, int rollback) {
+    int ok = 1;
+    const size_t T = (size_t)max_tokens, per_layer = (size_t)(m->ssm_taps - 1) * e->conv_dim +
+                                                       (size_t)m->ssm_v_heads * m->ssm_d * m->ssm_d;
+    e->rs_off = xalloc(sizeof(size_t) * m->n_layers, &ok);
+    e->ssm_taps = xalloc(sizeof(float) * m->n_layers * m->ssm_taps * e->conv_dim, &ok);
+    if (!ok) return 0;
+    for (int l = 0; l < m->n_layers; l++) {
+        const layer_weights *L = &m->layers[l];
+        if (!is_delta_layer(L)) continue;
+        e->rs_off[l] = e->rs_floats;
+        e->rs_floats += per_layer;
+        float *taps = e->ssm_taps + (size_t)l * m->ssm_taps * e->conv_dim;
+        for (int c = 0; c < e->conv_dim; c++)
+            for (int j = 0; j < m->ssm_taps; j++) taps[(size_t)j * e->conv_dim + c] = L->ssm_conv[(size_t)c * m->ssm_taps + j];
+    }
+    e->rollback = rollback;
+    e->rstate = big_alloc(sizeof(float) * e->rs_floats * e->num_slots, 1);
+    if (rollback) e->rring = big_alloc(sizeof(float) * e->rs_floats * e->num_slots * rollback, 0);
+    if (!e->rstate || (rollback && !e->rring)) return 0;
+    e->ones = xalloc(sizeof(float) * CONV_BLOCK, &ok);
+    for (int i = 0; ok && i < CONV_BLOCK; i++) e->ones[i] = 1.0f;
+    e->sqkv = xalloc(sizeof(float) * T * e->conv_dim, &ok);
+    e->sconv = xalloc(sizeof(float) * T * e->conv_dim, &ok);
+    e->sz = xalloc(sizeof(float) * T * e->value_dim, &ok);
+    e->sb = xalloc(sizeof(float) * T * m->ssm_v_heads, &ok);
+    e->sa = xalloc(sizeof(float) * T * m->ssm_v_heads, &ok);
+    e->ssm_scratch = xalloc(sizeof(float) * 2 * m->ssm_d * n_threads, &ok);
+    return ok;
+}
+
 engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots, int ctx_len,
-                      int kv_f16, int max_tokens, int n_threads, int swa_ring, int *status) {
+                      int kv_f16, int max_tokens, int n_threads, int swa_ring, int rollback, int *status) {
     *status = ENGINE_EINVAL;
-    if (!m || !kt || num_slots < 1 || ctx_len < 1 || max_tokens < 1 || n_threads < 1 || !model_ok(m))
+    if (!m || !kt || num_slots < 1 || ctx_len < 1 || max_tokens < 1 || n_threads < 1 || rollback < 0 || !model_ok(m))
         return NULL;
     *status = ENGINE_ENOMEM;
     engine *e = calloc(1, sizeof(*e));
@@ -332,6 +414,10 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
     e->group = m->n_heads / m->n_kv_heads;
     int max_k = m->dim > e->q_dim ? m->dim : e->q_dim;
     e->max_k = max_k > m->ffn_dim ? max_k : m->ffn_dim;
+    e->key_dim = m->ssm_k_heads * m->ssm_d;
+    e->value_dim = m->ssm_v_heads * m->ssm_d;
+    e->conv_dim = 2 * e->key_dim + e->value_dim;
+    if (e->value_dim > e->max_k) e->max_k = e->value_dim;
     e->kv_elt = e->kv_f16 ? 2 : 4;
     int max_window = 0;
     for (int l = 0; l < m->n_layers; l++) max_window = m->layers[l].window > max_window ? m->layers[l].window : max_window;
@@ -349,8 +435,9 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
         for (int l = 0; l < m->n_layers; l++) {
             e->plane_rows[l] = e->ring_len && m->layers[l].window > 0 ? e->ring_len : e->ctx_pad;
             e->layer_off[l] = e->slot_bytes;
-            e->slot_bytes += is_conv_layer(&m->layers[l]) ? (size_t)e->ctx_pad * e->conv_row_bytes
-                                                          : 2 * (size_t)e->kv_dim * e->plane_rows[l] * e->kv_elt;
+            if (!is_delta_layer(&m->layers[l]))
+                e->slot_bytes += is_conv_layer(&m->layers[l]) ? (size_t)e->ctx_pad * e->conv_row_bytes
+                                                              : 2 * (size_t)e->kv_dim * e->plane_rows[l] * e->kv_elt;
         }
     if (m->conv_len) { /* the kernels read the taps of 8 channels at once: [conv_len][dim] */
         e->conv_taps = xalloc(sizeof(float) * m->n_layers * m->conv_len * m->dim, &ok);
@@ -362,6 +449,7 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
                 for (int i = 0; i < m->conv_len; i++) taps[(size_t)i * m->dim + c] = m->layers[l].conv_w[(size_t)c * m->conv_len + i];
         }
     }
+    if (ok && e->conv_dim) ok = delta_create(e, m, max_tokens, n_threads, rollback);
     e->kv_bytes = (size_t)num_slots * e->slot_bytes;
     if (ok) e->kv = big_alloc(e->kv_bytes, 1);
     if (!e->kv) ok = 0;
@@ -378,8 +466,9 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
             }
             e->layer_rope[l] = e->n_rope;
             double *f = e->inv_freq + (size_t)e->n_rope++ * (m->head_dim / 2);
+            const int rd = m->rope_dim ? m->rope_dim : m->head_dim;
             for (int i = 0; i < m->head_dim / 2; i++) {
-                f[i] = pow(m->layers[l].rope_base, -2.0 * i / m->head_dim);
+                f[i] = i < rd / 2 ? pow(m->layers[l].rope_base, -2.0 * i / rd) : 0.0;
                 if (m->rope_freqs) f[i] /= m->rope_freqs[i];
             }
         }
@@ -393,6 +482,10 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
     e->gate = xalloc(sizeof(float) * T * m->ffn_dim, &ok);
     e->up = xalloc(sizeof(float) * T * m->ffn_dim, &ok);
     e->proj = xalloc(sizeof(float) * T * m->dim, &ok);
+    if (m->q_gate) {
+        e->qg = xalloc(sizeof(float) * T * 2 * e->q_dim, &ok);
+        e->qgate = xalloc(sizeof(float) * T * e->q_dim, &ok);
+    }
     e->aqs = xalloc(T * e->max_k, &ok);
     e->ad = xalloc(sizeof(float) * T * (e->max_k / QK + 1), &ok);
     e->as = xalloc(sizeof(float) * T * (e->max_k / QK + 1), &ok);
@@ -429,6 +522,10 @@ void engine_destroy(engine *e) {
     threadpool_destroy(e->tp);
     big_free(e->packed, e->packed_bytes);
     big_free(e->kv, e->kv_bytes);
+    big_free(e->rstate, sizeof(float) * e->rs_floats * e->num_slots);
+    big_free(e->rring, sizeof(float) * e->rs_floats * e->num_slots * e->rollback);
+    void *ssm_bufs[] = {e->rs_off, e->ssm_taps, e->ones, e->sqkv, e->sconv, e->sz, e->sb, e->sa, e->ssm_scratch, e->qg, e->qgate};
+    for (size_t i = 0; i < sizeof(ssm_bufs) / sizeof(ssm_bufs[0]); i++) free(ssm_bufs[i]);
     void *bufs[] = {e->layers, e->plane_rows, e->layer_off, e->layer_rope, e->inv_freq, e->x, e->xb, e->q, e->k, e->v, e->gate, e->up, e->proj,
                     e->conv_taps, e->bcx,
                     e->aqs, e->ad, e->as, e->rope_cs, e->tokens, e->row_pos, e->row_slot, e->segs,
@@ -471,10 +568,13 @@ static inline size_t v_plane_bytes(const engine *e, int n) { return (size_t)n * 
  * position attends to (its window before it), as [rows][head_dim] keys then values per head. */
 static inline int ring_lo(const engine *e, int n) { return n - e->ring_reach > 0 ? n - e->ring_reach : 0; }
 
+static inline int is_delta(const engine *e, int layer) { return is_delta_layer(&e->m.layers[layer]); }
+
 size_t engine_kv_snapshot_bytes(const engine *e, int n) {
     size_t total = 0;
     for (int l = 0; l < e->m.n_layers; l++)
-        total += is_conv(e, l) ? (size_t)n * e->conv_row_bytes
+        total += is_delta(e, l) ? 0
+                 : is_conv(e, l) ? (size_t)n * e->conv_row_bytes
                                : (size_t)e->m.n_kv_heads * (is_ring(e, l) ? 2 * v_plane_bytes(e, n - ring_lo(e, n))
                                                                           : k_plane_bytes(e, n) + v_plane_bytes(e, n));
     return total;
@@ -516,6 +616,7 @@ void engine_kv_read(const engine *e, int slot, int n, void *dst) {
             out += (size_t)n * e->conv_row_bytes;
             continue;
         }
+        if (is_delta(e, l)) continue;
         if (is_ring(e, l)) {
             const int lo = ring_lo(e, n);
             const size_t rb = v_plane_bytes(e, n - lo);
@@ -539,6 +640,7 @@ void engine_kv_write(engine *e, int slot, int n, const void *src) {
             in += (size_t)n * e->conv_row_bytes;
             continue;
         }
+        if (is_delta(e, l)) continue;
         if (is_ring(e, l)) {
             const int lo = ring_lo(e, n);
             const size_t rb = v_plane_bytes(e, n - lo);
@@ -559,6 +661,7 @@ void engine_kv_copy(engine *e, int src, int dst, int n) {
             memcpy(conv_row(e, dst, l, 0), conv_row(e, src, l, 0), (size_t)n * e->conv_row_bytes);
             continue;
         }
+        if (is_delta(e, l)) continue;
         /* a ring is copied whole: which of its rows are valid is the pool's bookkeeping */
         const size_t ck = is_ring(e, l) ? k_plane_bytes(e, e->ring_len) : kb;
         const size_t cv = is_ring(e, l) ? v_plane_bytes(e, e->ring_len) : vb;
@@ -567,6 +670,26 @@ void engine_kv_copy(engine *e, int src, int dst, int n) {
             memcpy(kv_plane(e, dst, l, 1, h), kv_plane(e, src, l, 1, h), cv);
         }
     }
+}
+
+/* ---- recurrent state (DeltaNet layers) ---------------------------------------------------- */
+
+size_t engine_state_bytes(const engine *e) { return sizeof(float) * e->rs_floats; }
+
+static float *state_of(const engine *e, int slot, int which) {
+    return which < 0 ? e->rstate + (size_t)slot * e->rs_floats
+                     : e->rring + ((size_t)slot * e->rollback + which) * e->rs_floats;
+}
+
+void engine_state_read(const engine *e, int slot, int which, void *dst) {
+    memcpy(dst, state_of(e, slot, which), engine_state_bytes(e));
+}
+
+void engine_state_write(engine *e, int slot, const void *src) { memcpy(state_of(e, slot, -1), src, engine_state_bytes(e)); }
+
+void engine_state_copy(engine *e, int src, int which, int dst) {
+    if (src == dst && which < 0) return;
+    memcpy(state_of(e, dst, -1), state_of(e, src, which), engine_state_bytes(e));
 }
 
 /* Store one row's key and value of kv head h at position pos of a slot's planes. */
@@ -738,6 +861,12 @@ static void qkv_row(engine *e, const layer_weights *L, int l, int r) {
     const kernel_table *kt = e->kt;
     const int hd = m->head_dim;
     float *q = e->q + (size_t)r * e->q_dim, *k = e->k + (size_t)r * e->kv_dim, *v = e->v + (size_t)r * e->kv_dim;
+    if (m->q_gate) /* per head: hd queries, then hd gate values */
+        for (int h = 0; h < m->n_heads; h++) {
+            const float *src = e->qg + (size_t)r * 2 * e->q_dim + (size_t)h * 2 * hd;
+            memcpy(q + h * hd, src, sizeof(float) * hd);
+            memcpy(e->qgate + (size_t)r * e->q_dim + h * hd, src + hd, sizeof(float) * hd);
+        }
     if (L->bq)
         for (int i = 0; i < e->q_dim; i++) q[i] += L->bq[i];
     if (L->bk)
@@ -749,7 +878,10 @@ static void qkv_row(engine *e, const layer_weights *L, int l, int r) {
         for (int h = 0; h < m->n_kv_heads; h++) kt->rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, m->rms_eps);
     }
     const float *cs = e->rope_cs + ((size_t)e->layer_rope[l] * e->max_tokens + r) * hd;
-    if (m->rope_mode == ROPE_NEOX) {
+    if (m->rope_dim && m->rope_dim < hd) { /* partial: the first rope_dim dims of each head */
+        for (int h = 0; h < m->n_heads; h++) kt->rope_neox(q + h * hd, 1, m->rope_dim, cs);
+        for (int h = 0; h < m->n_kv_heads; h++) kt->rope_neox(k + h * hd, 1, m->rope_dim, cs);
+    } else if (m->rope_mode == ROPE_NEOX) {
         kt->rope_neox(q, m->n_heads, hd, cs);
         kt->rope_neox(k, m->n_kv_heads, hd, cs);
     } else {
@@ -766,7 +898,9 @@ static int attention_block(engine *e, const layer_weights *L, int l, int p, int 
     norm_phase(e, p++, L->attn_norm,
                is_block_type(L->attn_q.type) || is_block_type(L->attn_k.type) || is_block_type(L->attn_v.type));
     {
-        mm_job jobs[3] = {{&L->attn_q, e->q, e->q_dim, 0}, {&L->attn_k, e->k, e->kv_dim, 0}, {&L->attn_v, e->v, e->kv_dim, 0}};
+        mm_job jobs[3] = {{&L->attn_q, e->m.q_gate ? e->qg : e->q, e->m.q_gate ? 2 * e->q_dim : e->q_dim, 0},
+                          {&L->attn_k, e->k, e->kv_dim, 0},
+                          {&L->attn_v, e->v, e->kv_dim, 0}};
         act_rows in = input_view(e, e->xb, dim);
         matmul_phase(e, p++, jobs, 3, &in, T, nth);
     }
@@ -779,11 +913,18 @@ static int attention_block(engine *e, const layer_weights *L, int l, int p, int 
     if (l == e->fault_layer) return -1; /* test hook */
     attention_phase(e, p++, l, ith);
     merge_phase(e, p++);
-    if (is_block_type(L->attn_output.type)) {
+    if (is_block_type(L->attn_output.type) || e->m.q_gate) {
         FOR_EACH_UNIT(e, p, nu, u) {
             int r0, r1;
             unit_rows(u, T, &r0, &r1);
-            for (int r = r0; r < r1; r++) quantize_row(e, e->xb, e->q_dim, r);
+            for (int r = r0; r < r1; r++) {
+                if (e->m.q_gate) { /* attention output * sigmoid(gate) */
+                    float *o = e->xb + (size_t)r * e->q_dim;
+                    const float *g = e->qgate + (size_t)r * e->q_dim;
+                    for (int i = 0; i < e->q_dim; i++) o[i] *= 1.0f / (1.0f + expf(-g[i]));
+                }
+                if (is_block_type(L->attn_output.type)) quantize_row(e, e->xb, e->q_dim, r);
+            }
         }
         phase_end(e, p, nu);
     }
@@ -850,6 +991,88 @@ static int conv_block(engine *e, const layer_weights *L, int l, int p, int nth) 
     return p + 1; /* no post-norm */
 }
 
+/* A Gated DeltaNet block (qwen35) in the attention block's phases from p on (see top). Returns the
+ * next phase, or -1 when the test hook fired (before any state changed). */
+static int delta_block(engine *e, const layer_weights *L, int l, int p, int ith, int nth) {
+    const model_desc *m = &e->m;
+    const kernel_table *kt = e->kt;
+    const int T = e->n_rows, dim = m->dim, nu = n_row_units(T), d = m->ssm_d, vh = m->ssm_v_heads, cd = e->conv_dim;
+    const int taps = m->ssm_taps, k = e->rollback;
+    norm_phase(e, p++, L->attn_norm,
+               is_block_type(L->ssm_qkv.type) || is_block_type(L->ssm_z.type) || is_block_type(L->ssm_beta.type) ||
+                   is_block_type(L->ssm_alpha.type));
+    {
+        mm_job jobs[4] = {{&L->ssm_qkv, e->sqkv, cd, 0},
+                          {&L->ssm_z, e->sz, e->value_dim, 0},
+                          {&L->ssm_beta, e->sb, vh, 0},
+                          {&L->ssm_alpha, e->sa, vh, 0}};
+        act_rows in = input_view(e, e->xb, dim);
+        matmul_phase(e, p++, jobs, 4, &in, T, nth);
+    }
+    if (l == e->fault_layer) return -1; /* test hook: no state has changed yet */
+    /* conv: segment x channel block, tokens in position order through the slot's tail */
+    const int n_cb = (cd + CONV_BLOCK - 1) / CONV_BLOCK;
+    const float *w = e->ssm_taps + (size_t)l * taps * cd;
+    FOR_EACH_UNIT(e, p, e->n_segs * n_cb, u) {
+        const step_seg *sg = &e->segs[u / n_cb];
+        const int c0 = (u % n_cb) * CONV_BLOCK, n = cd - c0 < CONV_BLOCK ? cd - c0 : CONV_BLOCK;
+        float *tail = e->rstate + (size_t)sg->slot * e->rs_floats + e->rs_off[l] + c0;
+        for (int j = 0; j < sg->n; j++) {
+            const int r = sg->row0 + j, pos = sg->pos0 + j;
+            if (k && pos >= sg->pos0 + sg->n - k) { /* the state at length pos, before this token */
+                float *keep = state_of(e, sg->slot, pos % k) + e->rs_off[l] + c0;
+                for (int t = 0; t < taps - 1; t++) memcpy(keep + (size_t)t * cd, tail + (size_t)t * cd, sizeof(float) * n);
+            }
+            float *out = e->sconv + (size_t)r * cd + c0;
+            kt->ssm_conv(out, tail, e->sqkv + (size_t)r * cd + c0, w + c0, taps, n, cd);
+            kt->silu_mul(out, out, e->ones, n);
+        }
+    }
+    phase_end(e, p++, e->n_segs * n_cb);
+    /* delta rule: segment x value head, tokens in position order through the head's matrix */
+    float *qn = e->ssm_scratch + (size_t)ith * 2 * d, *kn = qn + d;
+    const float scale = 1.0f / sqrtf((float)d);
+    FOR_EACH_UNIT(e, p, e->n_segs * vh, u) {
+        const step_seg *sg = &e->segs[u / vh];
+        const int h = u % vh, kh = h % m->ssm_k_heads; /* llama.cpp tiles the key heads */
+        const size_t s_off = e->rs_off[l] + (size_t)(taps - 1) * cd + (size_t)h * d * d;
+        float *S = e->rstate + (size_t)sg->slot * e->rs_floats + s_off;
+        for (int j = 0; j < sg->n; j++) {
+            const int r = sg->row0 + j, pos = sg->pos0 + j;
+            if (k && pos >= sg->pos0 + sg->n - k) memcpy(state_of(e, sg->slot, pos % k) + s_off, S, sizeof(float) * d * d);
+            const float *c = e->sconv + (size_t)r * cd;
+            memcpy(qn, c + (size_t)kh * d, sizeof(float) * d);
+            memcpy(kn, c + e->key_dim + (size_t)kh * d, sizeof(float) * d);
+            kt->l2norm(qn, d, m->rms_eps);
+            kt->l2norm(kn, d, m->rms_eps);
+            const float beta = 1.0f / (1.0f + expf(-e->sb[(size_t)r * vh + h]));
+            const float a = e->sa[(size_t)r * vh + h] + L->ssm_dt[h];
+            const float g = (a > 20.0f ? a : logf(1.0f + expf(a))) * L->ssm_a[h];
+            float *o = e->xb + (size_t)r * e->value_dim + (size_t)h * d;
+            kt->gdn_step(S, o, qn, kn, c + 2 * e->key_dim + (size_t)h * d, expf(g), beta, scale, d);
+            kt->rmsnorm(o, o, L->ssm_norm, d, m->rms_eps);
+            kt->silu_mul(o, e->sz + (size_t)r * e->value_dim + (size_t)h * d, o, d);
+        }
+    }
+    phase_end(e, p++, e->n_segs * vh);
+    p++; /* attention's merge phase: nothing here */
+    if (is_block_type(L->ssm_out.type)) {
+        FOR_EACH_UNIT(e, p, nu, u) {
+            int r0, r1;
+            unit_rows(u, T, &r0, &r1);
+            for (int r = r0; r < r1; r++) quantize_row(e, e->xb, e->value_dim, r);
+        }
+        phase_end(e, p, nu);
+    }
+    p++;
+    {
+        mm_job job = {&L->ssm_out, e->x, dim, 1};
+        act_rows in = input_view(e, e->xb, e->value_dim);
+        matmul_phase(e, p++, &job, 1, &in, T, nth);
+    }
+    return p + 1; /* no post-norm */
+}
+
 static void step_worker(void *ctx, int ith, int nth) {
     engine *e = ctx;
     const model_desc *m = &e->m;
@@ -882,7 +1105,9 @@ static void step_worker(void *ctx, int ith, int nth) {
 
     for (int l = 0; l < m->n_layers; l++) {
         const layer_weights *L = &m->layers[l];
-        p = is_conv_layer(L) ? conv_block(e, L, l, p, nth) : attention_block(e, L, l, p, ith, nth);
+        p = is_conv_layer(L)    ? conv_block(e, L, l, p, nth)
+            : is_delta_layer(L) ? delta_block(e, L, l, p, ith, nth)
+                                : attention_block(e, L, l, p, ith, nth);
         if (p < 0) return; /* test hook: every thread leaves at the same point */
         /* feed-forward block */
         norm_phase(e, p++, L->ffn_norm, is_block_type(L->ffn_gate.type) || is_block_type(L->ffn_up.type));
@@ -1034,6 +1259,8 @@ int engine_forward(engine *e, const engine_item *items, int n_items, float *logi
                 offset = 0;
             }
         }
+        for (int s = 0; s < e->n_segs; s++) /* a slot's first token starts from a zero state */
+            if (e->rs_floats && e->segs[s].pos0 == 0) memset(state_of(e, e->segs[s].slot, -1), 0, engine_state_bytes(e));
         plan_attention(e);
         e->logits_out = logits + (size_t)logit_base * e->m.n_vocab;
         e->fault_layer = first_step ? fault_layer : -1;

@@ -1,4 +1,4 @@
-/* The decoder forward pass (llama, qwen2, qwen3, gemma3, lfm2) over a pool of KV slots (see
+/* The decoder forward pass (llama, qwen2, qwen3, gemma3, lfm2, qwen35) over a pool of KV slots (see
  * engine.c for the design). */
 #ifndef SLOTSERVE_ENGINE_H
 #define SLOTSERVE_ENGINE_H
@@ -63,6 +63,17 @@ typedef struct {
     weight_t conv_in;       /* dim -> 3 * dim */
     weight_t conv_out;      /* dim -> dim */
     const float *conv_w;    /* [dim][conv_len], the file's layout */
+    /* qwen35: a Gated DeltaNet block in place of attention when ssm_qkv.rows is set (the
+     * attention weights are then empty; dimensions in model_desc.ssm_*; engine.c) */
+    weight_t ssm_qkv;       /* dim -> conv_dim = 2 * k_heads * d + v_heads * d (attn_qkv) */
+    weight_t ssm_z;         /* dim -> v_heads * d: the output gate (attn_gate) */
+    weight_t ssm_beta;      /* dim -> v_heads */
+    weight_t ssm_alpha;     /* dim -> v_heads */
+    weight_t ssm_out;       /* v_heads * d -> dim */
+    const float *ssm_conv;  /* [conv_dim][ssm_taps], the file's layout */
+    const float *ssm_dt;    /* [v_heads] added to alpha before the softplus */
+    const float *ssm_a;     /* [v_heads] -exp(A_log): g = softplus(alpha + dt) * a */
+    const float *ssm_norm;  /* [d] */
 } layer_weights;
 
 typedef struct {
@@ -78,6 +89,10 @@ typedef struct {
     const float *output_norm; /* [dim] */
     layer_weights *layers;  /* [n_layers], borrowed for the duration of engine_create */
     int conv_len;           /* lfm2: taps of the short convolutions (shortconv.l_cache); 0 = none */
+    int rope_dim;           /* dims of a head RoPE turns (the first; NEOX pairs i, i + rope_dim/2); 0 = head_dim */
+    int q_gate;             /* qwen35: attn_q yields per head head_dim queries then head_dim gate values;
+                             * the attention output is multiplied by sigmoid(gate) */
+    int ssm_taps, ssm_d, ssm_k_heads, ssm_v_heads; /* qwen35 DeltaNet: conv taps, head width, heads; 0 = none */
 } model_desc;
 
 /* One slot's share of a forward call (validated by the caller). */
@@ -94,9 +109,10 @@ typedef struct engine engine;
 /* Allocates KV for num_slots x ctx_len tokens and all step buffers for max_tokens rows.
  * swa_ring != 0: sliding-window layers keep a ring of their window + max_tokens - 1 rows
  * (rounded up to ATTN_CHUNK) instead of ctx_len (engine.c; none if that saves nothing).
+ * rollback: recurrent states kept per slot for rewinds (engine_state_bytes; 0 = none).
  * *status gets ENGINE_OK or the failure; the model's weights must outlive the engine. */
 engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots, int ctx_len,
-                      int kv_f16, int max_tokens, int n_threads, int swa_ring, int *status);
+                      int kv_f16, int max_tokens, int n_threads, int swa_ring, int rollback, int *status);
 void engine_destroy(engine *e);
 size_t engine_kv_bytes(const engine *e);
 /* Rows of a ring layer's planes; 0 when the engine keeps full planes on every layer. */
@@ -115,8 +131,21 @@ int engine_forward(engine *e, const engine_item *items, int n_items, float *logi
  * ([n][dim]): engine_kv_snapshot_bytes(e, n) bytes. The caller keeps
  * those positions in the ring (engine_ext/pool.py). engine_kv_copy copies rings whole. */
 size_t engine_kv_snapshot_bytes(const engine *e, int n);
+/* (DeltaNet layers hold no KV rows: the KV functions skip them.) */
 void engine_kv_read(const engine *e, int slot, int n, void *dst);
 void engine_kv_write(engine *e, int slot, int n, const void *src);
 void engine_kv_copy(engine *e, int src, int dst, int n);
+
+/* Recurrent state (qwen35): per slot, per DeltaNet layer, the conv tail [taps-1][conv_dim] then
+ * the head matrices [v_heads][d][d], all f32: engine_state_bytes(e) bytes (0 without DeltaNet
+ * layers). A forward updates it token by token; a segment starting at position 0 starts from
+ * zeros. With rollback k > 0 (engine_create), the state at each length m of the last k a slot
+ * went through is kept too, in ring entry m % k (the pool knows which lengths are held).
+ * which = -1 names the live state, else a ring entry. */
+size_t engine_state_bytes(const engine *e);
+void engine_state_read(const engine *e, int slot, int which, void *dst);
+void engine_state_write(engine *e, int slot, const void *src);
+/* dst's live state = src's state `which` (src == dst with which >= 0: a rollback). */
+void engine_state_copy(engine *e, int src, int which, int dst);
 
 #endif

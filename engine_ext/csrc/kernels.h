@@ -186,6 +186,18 @@ struct kernel_table {
      * tap is skipped: a zero state). w: the kernel, tap-major [taps][n]. */
     void (*shortconv)(float *out, const float *gate, const void *const *rows, int rows_f16, const float *w,
                       int taps, int n);
+    /* Gated DeltaNet (qwen35; recurrent.c). One position of a causal depthwise conv over n
+     * channels: out[c] = sum_j w[j][c] * in_j[c], j = 0..taps-1 in that order, where in_j is
+     * tail row j (oldest first) for j < taps-1 and x for the last tap; then the tail moves up
+     * one row and x becomes its last. tail and w rows are ld floats apart (tap-major). */
+    void (*ssm_conv)(float *out, float *tail, const float *x, const float *w, int taps, int n, int ld);
+    /* x /= sqrt(sum(x^2) + eps) over n elements (llama.cpp's DeltaNet q/k normalisation). */
+    void (*l2norm)(float *x, int n, float eps);
+    /* One token of one head's delta rule on S [d][d] (row j: value index j, column i: key
+     * index i): S = decay S; delta_j = (v_j - S_j . k) beta; S_j += delta_j k;
+     * o_j = (S_j . q) scale. Rows are independent; each is read and written in place. */
+    void (*gdn_step)(float *S, float *o, const float *q, const float *k, const float *v, float decay, float beta,
+                     float scale, int d);
 };
 
 /* dispatch.c: the table called `name` ("generic"/"scalar", "avx2", "avx512vnni") or, for
@@ -226,6 +238,10 @@ void f32_to_f16_generic(uint16_t *y, const float *x, int n);
 void f16_to_f32_generic(float *y, const uint16_t *x, int n);
 void shortconv_generic(float *out, const float *gate, const void *const *rows, int rows_f16, const float *w,
                        int taps, int n);
+void ssm_conv_generic(float *out, float *tail, const float *x, const float *w, int taps, int n, int ld);
+void l2norm_generic(float *x, int n, float eps);
+void gdn_step_generic(float *S, float *o, const float *q, const float *k, const float *v, float decay, float beta,
+                      float scale, int d);
 
 /* AVX2/FMA/F16C kernels (arch/x86_avx2.c); only called when the CPU has them. */
 void quantize_q8a_avx2(int8_t *qs, float *d, float *s, const float *x, int k);
@@ -253,6 +269,10 @@ void f32_to_f16_avx2(uint16_t *y, const float *x, int n);
 void f16_to_f32_avx2(float *y, const uint16_t *x, int n);
 void shortconv_avx2(float *out, const float *gate, const void *const *rows, int rows_f16, const float *w, int taps,
                     int n);
+void ssm_conv_avx2(float *out, float *tail, const float *x, const float *w, int taps, int n, int ld);
+void l2norm_avx2(float *x, int n, float eps);
+void gdn_step_avx2(float *S, float *o, const float *q, const float *k, const float *v, float decay, float beta,
+                   float scale, int d);
 
 /* AVX512-VNNI matmuls (arch/x86_vnni.c); only called when the CPU has AVX512F/VL/BW/VNNI. */
 void gemm_q8_0_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);

@@ -2,6 +2,10 @@
 rewinds, copies, snapshots, internal steps, threads), its logits are bit-identical to a cold
 single-chunk run, so greedy tokens are identical too.
 
+qwen35 (Gated DeltaNet: a recurrent state per slot, extend only) runs every test with a
+rollback ring of ROLLBACK states, deep enough for each rewind here (and the random schedules
+keep their rewinds within it), so its rewinds go through the ring.
+
 Exact equality is the design (kernels.h NOTE: every row is computed by the same float
 operations whatever it is batched with), not luck: these tests compare with `==`.
 """
@@ -10,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_support import feed, greedy, make_pool, random_tokens
+from engine_support import feed, greedy, model_file, random_tokens
+from engine_support import make_pool as _make_pool
 from gguf_fixtures import ARCHS, K_DIMS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,15 +23,28 @@ from slotserve.scheduler.interface import BatchItem
 
 N_VOCAB = 299
 GREEDY_STEPS = 6
+ROLLBACK = 64  # qwen35's rollback ring (slots are otherwise extend-only)
 
 
-@pytest.fixture(scope="module", params=("Q4_1", "K_MIX") + ARCHS)
-def path(request, tiny_model_factory, arch_model_factory):
+def make_pool(path, *args, **kwargs):
+    if model_file(path).config.ssm is not None:
+        kwargs.setdefault("rollback", ROLLBACK)
+    return _make_pool(path, *args, **kwargs)
+
+
+def max_rewind(path) -> int:
+    return ROLLBACK if model_file(path).config.ssm is not None else 10**9
+
+
+@pytest.fixture(scope="module", params=("Q4_1", "K_MIX") + ARCHS + ("qwen35",))
+def path(request, tiny_model_factory, arch_model_factory, qwen35_model_factory):
     """Q4_1 (the default model's main type), a llama-quantize-style mix of K-quants, 5-bit and
     8-bit blocks (gguf_fixtures.WEIGHT_MIXES), and every other architecture's tiny model
-    (gemma3's sliding window of 16 is crossed many times)."""
+    (gemma3's sliding window of 16 is crossed many times), and qwen35's DeltaNet hybrid."""
     if request.param == "K_MIX":
         return tiny_model_factory("K_MIX", **K_DIMS)
+    if request.param == "qwen35":
+        return qwen35_model_factory("Q8_0")
     if request.param in ARCHS:
         return arch_model_factory(request.param)
     return tiny_model_factory(request.param)
@@ -157,7 +175,10 @@ def test_random_schedules_equal_cold(path, tokens, cold, data):
     plan = (
         [target_len]
         if rewind is None
-        else [data.draw(st.integers(rewind + 1, 115), label="first"), target_len]
+        else [
+            data.draw(st.integers(rewind + 1, min(115, rewind + max_rewind(path))), label="first"),
+            target_len,
+        ]
     )
     others = {1: random_tokens(150, N_VOCAB, seed=7), 2: random_tokens(150, N_VOCAB, seed=8)}
     logits = None

@@ -1,0 +1,45 @@
+/* Gated DeltaNet (qwen35) kernels, portable reference: the causal conv step, the L2
+ * normalisation of queries and keys, and the delta-rule update of one head's state
+ * (contracts in kernels.h; engine.c walks them token by token in position order).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "kernels.h"
+
+void ssm_conv_generic(float *out, float *tail, const float *x, const float *w, int taps, int n, int ld) {
+    for (int c = 0; c < n; c++) {
+        float sum = 0.0f;
+        for (int j = 0; j < taps - 1; j++) sum += w[(size_t)j * ld + c] * tail[(size_t)j * ld + c];
+        sum += w[(size_t)(taps - 1) * ld + c] * x[c];
+        out[c] = sum;
+    }
+    for (int j = 0; j + 1 < taps - 1; j++) memcpy(tail + (size_t)j * ld, tail + (size_t)(j + 1) * ld, sizeof(float) * n);
+    memcpy(tail + (size_t)(taps - 2) * ld, x, sizeof(float) * n);
+}
+
+void l2norm_generic(float *x, int n, float eps) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    const float inv = 1.0f / sqrtf(ss + eps);
+    for (int i = 0; i < n; i++) x[i] *= inv;
+}
+
+void gdn_step_generic(float *S, float *o, const float *q, const float *k, const float *v, float decay, float beta,
+                      float scale, int d) {
+    for (int j = 0; j < d; j++) {
+        float *row = S + (size_t)j * d;
+        float sk = 0.0f;
+        for (int i = 0; i < d; i++) {
+            row[i] *= decay;
+            sk += row[i] * k[i];
+        }
+        const float delta = (v[j] - sk) * beta;
+        float sq = 0.0f;
+        for (int i = 0; i < d; i++) {
+            row[i] += delta * k[i];
+            sq += row[i] * q[i];
+        }
+        o[j] = sq * scale;
+    }
+}

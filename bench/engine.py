@@ -18,7 +18,7 @@ the time inside pool.forward only (decode_rate's forward_only), and the text out
 batch's speed-up over one slot (tg128_x4 / tg128).
 
 `--synthetic NAME` benchmarks a real architecture's shape instead (bench/synthetic.py: qwen2-0.5b,
-qwen2-1.5b, llama3-8b with random Q4_K_M weights), written once into --synthetic-dir and kept
+qwen2-1.5b, llama3-8b, lfm2-350m, qwen3.5-0.8b with random Q4_K_M weights), written once into --synthetic-dir and kept
 there for llama.cpp (the llama-bench command is printed). Random weights have no right answer:
 only the exactness checks run (on a 40-token prompt), and the sizes are the preset's
 (`synthetic.BENCH_SIZES`, e.g. pp64, tg16, tg16_d64 and tg16_x4 at 8B).

@@ -25,6 +25,13 @@ llama-quantize leaves it), head_count_kv is written per layer (0 there), the att
 add F32 q/k norms and the final norm is token_embd_norm; attn_v's extra bit counts attention
 layers only (llama.cpp counts attn_v tensors).
 
+qwen35 (Qwen3.5-0.8B's shape): layer i is Gated DeltaNet unless (i + 1) % attn_interval == 0.
+Its attn_qkv is Q5_K (llama-quantize's Q4_K_M rule for attn_qkv), attn_gate, ssm_alpha,
+ssm_beta and ssm_out Q4_K, ssm_conv1d F32 (never quantized), ssm_a (-exp(A_log): -0.5 +- 0.1),
+ssm_dt.bias and ssm_norm F32; the attention layers' attn_q is twice q_dim (queries and gates),
+with F32 q/k norms; the FFN's norm is post_attention_norm. attn_v's extra bit counts the
+attention layers only, as for lfm2.
+
 Tokenizer: gpt2 byte-level BPE with the 256 byte tokens, three ChatML control tokens and a few
 merges, padded to the preset's n_vocab with UNUSED tokens (the loader needs one token per
 token_embd row).
@@ -68,6 +75,15 @@ class Preset:
     pre: str = "qwen2"  # tokenizer.ggml.pre
     conv_layers: tuple[int, ...] = ()  # lfm2: the short-convolution layers
     conv_len: int = 0  # lfm2: shortconv.l_cache
+    deltanet: tuple[int, int, int, int] = ()  # qwen35: (conv taps, head width, key heads, value heads)
+    attn_interval: int = 0  # qwen35: full_attention_interval
+    rope_dim: int = 0  # qwen35: rope.dimension_count (0: head_dim)
+
+    def is_deltanet(self, i: int) -> bool:
+        return bool(self.deltanet) and (i + 1) % self.attn_interval != 0
+
+    def attention_layers(self) -> list[int]:
+        return [i for i in range(self.n_layers) if i not in self.conv_layers and not self.is_deltanet(i)]
 
 
 PRESETS: dict[str, Preset] = {
@@ -110,12 +126,31 @@ PRESETS: dict[str, Preset] = {
         conv_layers=(0, 1, 3, 4, 6, 7, 9, 11, 13, 15),
         conv_len=3,
     ),
+    # Qwen3.5-0.8B: 24 layers, 18 Gated DeltaNet (16 heads of 128, conv 4) and 6 gated attention
+    # (8 heads, 2 kv heads of 256, rope on 64 dims), ffn 3584, tied embeddings of 248,320 tokens
+    "qwen3.5-0.8b": Preset(
+        "qwen35",
+        24,
+        1024,
+        8,
+        2,
+        256,
+        3584,
+        248320,
+        1e7,
+        tied=True,
+        ctx_train=262144,
+        deltanet=(4, 128, 16, 16),
+        attn_interval=4,
+        rope_dim=64,
+    ),
 }
 
 # Byte offset of the f16 scale d in a block, of the f16 min (None: the type has none), and the
 # min as a multiple of d that centres the values on 0 (q means: Q4_K 7.5 x sub-scale).
 _F16_FIELDS: dict[str, tuple[int, int | None, float]] = {
     "Q4_K": (0, 2, 7.5),
+    "Q5_K": (0, 2, 15.5),
     "Q6_K": (208, None, 0.0),
     "Q5_0": (0, None, 0.0),
     "Q8_0": (0, None, 0.0),
@@ -139,6 +174,8 @@ def q4_k_m_type(
     kind = name.removesuffix(".weight").split(".")[-1]
     if name == "output.weight" or (tied and name == "token_embd.weight"):
         wanted = "Q6_K"
+    elif kind == "attn_qkv":
+        wanted = "Q5_K"
     elif kind in ("attn_v", "ffn_down") and use_more_bits(
         *(layer_index if layer_index is not None else (int(name.split(".")[1]), n_layers))
     ):
@@ -171,11 +208,11 @@ def tensor_plan(p: Preset) -> list[TensorPlan]:
     """Every tensor of the model, in file order, with its type and value spread."""
     q_dim, kv_dim = p.n_heads * p.head_dim, p.n_kv_heads * p.head_dim
 
-    attention = [i for i in range(p.n_layers) if i not in p.conv_layers]
+    attention = p.attention_layers()
 
     def weight(name: str, rows: int, cols: int, std: float) -> TensorPlan:
         index = None
-        if name.endswith("attn_v.weight") and p.conv_layers:
+        if name.endswith("attn_v.weight") and len(attention) < p.n_layers:
             index = (attention.index(int(name.split(".")[1])), len(attention))
         return TensorPlan(name, q4_k_m_type(name, cols, p.n_layers, p.tied, index), rows, cols, std)
 
@@ -194,14 +231,18 @@ def tensor_plan(p: Preset) -> list[TensorPlan]:
             plan.append(weight(b + "shortconv.out_proj.weight", p.dim, p.dim, 4.0 * p.dim**-0.5))
             plan.extend(_ffn_plan(p, b, weight, vector))
             continue
-        plan.append(weight(b + "attn_q.weight", q_dim, p.dim, p.dim**-0.5))
+        if p.is_deltanet(i):
+            plan.extend(_deltanet_plan(p, b, weight, vector))
+            plan.extend(_ffn_plan(p, b, weight, vector))
+            continue
+        plan.append(weight(b + "attn_q.weight", 2 * q_dim if p.deltanet else q_dim, p.dim, p.dim**-0.5))
         plan.append(weight(b + "attn_k.weight", kv_dim, p.dim, p.dim**-0.5))
         plan.append(weight(b + "attn_v.weight", kv_dim, p.dim, p.dim**-0.5))
         if p.arch == "qwen2":
             plan.append(vector(b + "attn_q.bias", q_dim, 0.0, 0.5))
             plan.append(vector(b + "attn_k.bias", kv_dim, 0.0, 0.5))
             plan.append(vector(b + "attn_v.bias", kv_dim, 0.0, 0.5))
-        if p.arch == "lfm2":
+        if p.arch in ("lfm2", "qwen35"):
             plan.append(vector(b + "attn_q_norm.weight", p.head_dim, 1.0, 0.1))
             plan.append(vector(b + "attn_k_norm.weight", p.head_dim, 1.0, 0.1))
         plan.append(weight(b + "attn_output.weight", p.dim, q_dim, 4.0 * q_dim**-0.5))
@@ -214,6 +255,27 @@ def tensor_plan(p: Preset) -> list[TensorPlan]:
     return plan
 
 
+def _deltanet_plan(
+    p: Preset,
+    b: str,
+    weight: Callable[[str, int, int, float], TensorPlan],
+    vector: Callable[[str, int, float, float], TensorPlan],
+) -> list[TensorPlan]:
+    taps, d, k_heads, v_heads = p.deltanet
+    conv_dim, value_dim = 2 * k_heads * d + v_heads * d, v_heads * d
+    return [
+        weight(b + "attn_qkv.weight", conv_dim, p.dim, p.dim**-0.5),
+        weight(b + "attn_gate.weight", value_dim, p.dim, p.dim**-0.5),
+        TensorPlan(b + "ssm_conv1d.weight", "F32", conv_dim, taps, 0.5),
+        vector(b + "ssm_dt.bias", v_heads, 0.0, 0.5),
+        vector(b + "ssm_a", v_heads, -0.5, 0.1),
+        weight(b + "ssm_beta.weight", v_heads, p.dim, p.dim**-0.5),
+        weight(b + "ssm_alpha.weight", v_heads, p.dim, p.dim**-0.5),
+        vector(b + "ssm_norm.weight", d, 1.0, 0.1),
+        weight(b + "ssm_out.weight", p.dim, value_dim, 4.0 * value_dim**-0.5),
+    ]
+
+
 def _ffn_plan(
     p: Preset,
     b: str,
@@ -221,7 +283,7 @@ def _ffn_plan(
     vector: Callable[[str, int, float, float], TensorPlan],
 ) -> list[TensorPlan]:
     return [
-        vector(b + "ffn_norm.weight", p.dim, 1.0, 0.1),
+        vector(b + ("post_attention_norm" if p.deltanet else "ffn_norm") + ".weight", p.dim, 1.0, 0.1),
         weight(b + "ffn_gate.weight", p.ffn_dim, p.dim, p.dim**-0.5),
         weight(b + "ffn_up.weight", p.ffn_dim, p.dim, p.dim**-0.5),
         weight(b + "ffn_down.weight", p.dim, p.ffn_dim, 4.0 * p.ffn_dim**-0.5),
@@ -300,7 +362,19 @@ def write_synthetic(path: str | Path, preset: Preset, *, seed: int = 0) -> Path:
         w.add_uint32(f"{preset.arch}.shortconv.l_cache", preset.conv_len)
     else:
         w.add_head_count_kv(preset.n_kv_heads)
-    w.add_rope_dimension_count(preset.head_dim)
+    w.add_rope_dimension_count(preset.rope_dim or preset.head_dim)
+    if preset.deltanet:
+        taps, d, k_heads, v_heads = preset.deltanet
+        a = preset.arch
+        pairs = (preset.rope_dim or preset.head_dim) // 2
+        t = h = (pairs + 2) // 3
+        w.add_array(f"{a}.rope.dimension_sections", [t, h, pairs - t - h, 0])
+        w.add_uint32(f"{a}.ssm.conv_kernel", taps)
+        w.add_uint32(f"{a}.ssm.state_size", d)
+        w.add_uint32(f"{a}.ssm.group_count", k_heads)
+        w.add_uint32(f"{a}.ssm.time_step_rank", v_heads)
+        w.add_uint32(f"{a}.ssm.inner_size", v_heads * d)
+        w.add_uint32(f"{a}.full_attention_interval", preset.attn_interval)
     w.add_rope_freq_base(preset.rope_base)
     w.add_layer_norm_rms_eps(preset.rms_eps)
     if preset.head_dim != preset.dim // preset.n_heads:
@@ -375,6 +449,7 @@ BENCH_SIZES: dict[str, BenchSizes] = {
     "qwen2-1.5b": BenchSizes((64, 256), 32, 256),
     "llama3-8b": BenchSizes((64,), 16, 64),
     "lfm2-350m": BenchSizes((128, 512), 64, 512),
+    "qwen3.5-0.8b": BenchSizes((128, 512), 64, 512),
 }
 
 

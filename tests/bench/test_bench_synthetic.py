@@ -47,9 +47,11 @@ def test_q4_k_m_types_follow_the_rule(name: str) -> None:
     p = PRESETS[name]
     plan = {t.name: t for t in tensor_plan(p)}
     fallback = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}
-    attention = [i for i in range(p.n_layers) if i not in p.conv_layers]
+    attention = p.attention_layers()
     for t in plan.values():
-        if t.rows == 1 or t.name.endswith("shortconv.conv.weight"):  # norms, conv kernels
+        if t.rows == 1 or t.name.endswith(
+            ("shortconv.conv.weight", "ssm_conv1d.weight")
+        ):  # norms, conv kernels
             assert t.type_name == "F32", t.name
             continue
         layer = int(t.name.split(".")[1]) if t.name.startswith("blk.") else -1
@@ -62,10 +64,20 @@ def test_q4_k_m_types_follow_the_rule(name: str) -> None:
         more_bits = t.name.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(*index)
         is_output = t.name == "output.weight" or (p.tied and t.name == "token_embd.weight")
         wanted = "Q6_K" if more_bits or is_output else "Q4_K"
+        if t.name.endswith("attn_qkv.weight"):  # qwen35's DeltaNet input projection
+            wanted = "Q5_K"
         assert t.type_name == (wanted if t.cols % 256 == 0 else fallback[wanted]), t.name
     # the file sizes llama-quantize's Q4_K_M gives these models, within a few percent
     total = sum(t.nbytes for t in plan.values())
-    expected = {"qwen2-0.5b": 0.40e9, "qwen2-1.5b": 0.99e9, "llama3-8b": 4.92e9, "lfm2-350m": 0.229e9}[name]
+    # (qwen3.5-0.8b: this plan's own total, 0.516 GB, half of it the Q6_K embeddings; not an
+    # outside figure)
+    expected = {
+        "qwen2-0.5b": 0.40e9,
+        "qwen2-1.5b": 0.99e9,
+        "llama3-8b": 4.92e9,
+        "lfm2-350m": 0.229e9,
+        "qwen3.5-0.8b": 0.516e9,
+    }[name]
     assert abs(total / expected - 1) < 0.05, total
     if name == "qwen2-0.5b":  # rows of 896 fall back; ffn_down (rows of 4864) does not
         assert plan["blk.0.attn_q.weight"].type_name == "Q5_0"
@@ -83,12 +95,20 @@ def test_q4_k_m_types_follow_the_rule(name: str) -> None:
             "blk.8.attn_v.weight",
             "blk.14.attn_v.weight",
         ]
+    if name == "qwen3.5-0.8b":  # 18 DeltaNet + 6 attention layers (3, 7, ..., 23)
+        assert sum("attn_qkv" in n for n in plan) == 18 and sum("attn_q." in n for n in plan) == 6
+        assert plan["blk.3.attn_q.weight"].rows == 2 * 8 * 256  # queries and gates
+        assert [n for n in plan if n.endswith("attn_v.weight") and plan[n].type_name == "Q6_K"] == [
+            "blk.11.attn_v.weight",
+            "blk.23.attn_v.weight",
+        ]
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_engine_loads_the_file_and_logits_are_finite(tmp_path, name: str) -> None:
-    # lfm2: 3 layers reach its first attention layer (2)
-    p = shrunk(PRESETS[name], n_layers=3 if PRESETS[name].conv_layers else 2, n_vocab=600)
+    # lfm2: 3 layers reach its first attention layer (2); qwen35: 4 reach its first (3)
+    p = PRESETS[name]
+    p = shrunk(p, n_layers=4 if p.deltanet else 3 if p.conv_layers else 2, n_vocab=600)
     path = synthetic.write_synthetic(tmp_path / "m.gguf", p)
     reader = GGUFReader(path)
     written = {t.name: t.tensor_type.name for t in reader.tensors}

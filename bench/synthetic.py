@@ -75,7 +75,7 @@ class Preset:
     pre: str = "qwen2"  # tokenizer.ggml.pre
     conv_layers: tuple[int, ...] = ()  # lfm2: the short-convolution layers
     conv_len: int = 0  # lfm2: shortconv.l_cache
-    deltanet: tuple[int, int, int, int] = ()  # qwen35: (conv taps, head width, key heads, value heads)
+    deltanet: tuple[int, ...] = ()  # qwen35: (conv taps, head width, key heads, value heads)
     attn_interval: int = 0  # qwen35: full_attention_interval
     rope_dim: int = 0  # qwen35: rope.dimension_count (0: head_dim)
 
@@ -365,16 +365,16 @@ def write_synthetic(path: str | Path, preset: Preset, *, seed: int = 0) -> Path:
     w.add_rope_dimension_count(preset.rope_dim or preset.head_dim)
     if preset.deltanet:
         taps, d, k_heads, v_heads = preset.deltanet
-        a = preset.arch
+        arch = preset.arch
         pairs = (preset.rope_dim or preset.head_dim) // 2
-        t = h = (pairs + 2) // 3
-        w.add_array(f"{a}.rope.dimension_sections", [t, h, pairs - t - h, 0])
-        w.add_uint32(f"{a}.ssm.conv_kernel", taps)
-        w.add_uint32(f"{a}.ssm.state_size", d)
-        w.add_uint32(f"{a}.ssm.group_count", k_heads)
-        w.add_uint32(f"{a}.ssm.time_step_rank", v_heads)
-        w.add_uint32(f"{a}.ssm.inner_size", v_heads * d)
-        w.add_uint32(f"{a}.full_attention_interval", preset.attn_interval)
+        third = (pairs + 2) // 3
+        w.add_array(f"{arch}.rope.dimension_sections", [third, third, pairs - 2 * third, 0])
+        w.add_uint32(f"{arch}.ssm.conv_kernel", taps)
+        w.add_uint32(f"{arch}.ssm.state_size", d)
+        w.add_uint32(f"{arch}.ssm.group_count", k_heads)
+        w.add_uint32(f"{arch}.ssm.time_step_rank", v_heads)
+        w.add_uint32(f"{arch}.ssm.inner_size", v_heads * d)
+        w.add_uint32(f"{arch}.full_attention_interval", preset.attn_interval)
     w.add_rope_freq_base(preset.rope_base)
     w.add_layer_norm_rms_eps(preset.rms_eps)
     if preset.head_dim != preset.dim // preset.n_heads:

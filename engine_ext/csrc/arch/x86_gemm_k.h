@@ -1,9 +1,14 @@
 /* The row-group micro-kernels of the quant_k.h block types (Q5_0, Q5_1, Q2_K .. Q6_K) and their
- * matmul driver, one body for two instruction sets: included by x86_avx2_k.c (X8_VNNI 0:
- * maddubs/madd, int16 stages) and x86_vnni.c (X8_VNNI 1: AVX512-VNNI vpdpbusd on 256-bit
- * vectors; Q5_0, Q5_1, Q4_K, Q5_K, Q6_K only). The includer sets its target pragma, includes
- * <immintrin.h> (and, for VNNI, x86_gemm_x8.h: x8_dpbusd_bcast), and defines X8_VNNI and K_TILE
- * (most activation rows per micro-kernel call).
+ * matmul driver, for two instruction sets: included by x86_avx2_k.c (X8_VNNI 0: maddubs/madd,
+ * int16 stages) and x86_vnni.c (X8_VNNI 1: AVX512-VNNI vpdpbusd on 256-bit vectors; Q5_0, Q5_1,
+ * Q4_K, Q5_K, Q6_K only). The includer sets its target pragma, includes <immintrin.h> (and, for
+ * VNNI, x86_gemm_x8.h: x8_dpbusd_bcast), and defines X8_VNNI and K_TILE (most activation rows
+ * per micro-kernel call).
+ * What the two share: the block tables and scale helpers, the Q4_K/Q5_K mins correction
+ * (k4_min_correction), the tile dispatch (run_tile), the tail-row packing and stores
+ * (group_tile, store_lanes) and the driver (gemm_k_rows, gemm_k). What is written once per
+ * instruction set: the three tiles tile_q5 (Q5_0, Q5_1), tile_k4 (Q4_K, Q5_K) and tile_q6_K;
+ * tile_k2 (Q2_K, Q3_K) exists for AVX2 only (the avx512vnni variant runs those types on it).
  *
  * Design: the block types run on row groups only (quant_k.h x8 layouts): lane i of every vector
  * is weight row 8g+i, so integer dot products land row by row in the lanes with no horizontal

@@ -153,6 +153,16 @@ def test_kernel_variants_listed_are_the_engine_s():
     assert set(re.findall(r"`(\w+)`", row.split("|")[3].split("(")[0])) == variants
 
 
+def test_architectures_listed_are_the_loader_s():
+    from slotserve.engine_ext.gguf_file import ARCHITECTURES
+
+    row = next(
+        line for line in _text("docs/structure.md").splitlines() if "`engine_ext/gguf_file.py`" in line
+    )
+    listed = re.search(r"`ModelConfig` for ([^(]*) \(`ARCHITECTURES`\)", row)
+    assert listed is not None and {a.strip() for a in listed.group(1).split(",")} == set(ARCHITECTURES)
+
+
 # -- capture rules ----------------------------------------------------------------------------
 
 

@@ -33,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..scheduler.request import FinishEvent, FinishReason, GenerationRequest
+from ..scheduler.request import FinishEvent, FinishReason, GenerationRequest, PrefillProgress
 from . import endpoint, openai_reply, translate
 from .agent_output import (
     ArgsDelta,
@@ -61,7 +61,7 @@ from .anthropic_protocol import (
 from .endpoint import FrontDoor, Generation
 from .errors import APIError, json_response
 from .state import Gateway
-from .streaming import Collected, StreamFormat, sse_event
+from .streaming import Collected, StreamFormat, progress_object, sse_event
 
 _encode = msgspec.json.Encoder().encode
 
@@ -197,6 +197,13 @@ class MessagesStream(StreamFormat):
 
     def delta(self, text: str) -> bytes:
         return self._spell(self.blocks.feed(text))
+
+    def keepalive(self) -> bytes:
+        return self._event("ping", {})
+
+    def progress(self, progress: PrefillProgress, time_ms: int) -> bytes:
+        """A `ping` event that also carries `prompt_progress` (clients skip pings)."""
+        return self._event("ping", {"prompt_progress": progress_object(progress, time_ms)})
 
     def closing(self, finish: FinishEvent, text: str) -> list[bytes]:
         err = openai_reply.failure(finish)

@@ -88,6 +88,7 @@ class MessagesRequest(CountTokensRequest, kw_only=True):
     max_tokens: p.PositiveInt  # required, as Anthropic requires it
     stop_sequences: p.StopList | None = None
     stream: bool = False
+    return_progress: bool = False  # streamed: prefill progress in ping events until the first token
     # NOTE: temperature, top_p and top_k are gone from Anthropic's current SDK but older clients
     # send them; they are served (temperature in Anthropic's range 0..1)
     temperature: p.Probability | None = None

@@ -66,6 +66,9 @@ class ServeConfig:
     # max_tokens of a chat/Responses request that gives none; None = until the end of the turn or
     # of the slot's context, at most max_tokens_limit (as OpenAI, vLLM and llama.cpp do)
     default_max_tokens: int | None = None
+    stream_keepalive_s: float = (
+        5.0  # an idle stream (queued, prefilling) writes a keep-alive this often; 0 = off
+    )
     drain_grace_s: float = 30.0  # on SIGTERM: how long running requests may finish
     shutdown_timeout_s: float = 10.0  # then how long the scheduler may take to stop before exit 1
     request_timeout_s: float = 0.0  # per-request limit from admission (queue included); 0 = none
@@ -139,6 +142,10 @@ class ServeConfig:
             self.default_max_tokens is None or 1 <= self.default_max_tokens <= self.max_tokens_limit,
             f"--default-max-tokens must be in 1..--max-tokens-limit ({self.max_tokens_limit}), "
             f"got {self.default_max_tokens}",
+        )
+        need(
+            self.stream_keepalive_s >= 0,
+            f"--stream-keepalive-s must be >= 0 (0 turns keep-alives off), got {self.stream_keepalive_s}",
         )
         need(self.drain_grace_s >= 0, f"--drain-grace-s must be >= 0, got {self.drain_grace_s}")
         need(self.shutdown_timeout_s > 0, f"--shutdown-timeout-s must be > 0, got {self.shutdown_timeout_s}")
@@ -381,6 +388,14 @@ OPTIONS: tuple[Option, ...] = (
         "max_tokens of a chat or Responses request that gives none (default: none, generate "
         "until the end of the turn or of the slot's context, at most --max-tokens-limit)",
         metavar="N",
+    ),
+    Option(
+        "stream_keepalive_s",
+        ("--stream-keepalive-s",),
+        float,
+        "an idle stream (waiting for a slot, prefilling) writes a keep-alive after this many "
+        "seconds without output: an SSE comment, a ping event on /v1/messages (default 5; 0: off)",
+        metavar="S",
     ),
     Option(
         "drain_grace_s",

@@ -38,6 +38,9 @@ class GenerationBody(Protocol):
     @property
     def stream(self) -> bool: ...
 
+    @property
+    def return_progress(self) -> bool: ...
+
 
 class Generation:
     """One planned request, as its front door answers it.
@@ -87,7 +90,8 @@ async def serve(gw: Gateway, request: Request, door: FrontDoor[Body]) -> Respons
     except APIError as err:
         raise gen.refused(err) from None
     if req.stream:
-        return SSEResponse(EventStream(handle, gen.stream_format()), headers=gen.headers)
+        body = EventStream(handle, gen.stream_format(), progress=req.return_progress)
+        return SSEResponse(body, headers=gen.headers, keepalive_s=gw.config.stream_keepalive_s)
     got = await collect_choices(handle, request.receive)
     if got is None:  # the client left; every choice was cancelled and acknowledged
         raise client_closed()

@@ -15,10 +15,10 @@ from typing import Any
 
 import msgspec
 
-from ..scheduler.request import FinishEvent, FinishReason, TokenEvent, TokenLogprob
+from ..scheduler.request import FinishEvent, FinishReason, PrefillProgress, TokenEvent, TokenLogprob
 from . import protocol as p
 from .errors import APIError
-from .streaming import Collected, StreamFormat, sse_data
+from .streaming import Collected, StreamFormat, progress_object, sse_data
 from .tool_calls import ParsedOutput, StreamingToolParser, ToolCallFamily, parse_tool_calls
 
 _encode = msgspec.json.Encoder().encode
@@ -250,6 +250,11 @@ class _OpenAIStream(StreamFormat):
 
     def closing(self, finish: FinishEvent, text: str) -> list[bytes]:
         return self.on_finish(0, finish) + self.ending()
+
+    def progress(self, progress: PrefillProgress, time_ms: int) -> bytes:
+        """A chunk with no choices carrying `prompt_progress` (llama.cpp's shape)."""
+        pp = p.PromptProgress(**progress_object(progress, time_ms))
+        return sse_data(_encode(self._envelope([], prompt_progress=pp)))
 
     def ending(self) -> list[bytes]:
         done = [f for f in self._finishes if f is not None]

@@ -97,6 +97,7 @@ class SamplingFields(Struct, frozen=True, kw_only=True):
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
+    return_progress: bool = False  # streamed: prefill progress chunks until the first token (llama.cpp's)
     n: Annotated[int, Meta(ge=1, le=128)] = 1  # choices; at most the number of slots
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
     response_format: ResponseFormat | None = None
@@ -255,6 +256,17 @@ class ChatChunkChoice(Struct):
     logprobs: ChoiceLogprobs | None = None
 
 
+class PromptProgress(Struct):
+    """Prefill progress of a streamed request that asked for it (`return_progress`, as
+    llama.cpp's): prompt tokens in all, reused from the cache, processed so far (reused
+    included), milliseconds since the request was accepted."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: int
+
+
 class ChatCompletionChunk(Struct, omit_defaults=True, kw_only=True):
     # NOTE: no defaults on the fields that must always be sent (omit_defaults drops defaults)
     id: str
@@ -264,6 +276,7 @@ class ChatCompletionChunk(Struct, omit_defaults=True, kw_only=True):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None  # only on the last chunk, with stream_options.include_usage
     slotserve: SlotserveInfo | None = None  # on the chunk that carries finish_reason
+    prompt_progress: PromptProgress | None = None  # return_progress: chunks with no choices
 
 
 class CompletionLogprobs(Struct):
@@ -290,6 +303,7 @@ class Completion(Struct, omit_defaults=True, kw_only=True):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     slotserve: SlotserveInfo | None = None
+    prompt_progress: PromptProgress | None = None  # streamed, with return_progress
 
 
 class ModelCard(Struct, kw_only=True):

@@ -71,6 +71,7 @@ class ResponsesRequest(Struct, kw_only=True):
     text: TextConfig | None = None
     store: bool = True
     stream: bool = False
+    return_progress: bool = False  # streamed: prefill progress comments until the first token
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None
     background: bool = False  # refused when true

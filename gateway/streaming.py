@@ -21,12 +21,21 @@ A stream writes in batches: each time its task runs, the chunks of every event t
 up (`ChoiceGroup.batches`) go out as one `http.response.body` message, so a stream that fell
 behind the engine (a busy loop, a slow client) catches up with one write instead of one per
 token. Each SSE event inside a write is framed as before; a client sees the same events.
+
+Keep-alive: a third task in `SSEResponse`'s group wakes when nothing was written for
+`keepalive_s` (while the request waits for a slot or prefills a long prompt, nothing else is) and
+writes the format's keep-alive (an SSE comment, or Anthropic's `ping` event), so clients and
+proxies with read timeouts do not give up. With `progress` (the request's `return_progress`),
+until the first token it writes the prompt's prefill progress instead, at least every PROGRESS_S. Writes
+of both tasks take one lock; the token path pays one uncontended acquire per write.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -36,11 +45,13 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from ..scheduler.api import HandleAPI
-from ..scheduler.request import FinishEvent, TokenEvent, TokenLogprob
+from ..scheduler.request import FinishEvent, PrefillProgress, TokenEvent, TokenLogprob
 
 log = logging.getLogger("slotserve.gateway")
 
 DONE = b"data: [DONE]\n\n"
+KEEPALIVE_COMMENT = b": keep-alive\n\n"
+PROGRESS_S = 1.0  # interval of prefill progress events, when a request asks for them
 
 
 def sse_data(payload: bytes) -> bytes:
@@ -139,6 +150,10 @@ class ChoiceGroup:
         stopped = [bool(await h.cancel()) for h in self.handles]
         return any(stopped)
 
+    def progress(self) -> PrefillProgress:
+        """The prefill progress of the first choice (every choice has the same prompt)."""
+        return self.handles[0].progress()
+
 
 def as_group(handle: HandleAPI | ChoiceGroup) -> ChoiceGroup:
     return handle if isinstance(handle, ChoiceGroup) else ChoiceGroup([handle])
@@ -233,6 +248,31 @@ class StreamFormat:
         """Chunks after every choice finished (e.g. the usage chunk of n choices), before [DONE]."""
         return []
 
+    def keepalive(self) -> bytes:
+        """What an idle stream writes to stay open (default: an SSE comment, which every SSE
+        client ignores)."""
+        return KEEPALIVE_COMMENT
+
+    def progress(self, progress: PrefillProgress, time_ms: int) -> bytes:
+        """The prefill progress event (the request's `return_progress`); default: an SSE comment
+        carrying llama.cpp's `prompt_progress` object."""
+        return b": prompt_progress " + progress_json(progress, time_ms) + b"\n\n"
+
+
+def progress_object(progress: PrefillProgress, time_ms: int) -> dict[str, int]:
+    """llama.cpp's `prompt_progress` fields: prompt tokens in all, reused from the cache,
+    processed so far (reused included), and milliseconds since the request was accepted."""
+    return {
+        "total": progress.total,
+        "cache": progress.cached,
+        "processed": progress.processed,
+        "time_ms": time_ms,
+    }
+
+
+def progress_json(progress: PrefillProgress, time_ms: int) -> bytes:
+    return json.dumps(progress_object(progress, time_ms), separators=(",", ":")).encode()
+
 
 class EventStream:
     """The SSE body of one request: opening chunks, one chunk per non-empty text delta, the
@@ -244,12 +284,27 @@ class EventStream:
     started (the client left before the first chunk was asked for).
     """
 
-    def __init__(self, handle: HandleAPI | ChoiceGroup, fmt: StreamFormat):
+    def __init__(self, handle: HandleAPI | ChoiceGroup, fmt: StreamFormat, *, progress: bool = False):
         self.handle = as_group(handle)
         self.fmt = fmt
+        self.progress = progress  # prefill progress while idle before the first token
         self.is_started = False
         self.is_finished = False  # the FinishEvent was seen: nothing to cancel
+        self.has_output = False  # a batch of events arrived (the first token, or the finish)
+        self.started_at = time.monotonic()
         self._gen = self._events()
+
+    @property
+    def wants_progress(self) -> bool:
+        return self.progress and not self.has_output
+
+    def idle_chunk(self) -> bytes:
+        """What to write when the stream has been idle: the prefill progress (asked for, and no
+        token yet), else the format's keep-alive."""
+        if self.wants_progress:
+            ms = int((time.monotonic() - self.started_at) * 1000)
+            return self.fmt.progress(self.handle.progress(), ms)
+        return self.fmt.keepalive()
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._gen
@@ -264,6 +319,9 @@ class EventStream:
             num_finished = 0
             async for batch in self.handle.batches():
                 out: list[bytes] = []
+                if self.wants_progress:  # the prompt is done: say so once, before the tokens
+                    out.append(self.idle_chunk())
+                self.has_output = True
                 for i, event in batch:
                     if isinstance(event, TokenEvent):
                         out += fmt.on_token(i, event)
@@ -296,11 +354,15 @@ class SSEResponse(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, body: EventStream, headers: dict[str, str] | None = None):
+    def __init__(self, body: EventStream, headers: dict[str, str] | None = None, *, keepalive_s: float = 0.0):
         self.body_iterator = body
         self.status_code = 200
         self.background = None
+        self.keepalive_s = keepalive_s  # 0: no keep-alive (module docstring)
         self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})})
+        self._write_lock = asyncio.Lock()
+        self._last_write = time.monotonic()
+        self._state = "new"  # "open" between the response start and the last body message, then "closed"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -314,17 +376,51 @@ class SSEResponse(Response):
                     tg.cancel_scope.cancel()
 
                 tg.start_soon(stream)
+                if self.keepalive_s > 0 or self.body_iterator.progress:
+                    tg.start_soon(self._keep_alive, send)
                 await wait_for_disconnect(receive)
                 tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
                 await self.body_iterator.aclose()
 
+    async def _write(self, send: Send, chunk: bytes, more: bool = True) -> None:
+        async with self._write_lock:
+            if self._state != "open":
+                return
+            if not more:
+                self._state = "closed"
+            await send({"type": "http.response.body", "body": chunk, "more_body": more})
+            self._last_write = time.monotonic()
+
     async def _stream(self, send: Send) -> None:
         async with aclosing(self.body_iterator) as body:
-            await send(
-                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
-            )
+            async with self._write_lock:
+                await send(
+                    {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+                )
+                self._state = "open"
+                self._last_write = time.monotonic()
             async for chunk in body:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await self._write(send, chunk)
+            await self._write(send, b"", more=False)
+
+    async def _keep_alive(self, send: Send) -> None:
+        """Write the body's idle chunk whenever nothing was written for the interval (at most
+        PROGRESS_S while prefill progress is wanted)."""
+        body = self.body_iterator
+        while True:
+            interval = self.keepalive_s
+            if body.wants_progress:
+                interval = min(interval, PROGRESS_S) if interval > 0 else PROGRESS_S
+            if interval <= 0 or self._state == "closed":  # progress only and a token came; or done
+                return
+            due = self._last_write + interval
+            now = time.monotonic()
+            if now < due:
+                await anyio.sleep(due - now)
+                continue
+            try:
+                await self._write(send, body.idle_chunk())
+            except OSError:
+                return

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from .request import FinishEvent, GenerationRequest, SlotView, TokenEvent
+from .request import FinishEvent, GenerationRequest, PrefillProgress, SlotView, TokenEvent
 from .stats import SchedulerStats
 
 
@@ -24,6 +24,10 @@ class HandleAPI(Protocol):
         ...
 
     async def cancel(self) -> bool: ...
+
+    def progress(self) -> PrefillProgress:
+        """How far the prompt's prefill is (streams report it on request: docs/api.md)."""
+        ...
 
 
 class SchedulerAPI(Protocol):

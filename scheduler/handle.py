@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from .request import FinishEvent, TokenEvent
-from .sequence import Sequence
+from .request import FinishEvent, PrefillProgress, TokenEvent
+from .sequence import Phase, Sequence
 
 # the scheduler's cancel of one sequence: True once it finished as cancelled (acknowledged)
 CancelFn = Callable[[Sequence], Awaitable[bool]]
@@ -59,3 +59,13 @@ class RequestHandle:
 
     async def cancel(self) -> bool:
         return await self._cancel(self._seq)
+
+    def progress(self) -> PrefillProgress:
+        """How far the prompt's prefill is now (a snapshot of the scheduler's counters)."""
+        seq = self._seq
+        total = seq.prompt_len
+        if seq.phase is Phase.QUEUED:
+            return PrefillProgress(total, 0, 0)
+        cached = seq.reuse.reused_tokens if seq.reuse is not None else 0
+        processed = total if seq.phase is not Phase.PREFILL else min(seq.num_computed, total)
+        return PrefillProgress(total, processed, min(cached, processed))

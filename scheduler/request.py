@@ -109,6 +109,17 @@ class ReuseInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefillProgress:
+    """How far a request's prompt is: `processed` of its `total` prompt tokens are in its slot,
+    `cached` of those reused (rewound, copied or restored) instead of computed. While queued
+    (also after a preemption) nothing is processed; once decoding, all of it is."""
+
+    total: int
+    processed: int
+    cached: int
+
+
+@dataclass(frozen=True, slots=True)
 class TokenLogprob:
     """Log-probabilities at one sampled position, from the distribution the sampler drew from
     before temperature and truncation: the logits after penalties, logit_bias and the grammar

@@ -31,6 +31,7 @@ from slotserve.scheduler.request import (
     FinishEvent,
     FinishReason,
     GenerationRequest,
+    PrefillProgress,
     ReuseInfo,
     ReuseSource,
     TokenEvent,
@@ -314,6 +315,10 @@ class ScriptedHandle:
     async def cancel(self) -> bool:
         self.num_cancels += 1
         return False
+
+    def progress(self) -> PrefillProgress:
+        n = len(self.gen.prompt_ids)
+        return PrefillProgress(n, n, self.reply.reused)
 
 
 class ScriptedScheduler:

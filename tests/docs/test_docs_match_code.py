@@ -265,9 +265,13 @@ def _current_figures() -> str:
     return text.split("## Current figures, per model", 1)[1].split("\n# History", 1)[0]
 
 
-def test_current_benchmark_figures_cover_every_known_model():
+def test_current_benchmark_figures_cover_every_known_model_and_synthetic_preset():
     headings = re.findall(r"^### .*\(`([\w.-]+)`", _current_figures(), re.M)
     assert set(MODELS) <= set(headings)
+    from slotserve.bench.synthetic import PRESETS as SYNTHETIC
+
+    synthetic = _current_figures().split("--synthetic`)", 1)[1]
+    assert {r[0].strip("`") for r in _table(synthetic, "| preset |")} == set(SYNTHETIC)
 
 
 @pytest.mark.parametrize("command", sorted(set(re.findall(r"`(slotserve [^`]+)`", _current_figures()))))
@@ -279,3 +283,38 @@ def test_current_benchmark_commands_parse(command: str):
         parser.parse_args(argv)
     except SystemExit as exc:  # argparse: unknown flag, bad value, missing argument
         pytest.fail(f"`{command}` does not parse ({exc})")
+
+
+# -- docs/api.md ------------------------------------------------------------------------------
+
+
+def _route_key(method: str, path: str) -> tuple[str, str]:
+    return method, re.sub(r"\{[^}]*\}", "{}", path)
+
+
+async def test_api_route_table_is_the_app_s_with_its_api_key_column():
+    """Every route of the app is in docs/api.md's table (or, for routers' calls, named in its
+    note and docs/operations.md), and the table's API key column is what the app enforces."""
+    from gateway_support import running_app, scripted_runtime, serve_config
+    from slotserve.gateway.app import create_app
+
+    runtime, _ = scripted_runtime()
+    app = create_app(runtime, serve_config(api_key="k"))
+    served = {_route_key(m, r.path) for r in app.routes for m in (r.methods or ()) if m != "HEAD"}
+    api = _text("docs/api.md")
+    table = {}
+    for first, key, _ in _table(api, "| method and path | API key |"):
+        for span in _spans(first):
+            method, path = span.split()
+            table[(method, path)] = key == "yes"
+    documented = {_route_key(*k) for k in table}
+    assert documented <= served, f"docs/api.md lists routes the app does not have: {documented - served}"
+    named = set(re.findall(r"`(?:(?:GET|POST) )?(/[\w/.{}-]+)`", api + _text("docs/operations.md")))
+    for method, path in served - documented:  # the routers' calls: named in api.md's note and operations.md
+        assert path in named, f"{method} {path} is not documented"
+    async with running_app(app) as client:
+        for (method, path), protected in table.items():
+            r = await client.request(method, path.replace("{name}", "x"))
+            assert (r.status_code == 401) == protected, (
+                f"{method} {path}: {r.status_code}, docs say key {protected}"
+            )

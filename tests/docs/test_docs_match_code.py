@@ -131,6 +131,15 @@ def test_structure_import_table_is_the_code_s():
     assert not _imports("scheduler") and not _imports("engine_ext")  # the rule the layering rests on
 
 
+def test_structure_names_every_test_folder():
+    row = next(line for line in _text("docs/structure.md").splitlines() if line.startswith("| `tests/` |"))
+    listed = re.search(r"one folder per package tested \(([^)]*)\), plus `(\w+)/`", row)
+    assert listed is not None
+    folders = {f.split(":")[0].strip() for f in listed.group(1).split(",")} | {listed.group(2)}
+    on_disk = {p.name for p in (REPO / "tests").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert folders == on_disk
+
+
 def test_structure_names_every_subcommand_and_benchmark():
     text = _text("docs/structure.md")
     for name in COMMANDS:
@@ -290,6 +299,16 @@ def test_current_benchmark_commands_parse(command: str):
 
 def _route_key(method: str, path: str) -> tuple[str, str]:
     return method, re.sub(r"\{[^}]*\}", "{}", path)
+
+
+def test_readme_endpoints_are_in_the_api_table():
+    m = re.search(r"Besides\s+(.*?)\s+the server offers\s+(.*?): see `docs/api.md`", _text("README.md"), re.S)
+    assert m is not None
+    readme = set(re.findall(r"`(/[\w/]+)`", m.group(1) + m.group(2)))
+    api = {
+        span.split()[1] for r in _table(_text("docs/api.md"), "| method and path |") for span in _spans(r[0])
+    }
+    assert readme <= api and len(readme) >= 9
 
 
 async def test_api_route_table_is_the_app_s_with_its_api_key_column():

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "quant_k.h"
 
 /* Table entries of the quant_k.h types (kept together so both tables list the same types). */
 #define K_DEQUANTIZE_GENERIC                                                                       \

@@ -16,36 +16,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* ggml tensor type ids (the subset the engine implements; table entries of other ids are NULL). */
-enum {
-    GGML_TYPE_F32 = 0,
-    GGML_TYPE_F16 = 1,
-    GGML_TYPE_Q4_0 = 2,
-    GGML_TYPE_Q4_1 = 3,
-    GGML_TYPE_Q5_0 = 6,
-    GGML_TYPE_Q5_1 = 7,
-    GGML_TYPE_Q8_0 = 8,
-    GGML_TYPE_Q2_K = 10,
-    GGML_TYPE_Q3_K = 11,
-    GGML_TYPE_Q4_K = 12,
-    GGML_TYPE_Q5_K = 13,
-    GGML_TYPE_Q6_K = 14,
-    GGML_TYPE_BF16 = 30,
-    GGML_TYPE_COUNT = 31,
-};
-
-#define QK 32 /* elements per quantization block (every block format here) */
+#include "blocks.h" /* type ids, block layouts, row groups */
 
 /* Longest row (elements) any kernel takes: the SIMD kernels keep per-row scratch of this size
  * on the stack, the engine rejects models with longer weight rows, and KernelTable (the
  * Python test surface) refuses longer operands. */
 #define MAX_ROW_LEN (QK * 1024)
-
-/* ggml block layouts, byte-exact with the GGUF file. Values: Q8_0 d*q; Q4_0 d*(nib-8);
- * Q4_1 d*nib + m. Nibbles: qs[j] & 15 is element j, qs[j] >> 4 is element j + 16. */
-typedef struct { uint16_t d; int8_t qs[QK]; } block_q8_0;                 /* 34 bytes */
-typedef struct { uint16_t d; uint8_t qs[QK / 2]; } block_q4_0;            /* 18 bytes */
-typedef struct { uint16_t d; uint16_t m; uint8_t qs[QK / 2]; } block_q4_1; /* 20 bytes */
 
 /* Activation rows as the matmuls read them. `f` is used by float weights (F32/F16); the
  * quantized form (8-bit blocks of 32, one float scale and one float block sum per block) by
@@ -58,20 +34,6 @@ typedef struct {
     int k;              /* row length */
 } act_rows;
 
-/* Row groups: block weights are repacked at load into groups of ROW_GROUP rows whose blocks
- * interleave 4-byte runs, so one 32-byte load holds 4 elements of each of the 8 rows and an
- * integer dot product lands row by row in the 8 lanes (no horizontal sums):
- *
- *   x8 block b of group g = { d[8] (, m[8]) ; qs[j][row][4] }   row = 8g + lane
- *   Q4: qs[j][i][c] = byte 4j+c of row i's block (its low nibble is element 4j+c, its high
- *       nibble element 16+4j+c), j = 0..3.   Q8_0: qs[j][i][c] = element 4j+c, j = 0..7.
- *
- * Rows past the last whole group stay in the file's row layout. */
-#define ROW_GROUP 8
-typedef struct { uint16_t d[ROW_GROUP]; int8_t qs[QK * ROW_GROUP]; } block_q8_0x8;                   /* 272 B */
-typedef struct { uint16_t d[ROW_GROUP]; uint8_t qs[QK / 2 * ROW_GROUP]; } block_q4_0x8;              /* 144 B */
-typedef struct { uint16_t d[ROW_GROUP]; uint16_t m[ROW_GROUP]; uint8_t qs[QK / 2 * ROW_GROUP]; } block_q4_1x8; /* 160 B */
-
 /* A weight matrix as the matmuls read it. */
 typedef struct {
     int type;           /* ggml type */
@@ -81,17 +43,11 @@ typedef struct {
     const void *x8;     /* block types: [n_out / ROW_GROUP][n_in / block elements] x8 blocks (else NULL) */
 } gemm_weight;
 
-/* Bytes of the x8 form of a block-type weight (0 for float types); pack_x8 writes it. */
-size_t x8_bytes(int type, int n_in, int n_out);
-void pack_x8(void *dst, const void *rows, int type, int n_in, int n_out);
-
 /* Y[r, o] (+)= dot(W row o, X row r) for r in [0, n_rows), o in [o0, o1); o0 is a multiple of
  * ROW_GROUP and so is o1 unless o1 == n_out. Rows inside whole groups are read from w->x8 when
  * it is set, the rest from w->rows. y: [n_rows, ldy]; accumulate != 0 adds to y. */
 typedef void (*gemm_fn)(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x,
                         int n_rows, int accumulate);
-
-#include "quant_k.h" /* Q5_0, Q5_1, K-quants, BF16 */
 
 /* Attention, in chunks. Query rows i = 0..n_q-1 of one slot sit at positions pos0+i and attend
  * keys lo(i)..pos0+i of ONE kv head, shared by `group` query heads (GQA), where lo(i) = 0, or
@@ -207,9 +163,6 @@ struct kernel_table {
 const kernel_table *kernels_select(const char *name);
 int kernels_avx2_supported(void);
 int kernels_avx512vnni_supported(void);
-
-/* Bytes of one row of k elements in a weight type; 0 for an unsupported type. */
-size_t ggml_row_bytes(int type, int k);
 
 /* Generic (portable) kernels. */
 void quantize_q8a_generic(int8_t *qs, float *d, float *s, const float *x, int k);

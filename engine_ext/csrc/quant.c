@@ -2,6 +2,7 @@
 #include <math.h>
 
 #include "fp16.h"
+#include "blocks.h"
 #include "kernels.h"
 
 size_t ggml_row_bytes(int type, int k) {

@@ -15,7 +15,8 @@
 #include <string.h>
 
 #include "fp16.h"
-#include "kernels.h"
+#include "blocks.h"
+#include "quant_k.h"
 
 int ggml_block_elems(int type) {
     switch (type) {

@@ -13,6 +13,7 @@
 
 #include "../fp16.h"
 #include "../kernels.h"
+#include "../quant_k.h"
 
 #define X8_VNNI 0
 #define K_TILE 4 /* activation rows per micro-kernel call */

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "../kernels.h"
+#include "../quant_k.h"
 
 #define X8_VNNI 1
 #define X8_TILE 8

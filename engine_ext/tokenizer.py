@@ -33,6 +33,7 @@ UnsupportedModelError naming what was found and what is supported.
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,7 +51,15 @@ if TYPE_CHECKING:
 # GGUF token types (llama.cpp's llama_token_type).
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
 
-SUPPORTED_MODELS = ("gpt2", "llama")
+
+class TokenizerKind(str, enum.Enum):
+    """tokenizer.ggml.model: the tokenizer families slotserve rebuilds."""
+
+    GPT2 = "gpt2"  # byte-level BPE
+    LLAMA = "llama"  # SentencePiece
+
+
+SUPPORTED_MODELS = tuple(k.value for k in TokenizerKind)
 
 # Texts of tokens that end generation besides the eos / eot / eom ids, whatever their token type
 # (llama.cpp's list, less models slotserve cannot run): chat-turn terminators of common families.
@@ -263,7 +272,7 @@ class Tokenizer:
 
     backend: HFTokenizer = field(repr=False)  # parses special-token texts
     plain_backend: HFTokenizer = field(repr=False)  # same model; special-token texts stay text
-    kind: str  # tokenizer.ggml.model: "gpt2" or "llama"
+    kind: TokenizerKind  # tokenizer.ggml.model
     pieces: list[str] = field(repr=False)  # id -> vocabulary piece, as stored in the GGUF
     token_bytes: list[bytes] = field(repr=False)  # id -> raw bytes it stands for (specials: UTF-8 text)
     special_ids: frozenset[int] = field(repr=False)  # CONTROL / UNKNOWN ids (dropped by skip_special)
@@ -297,6 +306,7 @@ class Tokenizer:
                 f"{source}: tokenizer.ggml.model {kind!r} is not supported; supported: "
                 "'gpt2' (byte-level BPE) and 'llama' (SentencePiece)"
             )
+        kind = TokenizerKind(kind)
         pieces = meta.get("tokenizer.ggml.tokens")
         if not isinstance(pieces, list) or not pieces or not all(isinstance(p, str) for p in pieces):
             raise ValueError(f"{source}: tokenizer.ggml.tokens is missing or not a list of strings")
@@ -313,7 +323,7 @@ class Tokenizer:
         for i, piece in enumerate(pieces):
             vocab.setdefault(piece, i)  # duplicated pieces (unused slots) keep their first id
 
-        if kind == "gpt2":
+        if kind is TokenizerKind.GPT2:
             parts = _gpt2_parts(meta, source, pieces, vocab, types)
         else:
             parts = _spm_parts(meta, source, pieces, vocab, types)

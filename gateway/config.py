@@ -12,6 +12,7 @@ the socket) happen later, in `runtime.load_runtime` and `server.serve`.
 from __future__ import annotations
 
 import argparse
+import enum
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -24,7 +25,20 @@ from .kv_events import KVEventsConfig
 
 ENV_PREFIX = "SLOTSERVE_"
 _ORIGIN = re.compile(r"https?://[^/\s]+")  # a browser Origin header: scheme://host[:port]
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+class LogLevel(str, enum.Enum):
+    """--log-level: uvicorn's levels (trace: everything, as debug for slotserve's own loggers)."""
+
+    CRITICAL = "critical"
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+    DEBUG = "debug"
+    TRACE = "trace"
+
+
+LOG_LEVELS = tuple(level.value for level in LogLevel)
 # --max-batch-tokens' upper bound: the engine's step buffers grow with it (Gemma 3 270M: about
 # 40 KiB a row; an 8B model: about 300 KiB), and longer forwards run in several steps anyway.
 MAX_BATCH_TOKENS = 16384
@@ -53,13 +67,13 @@ class ServeConfig:
     # when set, /v1/*, /tokenize, /detokenize, /slots need it; kept out of repr (logs, tracebacks)
     api_key: str | None = field(default=None, repr=False)
     max_queue: int = 64  # requests admitted but waiting for a slot; past it -> 429
-    prefill_order: str = "cost"  # queue and prefill order (scheduler/prefill_order.py): cost | fifo
+    prefill_order: PrefillOrder = PrefillOrder.COST  # queue and prefill order (scheduler/prefill_order.py)
     prefill_aging_tokens_per_s: float | None = None  # cost order's aging rate; None = auto (measured)
     no_reuse: bool = False  # disable every form of prefix reuse (benchmark baseline)
     no_decode_chain: bool = False  # every engine step planned by the event loop (scheduler/chain.py)
     swa_full: bool = False  # sliding-window layers keep every row (no rings): more KV memory
     max_batch_tokens: int | None = None  # rows of one engine step (and of a ring past the window); None = 512
-    log_level: str = "info"
+    log_level: LogLevel = LogLevel.INFO
     no_slots_endpoint: bool = False  # turn GET /slots off
     max_body_bytes: int = 4 * 1024 * 1024  # request bodies past this -> 413
     max_tokens_limit: int = 32768  # largest max_tokens a request may ask for
@@ -126,6 +140,7 @@ class ServeConfig:
             self.prefill_order in orders,
             f"--prefill-order must be one of {', '.join(orders)}, got {self.prefill_order!r}",
         )
+        object.__setattr__(self, "prefill_order", PrefillOrder(self.prefill_order))  # text given: the member
         need(
             self.prefill_aging_tokens_per_s is None or self.prefill_aging_tokens_per_s > 0,
             f"--prefill-aging-tokens-per-s must be > 0, got {self.prefill_aging_tokens_per_s}",
@@ -136,6 +151,7 @@ class ServeConfig:
             f"got {self.max_batch_tokens}",
         )
         need(self.log_level in LOG_LEVELS, f"--log-level must be one of {', '.join(LOG_LEVELS)}")
+        object.__setattr__(self, "log_level", LogLevel(self.log_level))
         need(self.max_body_bytes >= 1024, f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}")
         need(self.max_tokens_limit >= 1, f"--max-tokens-limit must be >= 1, got {self.max_tokens_limit}")
         need(

@@ -120,7 +120,9 @@ class ChatPlan:
 
 
 def _tool_choice(value: JSON, names: list[str]) -> ToolChoice:
-    if value is None or value in ("auto", "none", "required"):
+    if value is None:
+        return None
+    if isinstance(value, str) and value in ("auto", "none", "required"):
         return value
     if isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("name"), str):
         if value["name"] not in names:

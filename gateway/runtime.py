@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..scheduler.api import SchedulerAPI
 from ..scheduler.config import SchedulerConfig
 from ..scheduler.interface import SlotPool
-from ..scheduler.prefill_order import PrefillOrder
 from ..scheduler.stats import StatsSink
 from .checkpoint_budget import CheckpointBudget, checkpoint_budget
 from .config import ServeConfig
@@ -298,7 +297,7 @@ def scheduler_config(config: ServeConfig, budget: CheckpointBudget | None = None
         "max_queue": config.max_queue,
         "reuse_enabled": not config.no_reuse,
         "decode_chain": not config.no_decode_chain,
-        "prefill_order": PrefillOrder(config.prefill_order),
+        "prefill_order": config.prefill_order,
         "prefill_aging_tokens_per_s": config.prefill_aging_tokens_per_s,
     }
     if config.segment_tokens is not None:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
-from .config import ServeConfig
+from .config import LogLevel, ServeConfig
 from .transport import protocol_class
 
 if TYPE_CHECKING:  # imported where used: `slotserve serve --help` loads none of them
@@ -146,7 +146,7 @@ def uvicorn_config(app: Any, config: ServeConfig) -> uvicorn.Config:
         app,
         host=config.host,
         port=config.port,
-        log_level=config.log_level,
+        log_level=config.log_level.value,
         lifespan="on",
         timeout_graceful_shutdown=5,  # backstop only: the drain has already finished requests
         server_header=False,
@@ -211,7 +211,7 @@ def serve(config: ServeConfig) -> int:
     from .runtime import build_runtime, open_served_model
 
     logging.basicConfig(
-        level=logging.DEBUG if config.log_level == "trace" else config.log_level.upper(),
+        level=logging.DEBUG if config.log_level is LogLevel.TRACE else config.log_level.value.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:

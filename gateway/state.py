@@ -13,7 +13,7 @@ import functools
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 from starlette.requests import ClientDisconnect, Request
@@ -73,7 +73,8 @@ class Gateway:
         self.metrics = metrics
         self.is_serving = False  # set while the lifespan holds the scheduler
         self._api_key = config.api_key.encode() if config.api_key is not None else None
-        self._decoders: dict[type, msgspec.json.Decoder] = {}  # body Struct -> its decoder, built once
+        # body Struct -> its decoder, built once (one decoder type per Struct: Any is the honest type here)
+        self._decoders: dict[type, msgspec.json.Decoder[Any]] = {}
 
     # ---- checks shared by the routes
 
@@ -116,7 +117,7 @@ class Gateway:
             if size > limit:
                 raise body_too_large(limit)
             chunks.append(chunk)
-        decoder = self._decoders.get(kind)
+        decoder: msgspec.json.Decoder[T] | None = self._decoders.get(kind)
         if decoder is None:
             decoder = self._decoders[kind] = msgspec.json.Decoder(kind)
         try:

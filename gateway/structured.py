@@ -177,7 +177,7 @@ class MaskedSequence:
         self._c = compiler
         self._matcher: Any = None  # built in the pool with the first mask (not on the event loop)
         self._bits = np.zeros((compiler.n_vocab + 31) // 32, dtype=np.int32)  # [ceil(V/32)] bitmask
-        self._next: Future | None = compiler._pool.submit(self._start, grammar)
+        self._next: Future[None] | None = compiler._pool.submit(self._start, grammar)
 
     def _start(self, grammar: str) -> None:
         self._matcher = self._c._llg.LLMatcher(self._c.tokenizer, grammar)

@@ -1,0 +1,169 @@
+"""Captures and routing around recurrent state on the real C engine with the tiny qwen35
+fixture (the basic reuse paths: test_sched_real_engine_qwen35.py): an edited early turn restores
+the turn capture below the divergence, an evicted conversation comes back from disk after a
+restart, a cancel mid-decode leaves the slot extendable, and a Hypothesis property checks the
+reuse against a brute-force oracle of the capture rules; every warm answer equals a cold run
+token for token, with the reuse source and count and the tokens the engine computed asserted."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sched_support import CountingPool, collect, make_config, make_request
+from slotserve.scheduler.prefix import common_prefix_len as _lcp
+from slotserve.scheduler.request import FinishReason, ReuseSource, TokenEvent
+from slotserve.scheduler.scheduler import Scheduler
+
+
+@pytest.fixture(scope="module")
+def qwen35_path(qwen35_model_factory):
+    return qwen35_model_factory("Q8_0")
+
+
+@pytest.fixture
+def open_pool(qwen35_path):
+    from slotserve.engine_ext.loader import open_model
+
+    def make(num_slots: int, ctx_len: int = 512):
+        bundle = open_model(qwen35_path, num_slots=num_slots, ctx_len=ctx_len, threads=1)
+        assert "/recurrent=" in bundle.pool.fingerprint  # the recurrent layout is in use
+        return CountingPool(bundle.pool), bundle.tokenizer
+
+    return make
+
+
+def sched_for(pool, tok, **kw) -> Scheduler:
+    kw.setdefault("segment_tokens", 32)
+    kw.setdefault("checkpoint_memory_mb", 16)
+    kw.setdefault("checkpoint_interval_tokens", 0)
+    return Scheduler(pool, make_config(**kw), token_bytes=tok.token_bytes, eos_token_ids=tok.eos_token_ids)
+
+
+def common_prefix_len(a, b) -> int:
+    return _lcp(np.asarray(a, np.int32), np.asarray(b, np.int32))
+
+
+def ids(seed: int, n: int, n_vocab: int = 299) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(3, n_vocab, n)]
+
+
+def reuse(out) -> tuple[ReuseSource, int]:
+    return out.finish.reuse.source, out.finish.reuse.reused_tokens
+
+
+async def cold(open_pool, prompt, max_tokens) -> list[int]:
+    pool, tok = open_pool(1)
+    async with sched_for(pool, tok, checkpoint_memory_mb=0) as sched:
+        out = await collect(sched.submit(make_request(prompt, max_tokens)))
+    assert out.finish.reuse.reused_tokens == 0 and out.finish.reason is FinishReason.LENGTH
+    return out.tokens
+
+
+async def test_an_edited_early_turn_restores_the_turn_start(open_pool):
+    pool, tok = open_pool(1)
+    async with sched_for(pool, tok) as sched:
+        conv: list[int] = []
+        assistant: list[int] = []
+        for i in range(4):
+            user = len(conv)
+            conv = conv + ids(30 + i, 70)
+            turns = tuple(t for t in (*assistant, user) if t > 0)
+            out = await collect(sched.submit(make_request(conv, 4, turn_offsets=turns)))
+            assistant.append(len(conv))
+            conv = conv + out.tokens
+        edited = conv[:100] + ids(99, 40)  # diverges inside turn 2's user message (from 74)
+        before = pool.num_computed_tokens
+        out = await collect(sched.submit(make_request(edited, 5)))
+        assert reuse(out) == (ReuseSource.CHECKPOINT_MEMORY, 74)
+        assert pool.num_computed_tokens - before == len(edited) - 74 + 4
+        await sched.check_integrity()
+    assert out.tokens == await cold(open_pool, edited, 5)
+
+
+async def test_an_evicted_conversation_is_restored_from_disk_after_a_restart(open_pool, tmp_path):
+    conv = ids(6, 150)
+    kw = {"kv_disk_dir": str(tmp_path), "kv_disk_space_mb": 64, "capture_prompt_end": False}
+    pool, tok = open_pool(1)
+    async with sched_for(pool, tok, **kw) as sched:
+        a = await collect(sched.submit(make_request(conv, 6)))
+        await collect(sched.submit(make_request(ids(7, 90), 2)))  # overwrites it: captured on evict
+    held = len(conv) + 5
+    follow = conv + a.tokens + ids(8, 30)
+    restarted, tok = open_pool(1)
+    async with sched_for(restarted, tok, **kw) as sched:
+        await sched.wait_ready()
+        out = await collect(sched.submit(make_request(follow, 6)))
+        await sched.check_integrity()
+    assert reuse(out) == (ReuseSource.CHECKPOINT_DISK, held)
+    assert restarted.num_computed_tokens == len(follow) - held + 5
+    assert out.tokens == await cold(open_pool, follow, 6)
+
+
+async def test_a_cancel_mid_decode_leaves_the_slot_extendable(open_pool):
+    pool, tok = open_pool(1)
+    prompt = ids(9, 80)
+    async with sched_for(pool, tok, checkpoint_memory_mb=0) as sched:
+        h = sched.submit(make_request(prompt, 50))
+        got: list[int] = []
+        async for ev in h:
+            if isinstance(ev, TokenEvent):
+                got.extend(ev.token_ids)
+                if len(got) >= 3:
+                    break
+        assert await h.cancel() is True
+        record = list(pool.record(0))
+        follow = record + ids(10, 20)
+        before = pool.num_computed_tokens
+        out = await collect(sched.submit(make_request(follow, 4)))
+        assert reuse(out) == (ReuseSource.REWIND, len(record))
+        assert pool.num_computed_tokens - before == 20 + 3
+        await sched.check_integrity()
+    assert out.tokens == await cold(open_pool, follow, 4)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    segment=st.integers(1, 40),
+    diverge=st.integers(0, 130),
+    interval=st.sampled_from([0, 32]),
+    turn=st.integers(1, 119),
+)
+def test_routing_reuses_what_the_oracle_says_and_stays_exact(open_pool, segment, diverge, interval, turn):
+    """Two prompts on one slot of the real pool; the second diverges from the first prompt + its
+    reply at `diverge`. The oracle: the live slot only as an exact extension, and the checkpoints
+    the capture rules place (turn offset, prompt end less one, every `interval` tokens), each
+    only at its own length; the answers equal the cold ones of the same prompts."""
+    first = ids(60, 120)
+    least = make_config().min_checkpoint_tokens
+
+    async def run() -> tuple:
+        pool, tok = open_pool(1)
+        kw = {"segment_tokens": segment, "step_token_budget": segment, "checkpoint_interval_tokens": interval}
+        async with sched_for(pool, tok, **kw) as sched:
+            a = await collect(sched.submit(make_request(first, 4, turn_offsets=(turn,))))
+            record = list(pool.record(0))
+            second = (first + a.tokens + ids(61, 8))[: min(diverge, 126)] + ids(62, 30)
+            before = pool.num_computed_tokens
+            b = await collect(sched.submit(make_request(second, 4)))
+            await sched.check_integrity()
+        return a, b, second, record, pool.num_computed_tokens - before
+
+    a, b, second, record, computed = asyncio.run(run())
+    points = {*((turn,) if turn >= least else ()), len(first) - 1}
+    if interval:
+        points |= set(range(interval * -(-least // interval), len(first) + 1, interval))
+    L = len(second)
+    u_live = min(common_prefix_len(second, record), L - 1)
+    want = u_live if u_live >= len(record) else 0
+    for n in points:
+        u = min(common_prefix_len(second, first[:n]), L - 1)
+        if u >= least and u >= n:
+            want = max(want, u)
+    assert b.finish.reuse.reused_tokens == want
+    assert computed == L - want + 3
+    assert b.tokens == asyncio.run(cold(open_pool, second, 4))
+    assert a.tokens == asyncio.run(cold(open_pool, first, 4))

@@ -298,6 +298,28 @@ def test_auto_interval_is_on_for_recurrent_state_and_sized_by_the_snapshot():
     assert k_for(big, 512 << 20) < kb
 
 
+def test_auto_interval_figures_for_a_qwen35_0_8b_checkpoint_as_docs_state():
+    """docs/scheduler.md's figures: a Qwen3.5-0.8B checkpoint of n tokens is n x 12 KiB of KV
+    plus 18 DeltaNet states of (3 x 6,144 + 16 x 128 x 128) f32."""
+    state = 18 * (3 * 6144 + 16 * 128 * 128) * 4
+    assert round(state / (1 << 20), 1) == 19.3
+
+    def k(budget_mb: int) -> int:
+        return auto_interval_tokens(
+            kv_window=None,
+            num_slots=4,
+            ctx_len=8192,
+            budget_bytes=budget_mb << 20,
+            snapshot_nbytes=lambda n: n * 12288 + state,
+            min_tokens=64,
+            restored_floor=lambda n: n,
+        )
+
+    assert (k(1024), k(2048)) == (4305, 2153)
+    assert k(256) > 8192 and k(512) > 8192  # no grid fits
+    assert [(mb << 20) // (n * 12288 + state) for mb in (256, 1024) for n in (1000, 2000)] == [8, 5, 33, 23]
+
+
 # ---------------------------------------------------------------- property
 
 

@@ -105,6 +105,14 @@ QWEN2_PATTERN = (
 )
 
 
+# Qwen3.5's split ("qwen35"): Qwen2's, with combining marks (\p{M}) kept inside letter runs
+# ("cafe" + U+0301 is one piece, not "cafe" and a symbol piece).
+QWEN35_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
 def _split(pattern: str) -> Any:
     return pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False)
 
@@ -134,6 +142,10 @@ def _qwen2_pre() -> Any:
     return pre_tokenizers.Sequence([_split(QWEN2_PATTERN), _byte_level()])
 
 
+def _qwen35_pre() -> Any:
+    return pre_tokenizers.Sequence([_split(QWEN35_PATTERN), _byte_level()])
+
+
 @dataclass(frozen=True)
 class PreRule:
     """A gpt2 pre-tokenizer rule: how text is split before merging, as llama.cpp does it."""
@@ -154,6 +166,7 @@ PRE_TOKENIZERS: dict[str, PreRule] = {
     "llama-v3": PreRule(_llama3_pre, ignore_merges=True, add_bos=True),
     "lfm2": PreRule(_llama3_pre, ignore_merges=True, add_bos=True),  # llama.cpp: LLAMA3's rule
     "qwen2": PreRule(_qwen2_pre),
+    "qwen35": PreRule(_qwen35_pre),
 }
 
 

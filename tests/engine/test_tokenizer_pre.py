@@ -28,6 +28,7 @@ CODE = "(foo)->bar;"
 NUMBERS = "x=12345+67 ab"
 SPACES = "  hi\n\n  there  "
 CRLF = "a\r\nb"
+MARKS = "cafe\u0301 x"  # a combining acute accent (Mn) after a letter
 
 # rule -> text -> expected pieces. Why, in short:
 #   gpt-2: contractions are lower-case only ("'M" is "'" + "M"); a space run gives its last
@@ -37,7 +38,8 @@ CRLF = "a\r\nb"
 #   smollm: every digit alone, then gpt-2.
 #   llama-bpe: case-insensitive contractions; one leading non-letter joins a word ("(foo");
 #     newline runs stand alone; digits in groups of 1-3; "\r\n" stays together.
-#   qwen2: llama-bpe with every digit alone.
+#   qwen2: llama-bpe with every digit alone; a combining mark is a symbol of its own.
+#   qwen35: qwen2 with combining marks inside letter runs.
 EXPECTED = {
     "gpt-2": {
         SENTENCE: ["Hello", ",", " world", "!!!", " I", "'", "M", " don", "'t"],
@@ -73,6 +75,15 @@ EXPECTED = {
         NUMBERS: ["x", "=", "1", "2", "3", "4", "5", "+", "6", "7", " ab"],
         SPACES: [" ", " hi", "\n\n", " ", " there", "  "],
         CRLF: ["a", "\r\n", "b"],
+        MARKS: ["cafe", "\u0301", " x"],
+    },
+    "qwen35": {
+        SENTENCE: ["Hello", ",", " world", "!!!", " I", "'M", " don", "'t"],
+        CODE: ["(foo", ")->", "bar", ";"],
+        NUMBERS: ["x", "=", "1", "2", "3", "4", "5", "+", "6", "7", " ab"],
+        SPACES: [" ", " hi", "\n\n", " ", " there", "  "],
+        CRLF: ["a", "\r\n", "b"],
+        MARKS: ["cafe\u0301", " x"],
     },
 }
 

@@ -415,12 +415,17 @@ class SSEResponse(Response):
                 interval = min(interval, PROGRESS_S) if interval > 0 else PROGRESS_S
             if interval <= 0 or self._state == "closed":  # progress only and a token came; or done
                 return
-            due = self._last_write + interval
             now = time.monotonic()
-            if now < due:
-                await anyio.sleep(due - now)
+            due = self._last_write + interval
+            if self._state == "new" or now < due:
+                await anyio.sleep(max(due - now, 0.01))
                 continue
             try:
-                await self._write(send, body.idle_chunk())
+                async with self._write_lock:  # idle still? (the token path may have just written)
+                    if self._state == "open" and time.monotonic() - self._last_write >= interval:
+                        await send(
+                            {"type": "http.response.body", "body": body.idle_chunk(), "more_body": True}
+                        )
+                        self._last_write = time.monotonic()
             except OSError:
                 return

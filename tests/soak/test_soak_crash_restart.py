@@ -2,8 +2,10 @@
 checkpoint file left is whole (or removed), a file damaged on disk is dropped instead of used,
 and the restarted server's greedy answers, restored from disk, equal a cold server's.
 
-The server is the real `slotserve serve` on the tiny fixture model; in the first run its fsync
-sleeps 0.25 s, so writes are slow enough to be caught mid-way (the test asserts it caught one).
+The server is the real `slotserve serve` on the tiny fixture model, and on the tiny qwen35 one
+(recurrent state: a slot is restored only from a checkpoint at its own length); in the first run
+its fsync sleeps 0.25 s, so writes are slow enough to be caught mid-way (the test asserts it
+caught one).
 """
 
 from __future__ import annotations
@@ -97,9 +99,21 @@ def crash_while_writing(model: Path, disk: Path, log: Path, cycle: int) -> tuple
     return seen.get("whole", 0), seen.get("tmp", 0)
 
 
+@pytest.fixture(params=["llama", "qwen35"])
+def model_path(request: pytest.FixtureRequest) -> Path:
+    """The tiny full-KV fixture, and the tiny qwen35 one (recurrent state: slots restored only
+    from checkpoints at their own length)."""
+    if request.param == "qwen35":
+        path: Path = request.getfixturevalue("qwen35_model_factory")("Q8_0")
+        return path
+    path = request.getfixturevalue("tiny_model_path")
+    return path
+
+
 def test_kill_9_during_checkpoint_writes_then_restart_warm_equals_cold(
-    tiny_model_path: Path, tmp_path: Path, soak_seconds: float
+    model_path: Path, tmp_path: Path, soak_seconds: float
 ) -> None:
+    tiny_model_path = model_path
     disk, log = tmp_path / "kv", tmp_path / "server.log"
     cycles = max(1, min(MAX_CYCLES, int(soak_seconds // 4)))
     caught = []
@@ -169,8 +183,17 @@ def test_kill_9_during_checkpoint_writes_then_restart_warm_equals_cold(
     assert m['slotserve_checkpoints_total{event="drop",rule="unknown",tier="disk"}'] >= 1
     # the damaged file its request matched (the longest common prefix with its prompt: the
     # system-prompt hint, or a longer file that starts with it, since a file replaces the files
-    # that are prefixes of it) was removed, or written again whole by that request's own capture
-    matched = max(damaged, key=lambda p: common_prefix_len(file_tokens_of[p], ids[damaged_prompt]))
+    # that are prefixes of it) was removed, or written again whole by that request's own capture.
+    # With recurrent state a file can only be restored at its own length, so the request only
+    # ever reads the files that are a prefix of its prompt less its last token: those count.
+    prompt = ids[damaged_prompt]
+    usable = [
+        p
+        for p in damaged
+        if "qwen35" not in model_path.name
+        or common_prefix_len(file_tokens_of[p], prompt) == len(file_tokens_of[p]) < len(prompt)
+    ]
+    matched = max(usable, key=lambda p: common_prefix_len(file_tokens_of[p], prompt))
     assert common_prefix_len(file_tokens_of[matched], ids[damaged_prompt]) >= 100  # the system turn
     if matched.exists():
         check_file(matched)

@@ -136,6 +136,58 @@ class GrammarCompiler:
         return self._compile(grammar)
 
 
+    def lazy_tool_calls(self, tools: Sequence[Mapping[str, Any]], *, parallel: bool) -> CompiledGrammar:
+        """tool_choice "auto": free text, until the model starts a call (`<tool_call>`, or a JSON
+        object opening with `{"name": "`, bare or fenced); from there the call is held to
+        `tools`: a declared name, then arguments valid under its parameters schema (whitespace
+        as the model likes it, bounded), then the closing brace (and tag). A name nobody
+        declared frees the rest of the reply again (it stays text: no call is forced on it).
+        `parallel` False: one constrained call, the text after it free."""
+        return self._compile(self._llg.LLMatcher.grammar_from_lark(lazy_tool_lark(tools, parallel=parallel)))
+
+
+# JSON inside a lazily constrained call: the model's own layout (one line, or indented in a
+# fence), at most 16 blanks in a row so it cannot run on in whitespace.
+_LAZY_JSON_OPTIONS = {"whitespace_flexible": True, "whitespace_pattern": "[ \\n]{0,16}"}
+_W = "[ \\t\\n]"
+
+
+def _regex_literal(text: str) -> str:
+    """`text` as a regex matching itself (llguidance's regex syntax)."""
+    return "".join(c if c.isalnum() or c == "_" else f"\\x{{{ord(c):x}}}" for c in text)
+
+
+def lazy_tool_lark(tools: Sequence[Mapping[str, Any]], *, parallel: bool) -> str:
+    """The lark grammar behind `GrammarCompiler.lazy_tool_calls` (llguidance lazy lexemes: a
+    `[lazy]` rule made of the free text and a trigger ends at the trigger's first match)."""
+    alts, rules, names = [], [], []
+    for i, t in enumerate(tools):
+        fn = t.get("function", t)
+        params = dict(fn.get("parameters") or {"type": "object", "properties": {}})
+        name = _regex_literal(fn["name"])
+        names.append(name)
+        alts.append(f"fn_{i}")
+        rules.append(f"fn_{i}: FN_{i} %json {json.dumps({**params, 'x-guidance': _LAZY_JSON_OPTIONS})} CLOSE")
+        rules.append(f'FN_{i}: /{name}"{_W}*,{_W}*"(arguments|parameters)"{_W}*:{_W}*/')
+    head = f'\\{{{_W}*"name"{_W}*:{_W}*"'
+    lines = [
+        "%llguidance {}",
+        f"start: call{'*' if parallel else '?'} TAIL",
+        "TAIL: /(.|\\n)*/",
+        f"json_hd[lazy]: TAIL /{head}/",
+        f'tag_hd[lazy]: TAIL "{HERMES_OPEN}"',
+        "call: json_hd named | tag_hd OPEN named ENDTAG",
+        f"OPEN: /{_W}*{head}/",
+        f"ENDTAG: /{_W}*<\\/tool_call>/",
+        f"CLOSE: /{_W}{{0,16}}\\}}/",
+        f"named: {' | '.join(alts)} | OTHER",
+        # a name that is none of the tools': the rest is free text
+        f'OTHER: /[^"]*"(.|\\n)*/ & ~/({"|".join(names)})"(.|\\n)*/',
+        *rules,
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def _call_schema(tools: Sequence[Mapping[str, Any]], args_key: str) -> dict[str, Any]:
     """JSON schema of one call object {"name": N, args_key: {...}} over `tools`."""
     options = []

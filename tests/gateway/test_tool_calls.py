@@ -70,6 +70,72 @@ def test_mistral_array():
     assert out.content == "ok" and out.tool_calls[0].arguments == '{"q":"x"}'
 
 
+BARE = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+
+
+@pytest.mark.parametrize("family", list(ToolCallFamily))
+@pytest.mark.parametrize(
+    "text,content",
+    [
+        (BARE, None),  # Qwen2.5-Coder-0.5B's answer with tools offered
+        ("```json\n" + BARE.replace(", ", ",\n  ") + "\n```", None),  # llama.cpp's, fenced
+        ("I will look it up.\n```json\n" + BARE + "\n```\nOne moment.", "I will look it up.\nOne moment."),
+        ("[" + BARE + ", " + BARE + "]", None),
+        ("```\n[" + BARE + "]\n```", None),
+    ],
+)
+def test_bare_and_fenced_json_calls_of_offered_tools(family, text, content):
+    out = parse_tool_calls(text, family, tool_names={"get_weather"}, new_id=ids())
+    assert out.content == content
+    assert out.tool_calls and all(
+        (c.name, c.arguments) == ("get_weather", '{"city":"Paris"}') for c in out.tool_calls
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "add_numbers", "arguments": {"a": 1}}',  # a function nobody offered
+        '```json\n{"name": "get_weather", "arguments": [1]}\n```',
+        'The JSON {"name": "get_weather"} is not a call.',
+        'function f() { return {"a": 1}; }',
+    ],
+)
+def test_json_that_is_no_call_of_an_offered_tool_stays_content(text):
+    for family in ToolCallFamily:
+        out = parse_tool_calls(text, family, tool_names={"get_weather"})
+        assert out.tool_calls == () and out.content == text
+
+
+def test_streamed_call_goes_out_as_openai_sends_it():
+    """Fed a token at a time: the header (id, name, empty arguments) as soon as the arguments
+    open, then fragments as they arrive; no content at all, not even the newline between calls."""
+    text = "<tool_call>\n" + BARE + "\n</tool_call>\n<tool_call>\n" + BARE.replace("Paris", "Rome") + "\n</tool_call>"
+    parser = StreamingToolParser(H, tool_names={"get_weather"}, new_id=ids())
+    content, events = [], []
+    for i in range(0, len(text), 3):
+        c, d = parser.feed(text[i : i + 3])
+        content.append(c)
+        events.append(d)
+    c, d = parser.finish()
+    content.append(c)
+    events.append(d)
+    assert "".join(content) == ""
+    deltas = [dl for ev in events for dl in ev]
+    headers = [dl for dl in deltas if dl.id is not None]
+    assert [(h.index, h.id, h.name, h.arguments) for h in headers] == [
+        (0, "call_0", "get_weather", ""),
+        (1, "call_1", "get_weather", ""),
+    ]
+    frags = [dl for dl in deltas if dl.id is None]
+    assert all(dl.name is None and dl.arguments for dl in frags)
+    assert len([dl for dl in frags if dl.index == 0]) > 3  # streamed as generated, not at the end
+    assert "".join(dl.arguments for dl in frags if dl.index == 1) == '{"city": "Rome"}'
+    # the header came out in the feed that completed `"arguments": {`, before the arguments' end
+    first = next(i for i, ev in enumerate(events) if any(dl.id for dl in ev))
+    assert text[: 3 * (first + 1)].endswith(('"arguments": {', '"arguments": {"', '"arguments": {"c'))
+
+
 def test_family_for_template():
     assert family_for_template("{% if tools %}<tool_call>{% endif %}") == (H, True)
     assert family_for_template("<|im_start|>{{ m.content }}") == (H, False)
@@ -114,8 +180,9 @@ def test_streaming_matches_whole_parse(family, text, step):
         slot["id"] = slot["id"] or dl.id
         slot["name"] = slot["name"] or dl.name
         slot["arguments"] += dl.arguments
-    assert [(v["id"], v["name"], v["arguments"]) for _, v in sorted(rebuilt.items())] == [
-        (c.id, c.name, c.arguments) for c in whole.tool_calls
+    # (fragments are the text the model wrote: the same JSON value as the compact arguments)
+    assert [(v["id"], v["name"], json.loads(v["arguments"])) for _, v in sorted(rebuilt.items())] == [
+        (c.id, c.name, json.loads(c.arguments)) for c in whole.tool_calls
     ]
 
 
@@ -148,6 +215,9 @@ PIECES = [
     "[TOOL_CALLS]",
     '[{"name": "f", "arguments": {}}]',
     "<|python_tag|>",
+    "```json\n",
+    "```",
+    "]",
     "text ",
     "<",
     "{",

@@ -135,15 +135,23 @@ class GrammarCompiler:
             raise GrammarError(str(exc)) from None
         return self._compile(grammar)
 
-
-    def lazy_tool_calls(self, tools: Sequence[Mapping[str, Any]], *, parallel: bool) -> CompiledGrammar:
+    def lazy_tool_calls(
+        self, tools: Sequence[Mapping[str, Any]], *, parallel: bool, tag: bool = True
+    ) -> CompiledGrammar:
         """tool_choice "auto": free text, until the model starts a call (`<tool_call>`, or a JSON
         object opening with `{"name": "`, bare or fenced); from there the call is held to
         `tools`: a declared name, then arguments valid under its parameters schema (whitespace
         as the model likes it, bounded), then the closing brace (and tag). A name nobody
         declared frees the rest of the reply again (it stays text: no call is forced on it).
-        `parallel` False: one constrained call, the text after it free."""
-        return self._compile(self._llg.LLMatcher.grammar_from_lark(lazy_tool_lark(tools, parallel=parallel)))
+        `parallel` False: one constrained call, the text after it free; `tag` False: no
+        `<tool_call>` trigger (families that do not write it). `CompiledGrammar.lazy` is True."""
+        try:
+            grammar = self._llg.LLMatcher.grammar_from_lark(lazy_tool_lark(tools, parallel=parallel, tag=tag))
+        except ValueError as exc:
+            raise GrammarError(str(exc)) from None
+        compiled = self._compile(grammar)
+        compiled.lazy = True
+        return compiled
 
 
 # JSON inside a lazily constrained call: the model's own layout (one line, or indented in a
@@ -157,7 +165,7 @@ def _regex_literal(text: str) -> str:
     return "".join(c if c.isalnum() or c == "_" else f"\\x{{{ord(c):x}}}" for c in text)
 
 
-def lazy_tool_lark(tools: Sequence[Mapping[str, Any]], *, parallel: bool) -> str:
+def lazy_tool_lark(tools: Sequence[Mapping[str, Any]], *, parallel: bool, tag: bool = True) -> str:
     """The lark grammar behind `GrammarCompiler.lazy_tool_calls` (llguidance lazy lexemes: a
     `[lazy]` rule made of the free text and a trigger ends at the trigger's first match)."""
     alts, rules, names = [], [], []
@@ -175,10 +183,16 @@ def lazy_tool_lark(tools: Sequence[Mapping[str, Any]], *, parallel: bool) -> str
         f"start: call{'*' if parallel else '?'} TAIL",
         "TAIL: /(.|\\n)*/",
         f"json_hd[lazy]: TAIL /{head}/",
-        f'tag_hd[lazy]: TAIL "{HERMES_OPEN}"',
-        "call: json_hd named | tag_hd OPEN named ENDTAG",
-        f"OPEN: /{_W}*{head}/",
-        f"ENDTAG: /{_W}*<\\/tool_call>/",
+        *(
+            [
+                f'tag_hd[lazy]: TAIL "{HERMES_OPEN}"',
+                "call: json_hd named | tag_hd OPEN named ENDTAG",
+                f"OPEN: /{_W}*{head}/",
+                f"ENDTAG: /{_W}*<\\/tool_call>/",
+            ]
+            if tag
+            else ["call: json_hd named"]
+        ),
         f"CLOSE: /{_W}{{0,16}}\\}}/",
         f"named: {' | '.join(alts)} | OTHER",
         # a name that is none of the tools': the rest is free text
@@ -208,11 +222,12 @@ def _call_schema(tools: Sequence[Mapping[str, Any]], args_key: str) -> dict[str,
 class CompiledGrammar:
     """An immutable compiled grammar (the scheduler's `Grammar`): `start()` per sequence."""
 
-    __slots__ = ("_compiler", "grammar")
+    __slots__ = ("_compiler", "grammar", "lazy")
 
     def __init__(self, compiler: GrammarCompiler, grammar: str) -> None:
         self._compiler = compiler
         self.grammar = grammar  # llguidance's serialised grammar
+        self.lazy = False  # tool_choice "auto"'s call grammar (free text until a call starts)
 
     def start(self) -> MaskedSequence:
         return MaskedSequence(self._compiler, self.grammar)

@@ -264,7 +264,9 @@ class StreamingToolParser:
         while True:
             j = _skip_ws(self._buf, 0, ";,")
             rest = self._buf[j:]
-            hit = next((c for c in (HERMES_CLOSE, FENCE, "]") if c in self._closer and rest.startswith(c)), None)
+            hit = next(
+                (c for c in (HERMES_CLOSE, FENCE, "]") if c in self._closer and rest.startswith(c)), None
+            )
             if hit is None:
                 break
             self._buf = rest[len(hit) :]

@@ -288,7 +288,7 @@ def _tool_plan(req: ChatInput, runtime: Runtime) -> tuple[Grammar | None, Output
     if choice is None or choice == "auto":
         strict = [t for t in tools if t["function"].get("strict")]
         if not strict:
-            return None, spec
+            return _lazy_tool_grammar(runtime, family, tools, parallel), spec
         forced, allow_text = tools, True
     elif choice == "required":
         forced, allow_text = tools, False
@@ -316,6 +316,19 @@ def _tool_plan(req: ChatInput, runtime: Runtime) -> tuple[Grammar | None, Output
     return grammar, spec
 
 
+def _lazy_tool_grammar(
+    runtime: Runtime, family: ToolCallFamily, tools: list[dict[str, Any]], parallel: bool
+) -> Grammar | None:
+    """The lazy call grammar for tool_choice "auto", or None (no llguidance here, or a schema it
+    cannot compile: the reply is then parsed unconstrained, as before)."""
+    if runtime.grammars is None:
+        return None
+    try:
+        return runtime.grammars.lazy_tool_calls(tools, parallel=parallel, tag=family is ToolCallFamily.HERMES)
+    except GrammarError:
+        return None
+
+
 def chat_plan(req: ChatInput, config: ServeConfig, runtime: Runtime, request_id: str) -> Planned:
     """A chat request of any front door planned: prompt ids, sampling, grammar, answer spec."""
     names = req.params
@@ -327,6 +340,8 @@ def chat_plan(req: ChatInput, config: ServeConfig, runtime: Runtime, request_id:
         raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
     tool_grammar, spec = _tool_plan(req, runtime)
     json_grammar = _response_format_grammar(req, runtime, names.response_format)
+    if json_grammar is not None and getattr(tool_grammar, "lazy", False):
+        tool_grammar = None  # tool_choice "auto" asks nothing of the reply: response_format wins
     if tool_grammar is not None and json_grammar is not None:
         raise bad_request(
             "response_format cannot be combined with a forced or strict tool call",

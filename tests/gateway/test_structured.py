@@ -123,3 +123,45 @@ def test_arguments_render_back_as_generated(compiler, tok):
     text = "<tool_call>\n" + json.dumps({"name": "get_weather", "arguments": args}) + "\n</tool_call>"
     g = compiler.tool_calls(ToolCallFamily.HERMES, TOOLS, parallel=False, allow_text=False)
     assert walk(g, tok, text)[1][tok.eos_id]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The capital of France is Paris.",  # no call: free text, eos allowed at the end
+        'Sure. {"name": "get_weather", "arguments": {"city": "Paris"}} Anything after.',
+        '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```',
+        '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n<tool_call>\n'
+        '{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>',
+        '{"name": "add_numbers", "arguments": {"a": 1}}',  # nobody declared it: left free, text
+    ],
+)
+def test_lazy_tool_grammar_leaves_text_free_and_accepts_calls(compiler, tok, text):
+    ok, mask = walk(compiler.lazy_tool_calls(TOOLS, parallel=True), tok, text)
+    assert ok and mask[tok.eos_id]
+
+
+@pytest.mark.parametrize(
+    "prefix,refused",
+    [
+        ('{"name": "get_weather", "arguments": {"city": ', "3"),  # the schema wants a string
+        ('{"name": "get_weather", "arguments": {"city": "Paris"}', ', "x": 1'),  # closes the call
+        ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}', " text"),
+        ('{"name": "get_time", "arguments": ', "[1]"),  # arguments are an object
+        ("Hi. " + '{"name": "get_weather", "arguments": {"city"', ": 1"),  # after text too
+    ],
+)
+def test_lazy_tool_grammar_holds_a_started_call_to_the_schema(compiler, tok, prefix, refused):
+    grammar = compiler.lazy_tool_calls(TOOLS, parallel=True)
+    ok, _ = walk(grammar, tok, prefix)
+    assert ok
+    whole, _ = walk(grammar, tok, prefix + refused)
+    assert not whole
+
+
+def test_lazy_tool_grammar_one_call_when_not_parallel(compiler, tok):
+    one = '{"name": "get_time", "arguments": {}}'
+    grammar = compiler.lazy_tool_calls(TOOLS, parallel=False)
+    free = one + " " + '{"name": "get_weather", "arguments": {"city": 1}}'
+    assert walk(grammar, tok, free)[0]
+    assert not walk(compiler.lazy_tool_calls(TOOLS, parallel=True), tok, free)[0]

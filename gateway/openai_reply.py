@@ -149,7 +149,8 @@ def _chat_choice(index: int, got: Collected, spec: OutputSpec) -> p.ChatChoice:
     reason = finish_reason(got.finish)
     calls = None
     if parsed.tool_calls:
-        reason = "tool_calls"
+        # NOTE: a reply cut by max_tokens keeps "length" (its last call may be cut short), as OpenAI's
+        reason = "tool_calls" if reason == "stop" else reason
         calls = [
             p.ToolCallOut(id=c.id, function=p.FunctionCallOut(name=c.name, arguments=c.arguments))
             for c in parsed.tool_calls
@@ -296,9 +297,10 @@ class ChatStream(_OpenAIStream):
         return self._chunk(index, p.Delta(), reason, slotserve=info)
 
     def _reason(self, index: int, finish: FinishEvent) -> str:
-        if self._parsers is not None and self._parsers[index].tool_calls:
+        reason = finish_reason(finish)
+        if reason == "stop" and self._parsers is not None and self._parsers[index].tool_calls:
             return "tool_calls"
-        return finish_reason(finish)
+        return reason
 
     def opening(self) -> list[bytes]:
         return [self._chunk(i, p.Delta(role="assistant", content="")) for i in range(self.spec.n)]
@@ -318,17 +320,36 @@ class ChatStream(_OpenAIStream):
         lp = chat_logprobs(self.spec, logprobs) if logprobs else None
         if not text and not deltas and lp is None:
             return []
-        calls = [
-            p.ToolCallDeltaOut(
-                index=d.index,
-                id=d.id,
-                type="function" if d.id is not None else None,
-                function=p.FunctionDelta(name=d.name, arguments=d.arguments),
+        # NOTE: as OpenAI streams calls: one entry per chunk, the header (id, name, empty
+        # arguments) apart from the fragments; consecutive fragments of a call merge
+        entries: list[p.ToolCallDeltaOut] = []
+        for d in deltas:
+            last = entries[-1] if entries else None
+            if (
+                d.id is None
+                and last is not None
+                and last.id is None
+                and last.index == d.index
+                and last.function
+            ):
+                last.function.arguments = (last.function.arguments or "") + d.arguments
+                continue
+            entries.append(
+                p.ToolCallDeltaOut(
+                    index=d.index,
+                    id=d.id,
+                    type="function" if d.id is not None else None,
+                    function=p.FunctionDelta(name=d.name, arguments=d.arguments),
+                )
             )
-            for d in deltas
-        ]
-        delta = p.Delta(content=text if text or not calls else None, tool_calls=calls or None)
-        return [self._chunk(index, delta, logprobs=lp)]
+        out = []
+        if text or not entries:
+            out.append(self._chunk(index, p.Delta(content=text), logprobs=lp))
+            lp = None
+        for e in entries:
+            out.append(self._chunk(index, p.Delta(tool_calls=[e]), logprobs=lp))
+            lp = None
+        return out
 
 
 class CompletionStream(_OpenAIStream):

@@ -23,6 +23,7 @@ from gateway_support import (
 from slotserve.gateway.app import create_app
 from slotserve.gateway.runtime import load_chat_template
 from slotserve.gateway.tool_calls import ToolCallFamily
+from slotserve.scheduler.request import FinishReason
 
 TOOLS = [
     {
@@ -71,10 +72,15 @@ async def test_tool_call_streamed_as_openai_deltas() -> None:
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
     content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
-    assert content == "I'll check. "
+    assert content == "I'll check."  # the blank before the call is not sent
+    # OpenAI's shape: one call entry per chunk, no content once the call started
+    first_call = next(i for i, c in enumerate(chunks) if c["choices"][0]["delta"].get("tool_calls"))
+    assert all(len(c["choices"][0]["delta"].get("tool_calls") or []) <= 1 for c in chunks)
+    assert not any(c["choices"][0]["delta"].get("content") for c in chunks[first_call:])
     deltas = [d for c in chunks for d in c["choices"][0]["delta"].get("tool_calls") or []]
     assert deltas[0]["index"] == 0 and deltas[0]["id"].startswith("call_") and deltas[0]["type"] == "function"
-    assert deltas[0]["function"]["name"] == "get_weather"
+    assert deltas[0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert all("id" not in d and "name" not in d["function"] for d in deltas[1:])
     args = "".join(d["function"].get("arguments", "") for d in deltas)
     assert json.loads(args) == {"city": "Paris"}
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
@@ -216,3 +222,26 @@ async def test_n_choices_refused_by_a_full_queue_cancel_the_submitted_ones() -> 
         assert r.status_code == 429, r.text
     stats = runtime.scheduler.stats()
     assert stats.queue_depth == 0 and not runtime.scheduler.slots()[0].request_id  # nothing left behind
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_bare_json_call_cut_by_max_tokens_keeps_length(stream: bool) -> None:
+    """A bare JSON call (what small models write) is a call; cut short, the reply says `length`."""
+    cut = '{"name": "get_weather", "arguments": {"city": "Par'
+    for text, reason in (
+        ('{"name": "get_weather", "arguments": {"city": "Paris"}}', "tool_calls"),
+        (cut, "length"),
+    ):
+        finish = FinishReason.STOP if reason == "tool_calls" else FinishReason.LENGTH
+        runtime, _ = scripted_runtime(Reply((text[:20], text[20:]), reason=finish))
+        r = await post(runtime, body(tools=TOOLS, stream=stream))
+        if stream:
+            chunks = sse_events(r.text)[:-1]
+            assert chunks[-1]["choices"][0]["finish_reason"] == reason
+            calls = [d for c in chunks for d in c["choices"][0]["delta"].get("tool_calls") or []]
+            assert calls[0]["function"] == {"name": "get_weather", "arguments": ""}
+            assert not any(c["choices"][0]["delta"].get("content") for c in chunks)
+        else:
+            choice = r.json()["choices"][0]
+            assert choice["finish_reason"] == reason and choice["message"]["content"] is None
+            assert choice["message"]["tool_calls"][0]["function"]["name"] == "get_weather"

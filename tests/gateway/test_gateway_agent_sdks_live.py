@@ -103,6 +103,60 @@ def test_anthropic_client_tool_round_trip(scripted_live: tuple[LiveServer, Any])
     assert "<|im_start|>tool\n<tool_response>\nsunny, 24C\n</tool_response><|im_end|>" in prompt
 
 
+BARE_CALLS = '{"name": "get_weather", "arguments": {"city": "Paris"}}\n{"name": "get_weather", "arguments": {"city": "Rome"}}'
+CHAT_TOOL = {
+    "type": "function",
+    "function": {k: RESPONSES_TOOL[k] for k in ("name", "description", "parameters")},
+}
+
+
+def _pieces(text: str, n: int) -> tuple[str, ...]:
+    return tuple(text[i : i + n] for i in range(0, len(text), n))
+
+
+@pytest.mark.parametrize(
+    "scripted_live",
+    [
+        (
+            Reply(
+                _pieces(
+                    "<tool_call>\n"
+                    + BARE_CALLS.replace("\n", "\n</tool_call>\n<tool_call>\n")
+                    + "\n</tool_call>",
+                    5,
+                )
+            ),
+            Reply(_pieces(BARE_CALLS, 4)),
+        )
+    ],
+    indirect=True,
+)
+def test_openai_chat_stream_accumulates_tool_calls(scripted_live: tuple[LiveServer, Any]) -> None:
+    """The SDK's own accumulator (chat.completions.stream) rebuilds both calls from the chunks,
+    tagged (Hermes) and bare (what small models write), and sees no content in the turn."""
+    server, _ = scripted_live
+    client = openai_client(server)
+    for _ in range(2):
+        with client.chat.completions.stream(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Weather in Paris and Rome?"}],
+            tools=[CHAT_TOOL],
+        ) as stream:
+            events = list(stream)
+            final = stream.get_final_completion()
+        choice = final.choices[0]
+        assert choice.finish_reason == "tool_calls" and not choice.message.content
+        calls = choice.message.tool_calls
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+            ("get_weather", {"city": "Paris"}),
+            ("get_weather", {"city": "Rome"}),
+        ]
+        assert len({c.id for c in calls}) == 2
+        deltas = [e for e in events if e.type == "tool_calls.function.arguments.delta"]
+        assert len(deltas) > 4  # fragments as they were generated, not one per call
+        assert not [e for e in events if e.type == "content.delta" and e.delta]
+
+
 @pytest.mark.parametrize("scripted_live", [TOOL_LOOP], indirect=True)
 def test_openai_responses_client_tool_round_trip(scripted_live: tuple[LiveServer, Any]) -> None:
     server, sched = scripted_live

@@ -110,7 +110,13 @@ def test_json_that_is_no_call_of_an_offered_tool_stays_content(text):
 def test_streamed_call_goes_out_as_openai_sends_it():
     """Fed a token at a time: the header (id, name, empty arguments) as soon as the arguments
     open, then fragments as they arrive; no content at all, not even the newline between calls."""
-    text = "<tool_call>\n" + BARE + "\n</tool_call>\n<tool_call>\n" + BARE.replace("Paris", "Rome") + "\n</tool_call>"
+    text = (
+        "<tool_call>\n"
+        + BARE
+        + "\n</tool_call>\n<tool_call>\n"
+        + BARE.replace("Paris", "Rome")
+        + "\n</tool_call>"
+    )
     parser = StreamingToolParser(H, tool_names={"get_weather"}, new_id=ids())
     content, events = [], []
     for i in range(0, len(text), 3):

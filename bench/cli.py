@@ -14,6 +14,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "served decode tokens/s at 1/4/8 streams and TTFT vs the engine and a bandwidth bound",
     ),
     "structured": ("slotserve.bench.structured", "decode tokens/s under a json_schema constraint vs none"),
+    "tools": (
+        "slotserve.bench.tools",
+        "tool-call recall and false calls of a served model (tool_choice auto)",
+    ),
     "replica-sim": (
         "slotserve.bench.replica_sim",
         "N replicas x M slots: cache-aware vs round-robin vs random routing",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import re
 from dataclasses import fields
 from pathlib import Path
@@ -51,6 +52,8 @@ def _shown(value: object) -> str:
         return "off"
     if isinstance(value, float):
         return f"{value:g}"
+    if isinstance(value, enum.Enum):  # a choice option: its value is what the flag takes
+        return str(value.value)
     return str(value)
 
 

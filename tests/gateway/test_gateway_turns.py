@@ -11,6 +11,7 @@ from gateway_support import (
     ByteTokenizer,
     ChatML,
     Reply,
+    make_runtime,
     running_app,
     scripted_runtime,
     serve_config,
@@ -105,3 +106,43 @@ def test_turn_offsets_with_the_real_tokenizer_and_a_jinja_template(tiny_model_pa
     assert got == (len(assistant), len(last_user))
     assert prompt[: len(assistant)] == assistant and prompt[: len(last_user)] == last_user
     assert tok.pieces[prompt[len(last_user)]] == "<|im_start|>"
+
+
+async def test_an_edited_turn_restores_its_turn_checkpoint_through_the_gateway():
+    """End to end on a recurrent pool (FakeSlotPool(recurrent=True)): three chat turns, then the
+    second user message edited. The second request carried the offset where that message starts
+    (rule turn), so the edit restores the checkpoint there; the answer equals a cold server's.
+    (No interval grid: on the fake's small snapshots it would put one every 64 tokens.)"""
+    system = msg("system", "You are a careful assistant who answers in full sentences. " * 2)
+    users = [f"question number {i}: " + "please explain the thing in detail. " * 2 for i in range(3)]
+    rt, _ = make_runtime(
+        num_slots=1,
+        ctx_len=2048,
+        pool_options={"recurrent": True},
+        checkpoint_memory_mb=8,
+        checkpoint_interval_tokens=0,
+    )
+    assert rt.turn_captures
+    conv = [system]
+    async with running_app(create_app(rt, serve_config())) as client:
+        for u in users:
+            conv.append(msg("user", u))
+            r = await client.post("/v1/chat/completions", json={"model": rt.model_name, "messages": conv, "max_tokens": 4, "temperature": 0})  # fmt: skip
+            assert r.status_code == 200, r.text
+            conv.append(msg("assistant", r.json()["choices"][0]["message"]["content"]))
+        edited = [
+            *conv[:3],
+            msg("user", "question number 1: never mind, tell me a joke instead."),
+        ]
+        body = {"model": rt.model_name, "messages": edited, "max_tokens": 6, "temperature": 0}
+        warm = (await client.post("/v1/chat/completions", json=body)).json()
+    start = len(ids(CHAT.render(conv[:3], add_generation_prompt=False)))  # where user 2 starts
+    assert (warm["slotserve"]["reuse_source"], warm["slotserve"]["reused_tokens"]) == (
+        "checkpoint_memory",
+        start,
+    )
+    assert warm["slotserve"]["prefilled_tokens"] == len(ids(CHAT.render(edited))) - start
+    cold_rt, _ = make_runtime(num_slots=1, ctx_len=2048, reuse=False, pool_options={"recurrent": True})
+    async with running_app(create_app(cold_rt, serve_config())) as client:
+        cold = (await client.post("/v1/chat/completions", json=body)).json()
+    assert warm["choices"][0]["message"]["content"] == cold["choices"][0]["message"]["content"]

@@ -32,6 +32,12 @@ request's own rows in its next plan (`StepPlan.trims`), so what a slot holds nev
 how the two threads raced. With the one-step bound that is at most one row per slot, within
 the slack rows of a sliding-window ring (`min_truncate_len`).
 
+Drafts: a chain carries speculative drafts (draft.py) as the loop's steps do. The worker
+verifies each drafted item and cuts its rejected rows itself (step.py), and builds the next
+item from the verdict: the slot's length is what the verification kept, the next draft comes
+from the slot's record as the pool holds it (the worker's to read) and the request's SpecState,
+which the worker owns while the chain runs, like the sampler.
+
 Ownership: while the chain job runs, the worker alone uses the members' samplers; the loop only
 reads the steps it is handed and writes the stop flag. The per-request counters the worker
 needs (tokens generated) are its own copies, taken when the chain starts.
@@ -47,6 +53,7 @@ from collections.abc import Set
 
 import numpy as np
 
+from .draft import Drafter
 from .interface import BatchItem, SlotPool
 from .step import PlannedItem, StepPlan, StepResult, execute_plan
 
@@ -70,9 +77,10 @@ class DecodeChain:
     Build it on the loop thread (it reads each item owner's generated-token count), hand
     `run` to the engine worker with the first plan, then `watch` the job's future."""
 
-    def __init__(self, plan: StepPlan, eos: Set[int], ctx_len: int) -> None:
+    def __init__(self, plan: StepPlan, eos: Set[int], ctx_len: int, drafter: Drafter | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         self._eos = eos
+        self._drafter = drafter
         self._ctx_len = ctx_len
         # slot -> tokens its request has generated once the step in flight is applied (worker's copy)
         self._generated = {e.batch.slot: e.owner.num_generated for e in plan.items}
@@ -99,7 +107,7 @@ class DecodeChain:
         while True:
             self._started_at = time.monotonic()
             result = execute_plan(pool, plan)
-            nxt = self._follow(plan, result)
+            nxt = self._follow(pool, plan, result)
             self._steps.append((plan, result))
             if self._want_wake:  # (read after the append: see `next`)
                 self._loop.call_soon_threadsafe(self._wake_waiter)
@@ -108,28 +116,57 @@ class DecodeChain:
             self.num_steps += 1
             plan = nxt
 
-    def _follow(self, plan: StepPlan, result: StepResult) -> StepPlan | None:
+    def _follow(self, pool: SlotPool, plan: StepPlan, result: StepResult) -> StepPlan | None:
         """The decode plan after `plan`, or None if the chain must end here."""
         if self._stopped or result.forward_error is not None or result.prepare_errors:
             return None
         nxt = StepPlan(chained=True)
-        for e, pick in zip(plan.items, result.picks, strict=True):
-            assert pick is not None and e.sampler is not None, "chained items are worker-picked decodes"
-            tok = pick[0]
+        row = 0  # logits row (and pick) of the item
+        batch = len(plan.items)
+        for i, e in enumerate(plan.items):
+            assert e.sampler is not None, "chained items are worker-picked decodes"
+            verdict = result.verdicts.get(i)
+            if verdict is not None:
+                count, ended = len(verdict.picks), verdict.ended
+                tok = verdict.picks[-1][0]
+                pos = e.batch.start_pos + verdict.rows_kept  # the slot's length after the step
+            else:
+                pick = result.picks[row]
+                assert pick is not None
+                count, ended, tok = 1, False, pick[0]
+                pos = e.batch.start_pos + len(e.batch.tokens)
+            row += int(e.batch.want_logits)
             slot = e.batch.slot
-            self._generated[slot] += 1
+            self._generated[slot] += count
             p = e.owner.req.params
-            pos = e.batch.start_pos + len(e.batch.tokens)  # the slot's length after the step
             if (
-                (tok in self._eos and not p.ignore_eos)
+                ended
+                or (tok in self._eos and not p.ignore_eos)
                 or tok in p.stop_token_ids
                 or self._generated[slot] >= p.max_tokens
                 or pos >= self._ctx_len
             ):
                 return None  # the loop finishes that request (same rules) and reschedules
-            toks = np.array([tok], dtype=np.int32)
-            nxt.items.append(PlannedItem(BatchItem(slot, toks, pos, True), e.owner, None, e.sampler))
+            nxt.items.append(self._next_item(pool, e, tok, pos, batch))
         return nxt
+
+    def _next_item(self, pool: SlotPool, e: PlannedItem, tok: int, pos: int, batch: int) -> PlannedItem:
+        """The next step's item of `e`'s request: its token, and a draft if the drafter has one."""
+        slot = e.batch.slot
+        p = e.owner.req.params
+        spec = e.spec
+        left = p.max_tokens - self._generated[slot]
+        room = min(left - 1, self._ctx_len - pos - 1)
+        toks = np.array([tok], dtype=np.int32)
+        k = 0
+        if self._drafter is not None and spec is not None and room > 0:
+            history = np.append(np.asarray(pool.record(slot))[:pos], np.int32(tok))
+            draft = self._drafter.draft(spec, history, room, batch)
+            if draft.size:
+                toks = np.concatenate([toks, draft]).astype(np.int32, copy=False)
+                k = int(draft.size)
+        item = BatchItem(slot, toks, pos, k + 1)
+        return PlannedItem(item, e.owner, None, e.sampler, k, left, e.stop_ids, spec)
 
     def _take_turn(self) -> bool:
         """Wait (GIL released) until the loop applied the step before the one just published;

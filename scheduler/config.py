@@ -68,6 +68,10 @@ class SchedulerConfig:
     prefill_aging_tokens_per_s: float | None = None
     # plain decode steps chain on the engine worker without waiting for the loop (chain.py)
     decode_chain: bool = True
+    # speculative decoding from the conversation itself (draft.py): None = off; else the most
+    # draft tokens a slot's step carries (keep it below the pool's rows per step)
+    draft_max: int | None = None
+    spec_cost_gate: bool = True  # False: draft whenever a match exists (tests, measurements)
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -109,6 +113,10 @@ class SchedulerConfig:
         need(
             isinstance(self.prefill_order, PrefillOrder),
             f"prefill_order={self.prefill_order!r} must be a PrefillOrder ({', '.join(o.value for o in PrefillOrder)})",
+        )
+        need(
+            self.draft_max is None or 1 <= self.draft_max < self.step_token_budget,
+            f"draft_max={self.draft_max} must be >= 1 and below step_token_budget (or None: off)",
         )
         need(
             self.prefill_aging_tokens_per_s is None or self.prefill_aging_tokens_per_s > 0,

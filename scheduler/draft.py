@@ -195,3 +195,39 @@ class CostModel:
             return 0.0
         row = self.row_s if self.row_s is not None else _PRIOR_ROW_FRACTION * base
         return row * batch / base
+
+
+class Drafter:
+    """The scheduler's drafting policy: for one decoding request, the draft tokens of its next
+    step (possibly none), from its history, the shared pool and the cost gate.
+
+    `draft_max`: the most draft tokens one step carries per slot (keep draft_max + 1 within the
+    pool's rows per step, so a sliding-window ring can take the rejected rows back).
+    `gate`: False drafts whenever a match exists (tests; measurements of the gate itself)."""
+
+    def __init__(self, draft_max: int, *, gate: bool = True, pool: NgramPool | None = None) -> None:
+        if draft_max < 1:
+            raise ValueError(f"draft_max={draft_max} must be >= 1")
+        self.draft_max = draft_max
+        self.gate = gate
+        self.pool = pool
+        self.cost = CostModel()
+
+    def draft(self, state: SpecState, history: np.ndarray, room: int, batch: int) -> np.ndarray:
+        """int32 [k] draft tokens to verify after `history` (the slot's tokens and the pending
+        token), k <= room (the tokens the request and the slot still have room for, minus one
+        for the token the last row yields); empty: a plain step. Counts the step in `state`."""
+        limit = min(room, self.draft_max)
+        if self.gate and limit > 0:
+            k = choose_draft_len(state.acceptance, self.cost.row_price(batch), limit, limit)
+            if k == 0 and state.probe_due():
+                k = min(2, limit)
+            limit = k
+        got = np.zeros(0, dtype=np.int32)
+        if limit > 0:
+            got = ngram_draft(history, limit)
+            if got.size == 0 and self.pool is not None:
+                got = self.pool.draft(history, limit)
+        if got.size == 0:
+            state.idle_steps += 1
+        return got

@@ -91,6 +91,7 @@ class FakeSlotPool:
         recurrent: bool = False,
         rollback: int = 0,
         state_bytes: int = 256,
+        copy_bias: float = 0.0,
     ) -> None:
         if num_slots < 1 or ctx_len < 2 or n_vocab < 4:
             raise ValueError("FakeSlotPool needs num_slots >= 1, ctx_len >= 2, n_vocab >= 4")
@@ -105,6 +106,10 @@ class FakeSlotPool:
         self.num_slots = num_slots
         self.ctx_len = ctx_len
         self.n_vocab = n_vocab
+        # > 0: an "induction head" (for speculative decoding tests): at most positions the token
+        # that followed the latest earlier occurrence of the current token gets this much extra
+        # logit, so generated text copies the prompt the way agent output does
+        self.copy_bias = copy_bias
         self.row_bytes = row_bytes
         self.kv_window = window
         self.ring_len = 0 if window is None else min(ctx_len, window + step_tokens)  # rows per ring
@@ -176,7 +181,18 @@ class FakeSlotPool:
             seed = _mix(seed, int(self._srows[slot, pos]) & 0x7FFFFFFF, int(self._srows[slot, pos]) >> 33)
         rng = np.random.default_rng(seed)
         logits: np.ndarray = rng.standard_normal(self.n_vocab, dtype=np.float32) * np.float32(3.0)
+        if self.copy_bias:
+            self._add_copy_bias(logits, self._tokens[slot, : pos + 1], seed)
         return logits
+
+    def _add_copy_bias(self, logits: np.ndarray, tokens: np.ndarray, seed: int) -> None:
+        """Favour what followed the latest earlier occurrence of tokens[-1] (a pure function of
+        the record, so reuse stays exact); one position in five (by its row's hash) is left alone."""
+        if seed % 5 == 0 or tokens.shape[0] < 2:
+            return
+        hits = np.flatnonzero(tokens[:-1] == tokens[-1])
+        if hits.size:
+            logits[int(tokens[int(hits[-1]) + 1])] += np.float32(self.copy_bias)
 
     def _drop_ring_rows(self, slot: int, lo: int) -> None:
         """The ring overwrote every window row below `lo`: forget them (scrambled, not kept)."""
@@ -453,4 +469,6 @@ class FakeSlotPool:
             h = _mix(h, st & 0x7FFFFFFF, st >> 33)
         rng = np.random.default_rng(h)
         logits: np.ndarray = rng.standard_normal(self.n_vocab, dtype=np.float32) * np.float32(3.0)
+        if self.copy_bias:
+            self._add_copy_bias(logits, np.asarray(tokens, dtype=np.int32), h)
         return logits

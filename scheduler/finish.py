@@ -46,7 +46,10 @@ def finish_records(
     if ttft_s is not None:
         timings["ttft_s"] = ttft_s
     stop = seq.detok.matched_stop if reason is FinishReason.STOP else None
-    ev = FinishEvent(reason, text, seq.prompt_len, seq.num_generated, seq.reuse, error, timings, stop)
+    drafted, accepted = (seq.spec.num_drafted, seq.spec.num_accepted) if seq.spec is not None else (0, 0)
+    ev = FinishEvent(
+        reason, text, seq.prompt_len, seq.num_generated, seq.reuse, error, timings, stop, drafted, accepted
+    )
     reuse = seq.reuse
     stats = RequestStats(
         outcome=_OUTCOME[reason],

@@ -98,6 +98,7 @@ class GenerationRequest:
     turn_offsets: tuple[int, ...] = ()
     timeout_s: float | None = None
     priority: int = 0  # higher preempts lower between prefill segments
+    speculative: bool = True  # False: never draft for this request (scheduler's --speculative aside)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +148,8 @@ class FinishEvent:
     error: str | None = None
     timings: dict[str, float] = field(default_factory=dict)  # queue_s, ttft_s, e2e_s, prefill_s
     stop_sequence: str | None = None  # the stop string that ended it (reason STOP), else None
+    drafted_tokens: int = 0  # speculative draft tokens verified for this request
+    accepted_tokens: int = 0  # of those, confirmed by the model (each saved a decode step)
 
 
 class QueueFull(Exception):

@@ -54,6 +54,7 @@ from .checkpoint_store import CaptureRule
 from .config import SchedulerConfig
 from .detok import Detokenizer
 from .disk_loads import DiskLoads
+from .draft import Drafter, SpecState
 from .finish import Finisher, rejected_stats
 from .handle import RequestHandle
 from .interface import SlotPool
@@ -160,6 +161,8 @@ class Scheduler:
             restored_floor=pool.restored_min_truncate_len,
             share_by_checkpoint=pool.restored_min_truncate_len(pool.ctx_len) > 0,  # ring, recurrent
         )
+        # speculative decoding (draft.py): None = off
+        self._drafter = Drafter(config.draft_max, gate=config.spec_cost_gate) if config.draft_max else None
         self._disk_loads = DiskLoads(wake=self._kick)
         self._finisher = Finisher(self._table, self._sink, on_release=self._on_release)
         self._applier = StepApplier(
@@ -275,6 +278,7 @@ class Scheduler:
             sampler=Sampler(req.params, self._pool.n_vocab),
             detok=Detokenizer(self._token_bytes, req.params.stop),
             events=asyncio.Queue(),
+            spec=SpecState() if self._drafter is not None and req.speculative else None,
         )
         self._table.enqueue(seq)
         self._kick()
@@ -391,7 +395,7 @@ class Scheduler:
                 or seq.cancel_requested
             ):
                 return None
-        return DecodeChain(plan, self._eos, self._pool.ctx_len)
+        return DecodeChain(plan, self._eos, self._pool.ctx_len, self._drafter)
 
     async def _run_chain(self, plan: StepPlan, chain: DecodeChain, now: float) -> None:
         """Hand `plan` to the worker as a chain and apply its steps as they come, stopping it
@@ -413,6 +417,19 @@ class Scheduler:
             self._chain = None
         await job
 
+    def _plan_cuts(self, plan: StepPlan) -> None:
+        """Cut the rows a loop-side draft verification rejected (apply.py) off running slots,
+        and hand the trims of requests that ended inside an accepted draft to `_trims`."""
+        cuts, trims = self._applier.cuts, self._applier.trims
+        for slot, n in cuts.items():
+            assert self._slots.floors[slot] <= n <= self._slots.lens[slot], (slot, n)
+            plan.trims.append(Trim(slot, n))
+            self._slots.truncate(slot, n)
+        for slot, n in trims.items():
+            self._trims[slot] = min(n, self._trims.get(slot, n))
+        cuts.clear()
+        trims.clear()
+
     def _plan_trims(self, plan: StepPlan) -> None:
         """Cut each slot whose request a chain outran back to that request's rows (as far as
         its ring allows: any length from the floor up is exact)."""
@@ -426,6 +443,7 @@ class Scheduler:
 
     def _schedule(self, now: float) -> StepPlan | None:
         plan = StepPlan()
+        self._plan_cuts(plan)
         if self._trims:
             self._plan_trims(plan)
         for seq in self._table.all():
@@ -437,7 +455,15 @@ class Scheduler:
         if not self._closing:
             self._admit(plan, now)
         plan_due_captures(plan, self._slots, self._ckpt, self._table.running())
-        plan_batch(plan, self._table.running(), self._slots, self._config, self._aging.tokens_per_s)
+        plan_batch(
+            plan,
+            self._table.running(),
+            self._slots,
+            self._config,
+            self._aging.tokens_per_s,
+            self._drafter,
+            self._eos,
+        )
         return None if plan.is_empty() else plan
 
     def _admit(self, plan: StepPlan, now: float) -> None:
@@ -457,6 +483,8 @@ class Scheduler:
         step = self._applier.apply(plan, result, now)
         if step is not None:
             self._pending_steps.append(step)
+            if self._drafter is not None and step.num_prefill_tokens == 0 and not step.num_discarded_tokens:
+                self._drafter.cost.observe(step.batch_size, step.num_tokens, step.duration_s)
 
     # -- finishing (finish.py) ------------------------------------------------------------
     def _on_release(self, slot: int | None, held: bool) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 
 from .checkpoint_store import CaptureRule
 from .detok import Detokenizer
+from .draft import SpecState
 from .request import FinishEvent, FinishReason, GenerationRequest, ReuseInfo, TokenEvent
 from .sampling import Sampler
 
@@ -44,6 +45,7 @@ class Sequence:
     num_prefilled: int = 0  # prompt tokens this request computed, over all attempts
     num_generated: int = 0  # tokens sampled
     pending_token: int | None = None  # sampled, not yet fed
+    spec: SpecState | None = None  # drafting state (draft.py); None: this request never drafts
     reuse: ReuseInfo | None = None
     est_tokens_left: int = 0  # queued: prompt tokens it would prefill if routed now (estimate)
     capture_points: list[tuple[int, CaptureRule]] = field(default_factory=list)

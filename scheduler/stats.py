@@ -88,6 +88,8 @@ class StepStats:
     batch_size: int  # slots in the step
     chained: bool = False  # started by the engine worker without the loop (scheduler/chain.py)
     num_discarded_tokens: int = 0  # rows computed for requests that had already ended (cut off)
+    num_drafted_tokens: int = 0  # speculative draft tokens verified (their rows are in num_decode_tokens)
+    num_accepted_tokens: int = 0  # of those, confirmed by the model
 
 
 @dataclass(frozen=True, slots=True)

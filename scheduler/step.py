@@ -12,6 +12,14 @@ code that calls the pool, in this order:
       -> prepares (truncate / copy_prefix / restore / clear, one per newly routed request)
       -> forward (decode tokens + prefill segments; items of a failed prepare are dropped)
       -> picks (the next token of every item with a sampler, sampled here on the worker)
+      -> cuts (a drafted item's rows past what its verification kept: verify.py)
+
+A drafted decode item (`PlannedItem.draft` > 0) feeds the last sampled token followed by its
+draft tokens and wants every row's logits; with a worker-side sampler the worker verifies it
+(`verify_draft`, with the stop rules it can check: eos, stop ids, max_tokens, the context) and
+cuts the rows of the rejected tokens off the slot in the same step, so no slot ever holds them
+past the step (a cancel or a new request that lands meanwhile sees an exact slot). Without one
+(a grammar: the loop owns it) the loop verifies and plans the cut as the next step's trim.
 
 A request's Sampler is used by one thread at a time: the worker while a step of a plan that
 carries it runs, the loop only between steps (and never for a sampler it handed to a plan:
@@ -31,11 +39,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .checkpoint_store import CaptureRule
+from .draft import SpecState
 from .interface import BatchItem, SlotPool
 from .policy import RouteAction, RouteDecision
 from .request import TokenLogprob
 from .sampling import Sampler
 from .sequence import Sequence
+from .verify import Verdict, verify_draft
 
 log = logging.getLogger("slotserve.scheduler")
 
@@ -82,6 +92,10 @@ class PlannedItem:
     owner: Sequence  # the request whose tokens these are
     prepare: int | None  # index of the prepare it depends on (dropped if that fails), or None
     sampler: Sampler | None = None  # want_logits items: pick the next token on the worker with it
+    draft: int = 0  # the last `draft` tokens are a draft to verify (want_logits == draft + 1)
+    emit_limit: int = 0  # drafted items: tokens the request may still emit (max_tokens left)
+    stop_ids: frozenset[int] = frozenset()  # drafted items: ids that end the request (eos, stop ids)
+    spec: SpecState | None = None  # drafted items: the request's drafting state (fed the verdict)
 
 
 @dataclass(slots=True)
@@ -107,10 +121,22 @@ class StepPlan:
         a request whose slot is being prepared cannot be preempted out of it)."""
         return id(owner) in self._prepare_of
 
-    def add_item(self, batch: BatchItem, owner: Sequence, sampler: Sampler | None = None) -> None:
+    def add_item(
+        self,
+        batch: BatchItem,
+        owner: Sequence,
+        sampler: Sampler | None = None,
+        *,
+        draft: int = 0,
+        emit_limit: int = 0,
+        stop_ids: frozenset[int] = frozenset(),
+        spec: SpecState | None = None,
+    ) -> None:
         """Feed `batch` for `owner`, after its slot's prepare if it has one in this step; with
-        `sampler` (and want_logits), the worker picks the item's next token."""
-        self.items.append(PlannedItem(batch, owner, self._prepare_of.get(id(owner)), sampler))
+        `sampler` (and want_logits), the worker picks the item's next token (with `draft`, the
+        worker verifies the item's last `draft` tokens: see the module doc)."""
+        prep = self._prepare_of.get(id(owner))
+        self.items.append(PlannedItem(batch, owner, prep, sampler, draft, emit_limit, stop_ids, spec))
 
 
 @dataclass(slots=True)
@@ -120,6 +146,9 @@ class StepResult:
     ran_items: list[bool]  # parallel to plan.items: False if dropped after a failed prepare
     logits: np.ndarray | None  # float32 [k, n_vocab], rows of want_logits items that ran
     picks: list[Pick | None]  # [k] parallel to logits rows: the token picked on the worker, or None
+    # item index -> the worker's verification of a drafted item (its slot already cut to
+    # start_pos + rows_kept); drafted items sampled on the loop are not in it
+    verdicts: dict[int, Verdict]
     forward_error: BaseException | None
     resync: dict[int, np.ndarray]  # slot -> its record as the pool holds it after a failure
     forward_s: float
@@ -185,13 +214,24 @@ def execute_plan(pool: SlotPool, plan: StepPlan) -> StepResult:
                 _rewind_after_failure(pool, it)
         forward_s = time.perf_counter() - t0
     picks: list[Pick | None] = []
+    verdicts: dict[int, Verdict] = {}
     if logits is not None:
         k = 0
-        for e, ok in zip(plan.items, ran):
-            if ok and e.batch.want_logits:
-                s = e.sampler
-                picks.append(None if s is None else (s.sample(logits[k]), s.last_logprob))
-                k += 1
+        for i, (e, ok) in enumerate(zip(plan.items, ran)):
+            if not ok or not e.batch.want_logits:
+                continue
+            s = e.sampler
+            w = int(e.batch.want_logits)
+            if e.draft and s is not None:
+                v = _verify_on_worker(pool, e, s, logits[k : k + w])
+                verdicts[i] = v
+                picks.extend(v.picks)
+                picks.extend([None] * (w - len(v.picks)))
+            elif s is None:
+                picks.extend([None] * w)
+            else:
+                picks.append((s.sample(logits[k]), s.last_logprob))
+            k += w
     resync: dict[int, np.ndarray] = {}
     if prepare_errors or forward_error is not None or trim_failed:
         touched = {plan.prepares[i].op.dest for i in prepare_errors} | trim_failed
@@ -200,4 +240,26 @@ def execute_plan(pool: SlotPool, plan: StepPlan) -> StepResult:
         for slot in touched:
             resync[slot] = np.array(pool.record(slot), dtype=np.int32)
     floors = [pool.min_truncate_len(s) for s in range(pool.num_slots)]
-    return StepResult(snapshots, prepare_errors, ran, logits, picks, forward_error, resync, forward_s, floors)
+    return StepResult(
+        snapshots, prepare_errors, ran, logits, picks, verdicts, forward_error, resync, forward_s, floors
+    )
+
+
+def _verify_on_worker(pool: SlotPool, e: PlannedItem, sampler: Sampler, rows: np.ndarray) -> Verdict:
+    """Verify a drafted item with its sampler and cut the slot back to the rows it keeps."""
+    b = e.batch
+    draft = np.asarray(b.tokens[-e.draft :], dtype=np.int32)
+    stop_ids, limit, ctx_len = e.stop_ids, e.emit_limit, pool.ctx_len
+
+    def ends(tok: int, i: int) -> bool:
+        # as Scheduler._on_logits: a stop id, max_tokens, or a full slot (its length when the
+        # i-th emitted token is sampled is start_pos + 1 + i)
+        return tok in stop_ids or i + 1 >= limit or b.start_pos + 1 + i >= ctx_len
+
+    v = verify_draft(rows, draft, lambda r: (sampler.sample(r), sampler.last_logprob), ends)
+    if e.spec is not None:
+        e.spec.observe(e.draft, v.accepted)
+    keep = b.start_pos + v.rows_kept
+    if pool.slot_len(b.slot) > keep:
+        pool.truncate(b.slot, keep)
+    return v

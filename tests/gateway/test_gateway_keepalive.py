@@ -135,3 +135,38 @@ def test_return_progress_reports_the_prefill(door: str) -> None:
         or "output_text.delta" in line
     )
     assert not _progress(lines[first_text:], door)
+
+
+def test_the_official_clients_read_through_keepalives_and_progress() -> None:
+    # the openai and anthropic SDKs skip SSE comments, no-choice chunks and pings: the text they
+    # assemble is the text of the same greedy request on a server without any of it
+    import anthropic
+    import openai
+
+    texts: dict[str, list[str]] = {}
+    with slow_server(KEEPALIVE_S) as server:
+        for progress in (True, False):
+            timeout = openai.Timeout(10.0, read=READ_TIMEOUT_S)
+            oa = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=timeout)
+            stream = oa.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": LONG_TEXT}],
+                max_tokens=6,
+                temperature=0,
+                stream=True,
+                extra_body={"return_progress": progress},
+            )
+            chat = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+            a_timeout = anthropic.Timeout(10.0, read=READ_TIMEOUT_S)
+            an = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=a_timeout)
+            with an.messages.stream(
+                model=MODEL,
+                max_tokens=6,
+                messages=[{"role": "user", "content": LONG_TEXT}],
+                extra_body={"return_progress": progress, "temperature": 0},
+            ) as s:
+                msg = "".join(s.text_stream)
+            texts.setdefault("chat", []).append(chat)
+            texts.setdefault("messages", []).append(msg)
+    for door, (with_progress, plain) in texts.items():
+        assert with_progress == plain and plain, (door, texts)

@@ -22,10 +22,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from .json_types import TemplateMessage, TemplateTool
+from .openai_reply import OutputSpec
 from .runtime import PromptError, Runtime
-from .tool_calls import StreamingToolParser, ToolCall, ToolCallFamily, parse_tool_calls
+from .tool_calls import StreamingToolParser, ToolCall, ToolCallDelta, ToolCallFamily, parse_tool_calls
 
 # A breakpoint's rendering may end with the template's end-of-turn tokens (and one token merged
 # across the cut) that the whole prompt does not have there; more than this many is a mismatch.
@@ -57,7 +58,7 @@ class ToolSpec:
     max_calls: int | None = None  # parallel tool calls off: 1 (later calls are dropped)
 
     @classmethod
-    def from_plan(cls, spec: Any, new_id: Callable[[], str]) -> ToolSpec | None:
+    def from_plan(cls, spec: OutputSpec, new_id: Callable[[], str]) -> ToolSpec | None:
         """From the chat path's `openai_reply.OutputSpec`; None when the output is not parsed (no
         tools offered, or tool_choice "none")."""
         if spec.tool_family is None:
@@ -170,7 +171,7 @@ class BlockAssembler:
         out.append(TextDelta(len(self.blocks) - 1, text))
         return out
 
-    def _calls(self, deltas: Sequence[Any]) -> list[BlockEvent]:
+    def _calls(self, deltas: Sequence[ToolCallDelta]) -> list[BlockEvent]:
         out: list[BlockEvent] = []
         for d in deltas:
             if (
@@ -204,8 +205,8 @@ class Breakpoint:
 
 def breakpoint_offset(
     runtime: Runtime,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
+    messages: list[TemplateMessage],
+    tools: list[TemplateTool] | None,
     bp: Breakpoint,
     prompt_ids: Sequence[int],
 ) -> int | None:

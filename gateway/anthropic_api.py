@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
 
 import msgspec
 from starlette.requests import Request
@@ -39,6 +38,7 @@ from .agent_output import (
     ArgsDelta,
     Block,
     BlockAssembler,
+    BlockEvent,
     BlockKind,
     BlockStart,
     BlockStop,
@@ -60,6 +60,7 @@ from .anthropic_protocol import (
 )
 from .endpoint import FrontDoor, Generation
 from .errors import APIError, json_response
+from .json_types import JSONObject
 from .state import Gateway
 from .streaming import Collected, StreamFormat, progress_object, sse_event
 
@@ -126,7 +127,7 @@ def usage(finish: FinishEvent, hint: int | None) -> Usage:
     )
 
 
-def _tool_input(arguments: str) -> dict[str, Any]:
+def _tool_input(arguments: str) -> JSONObject:
     try:
         value = json.loads(arguments) if arguments else {}
     except ValueError:
@@ -158,7 +159,7 @@ class MessagesStream(StreamFormat):
         self.blocks = BlockAssembler(tools)
 
     @staticmethod
-    def _event(name: str, body: dict[str, Any]) -> bytes:
+    def _event(name: str, body: dict[str, object]) -> bytes:
         return sse_event(name, _encode({"type": name, **body}))
 
     def opening(self) -> list[bytes]:
@@ -174,11 +175,11 @@ class MessagesStream(StreamFormat):
         )
         return [self._event("message_start", {"message": start}), self._event("ping", {})]
 
-    def _spell(self, events: list[Any]) -> bytes:
+    def _spell(self, events: list[BlockEvent]) -> bytes:
         out = []
         for ev in events:
             if isinstance(ev, BlockStart):
-                block: Any = (
+                block: JSONObject = (
                     {"type": "text", "text": ""}
                     if ev.kind is BlockKind.TEXT
                     else {"type": "tool_use", "id": ev.call_id, "name": ev.name, "input": {}}

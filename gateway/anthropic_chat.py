@@ -26,10 +26,8 @@ from .anthropic_protocol import (
     MessagesRequest,
 )
 from .chat_input import (
-    JSON,
     ChatInput,
     ParamNames,
-    TemplateMessage,
     ToolChoice,
     function_tool,
     named_tool_choice,
@@ -37,6 +35,7 @@ from .chat_input import (
     tool_call,
 )
 from .errors import APIError, bad_request
+from .json_types import JSON, TemplateMessage
 
 _REFUSED_BLOCKS = {
     "image": "images are not supported by this server",

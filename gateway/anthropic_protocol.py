@@ -7,11 +7,12 @@ Decoding validates types and ranges; unknown fields are ignored (clients send ma
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from msgspec import Meta, Struct
 
 from . import protocol as p
+from .json_types import JSON, JSONObject
 
 # ------------------------------------------------------------------ request bodies
 
@@ -28,7 +29,7 @@ class ContentBlock(Struct, kw_only=True):
     text: str | None = None  # text
     id: str | None = None  # tool_use
     name: str | None = None  # tool_use
-    input: Any = None  # tool_use: the arguments object
+    input: JSON = None  # tool_use: the arguments object
     tool_use_id: str | None = None  # tool_result
     content: str | list[ContentBlock] | None = None  # tool_result: text or text blocks
     is_error: bool = False  # tool_result
@@ -43,7 +44,7 @@ class MessageParam(Struct):
 class ToolParam(Struct, kw_only=True):
     name: str
     description: str | None = None
-    input_schema: dict[str, Any] | None = None
+    input_schema: JSONObject | None = None
     type: str | None = None  # None or "custom": a client tool; anything else is a server tool
     strict: bool | None = None  # true: calls are held to input_schema
     cache_control: CacheControl | None = None
@@ -62,7 +63,7 @@ class ThinkingParam(Struct, kw_only=True):
 
 class OutputFormat(Struct, kw_only=True):
     type: str  # json_schema
-    schema: dict[str, Any] | None = None
+    schema: JSONObject | None = None
 
 
 class OutputConfig(Struct, kw_only=True):
@@ -81,7 +82,7 @@ class CountTokensRequest(Struct, kw_only=True):
     thinking: ThinkingParam | None = None
     cache_control: CacheControl | None = None  # top level: a breakpoint on the last block
     output_config: OutputConfig | None = None
-    mcp_servers: Any = None  # refused when given
+    mcp_servers: JSON = None  # refused when given
 
 
 class MessagesRequest(CountTokensRequest, kw_only=True):
@@ -94,8 +95,8 @@ class MessagesRequest(CountTokensRequest, kw_only=True):
     temperature: p.Probability | None = None
     top_p: p.TopP | None = None
     top_k: Annotated[int, Meta(ge=0)] | None = None
-    metadata: dict[str, Any] | None = None  # accepted (user_id), not used
-    container: Any = None  # refused when given
+    metadata: JSONObject | None = None  # accepted (user_id), not used
+    container: JSON = None  # refused when given
 
 
 # ------------------------------------------------------------------ response bodies
@@ -115,7 +116,7 @@ class TextBlockOut(Struct, tag="text", tag_field="type"):
 class ToolUseBlockOut(Struct, tag="tool_use", tag_field="type"):
     id: str
     name: str
-    input: dict[str, Any]
+    input: JSONObject
 
 
 class Message(Struct, kw_only=True):

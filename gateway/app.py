@@ -33,7 +33,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Generic, TypeVar
 
 import msgspec
 from starlette.applications import Starlette
@@ -63,14 +63,24 @@ def _new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+@dataclass(frozen=True)
+class OpenAIAnswers:
+    """How chat or text completions spell their answers."""
+
+    # (id, model, include usage, spec) -> the stream format
+    stream_format: Callable[[str, str, bool, openai_reply.OutputSpec], StreamFormat]
+    # (id, model, created, collected choices, spec) -> the response Struct
+    to_response: Callable[[str, str, int, list[Collected], openai_reply.OutputSpec], object]
+
+
 class OpenAIGeneration(Generation):
     """A chat or text completion request, planned: its n choices, answered in OpenAI's shapes."""
 
     def __init__(
-        self, kind: OpenAIKind, planned: translate.Planned, request_id: str, model: str, usage: bool
+        self, answers: OpenAIAnswers, planned: translate.Planned, request_id: str, model: str, usage: bool
     ):
         super().__init__(translate.choice_requests(planned), {"X-Request-Id": planned.gen.request_id})
-        self.kind = kind
+        self.answers = answers
         self.planned = planned
         self.request_id = request_id
         self.model = model
@@ -78,29 +88,29 @@ class OpenAIGeneration(Generation):
         self.created = int(time.time())
 
     def stream_format(self) -> StreamFormat:
-        return self.kind.stream_format(self.request_id, self.model, self.include_usage, self.planned.spec)
+        return self.answers.stream_format(self.request_id, self.model, self.include_usage, self.planned.spec)
 
     def answer(self, choices: list[Collected]) -> object:
-        return self.kind.to_response(self.request_id, self.model, self.created, choices, self.planned.spec)
+        return self.answers.to_response(self.request_id, self.model, self.created, choices, self.planned.spec)
+
+
+OpenAIBody = TypeVar("OpenAIBody", p.ChatCompletionRequest, p.CompletionRequest)
 
 
 @dataclass(frozen=True)
-class OpenAIKind:
-    """How chat or text completions plan a request and spell its answers."""
+class OpenAIKind(Generic[OpenAIBody]):
+    """How chat or text completions plan a request."""
 
     id_prefix: str  # response ids: f"{id_prefix}-<hex>"
     # (request, config, runtime, id) -> the translated request
-    to_request: Callable[[Any, ServeConfig, Runtime, str], translate.Planned]
-    # (id, model, include usage, spec) -> the stream format
-    stream_format: Callable[[str, str, bool, openai_reply.OutputSpec], StreamFormat]
-    # (id, model, created, collected choices, spec) -> the response Struct
-    to_response: Callable[[str, str, int, list[Collected], openai_reply.OutputSpec], object]
+    to_request: Callable[[OpenAIBody, ServeConfig, Runtime, str], translate.Planned]
+    answers: OpenAIAnswers
 
-    def plan(self, gw: Gateway, req: Any, model: str) -> Generation:
+    def plan(self, gw: Gateway, req: OpenAIBody, model: str) -> Generation:
         rid = _new_id(self.id_prefix)
         planned = self.to_request(req, gw.config, gw.runtime, rid)
         usage = bool(req.stream_options and req.stream_options.include_usage)
-        return OpenAIGeneration(self, planned, rid, model, usage)
+        return OpenAIGeneration(self.answers, planned, rid, model, usage)
 
 
 CHAT = FrontDoor(
@@ -108,7 +118,9 @@ CHAT = FrontDoor(
     p.ChatCompletionRequest,
     "messages",
     OpenAIKind(
-        "chatcmpl", translate.chat_completion_plan, openai_reply.ChatStream, openai_reply.chat_completion
+        "chatcmpl",
+        translate.chat_completion_plan,
+        OpenAIAnswers(openai_reply.ChatStream, openai_reply.chat_completion),
     ).plan,
 )
 COMPLETION = FrontDoor(
@@ -116,7 +128,9 @@ COMPLETION = FrontDoor(
     p.CompletionRequest,
     "prompt",
     OpenAIKind(
-        "cmpl", translate.completion_plan, openai_reply.CompletionStream, openai_reply.completion
+        "cmpl",
+        translate.completion_plan,
+        OpenAIAnswers(openai_reply.CompletionStream, openai_reply.completion),
     ).plan,
 )
 

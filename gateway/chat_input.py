@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TypeAlias
+
+import msgspec
 
 from . import protocol as p
+from .json_types import JSON, JSONObject, TemplateMessage, TemplateTool
 
-JSON: TypeAlias = Any  # a JSON value (object, array, string, number, bool, null), as json.loads returns
-TemplateMessage: TypeAlias = dict[str, JSON]  # one chat message as the jinja template reads it
-TemplateTool: TypeAlias = dict[str, JSON]  # one tool as the template reads it ({"type", "function"})
 # OpenAI's spelling: "none" | "auto" | "required" | {"type": "function", "function": {"name": N}}
-ToolChoice: TypeAlias = "str | dict[str, JSON] | None"
+ToolChoice: TypeAlias = str | JSONObject | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +62,7 @@ class ChatInput(p.SamplingFields, frozen=True, kw_only=True):
 
 
 def to_json(value: object) -> JSON:
-    import msgspec
-
+    """`value` (Structs, dataclasses, containers of them) as plain JSON values."""
     return msgspec.to_builtins(value)
 
 
@@ -72,7 +71,7 @@ def template_message(
     content: str,
     *,
     name: str | None = None,
-    tool_calls: list[dict[str, JSON]] | None = None,
+    tool_calls: list[JSONObject] | None = None,
     tool_call_id: str | None = None,
 ) -> TemplateMessage:
     """A message in the template's shape (keys in the order templates have always seen)."""
@@ -99,13 +98,13 @@ def template_arguments(arguments: str) -> JSON:
     return value if isinstance(value, dict) else arguments
 
 
-def tool_call(call_id: str | None, name: str, arguments: JSON) -> dict[str, JSON]:
+def tool_call(call_id: str | None, name: str, arguments: JSON) -> JSONObject:
     """One call of an assistant message, in the template's shape (`arguments`: an object)."""
     return {"function": {"name": name, "arguments": arguments}, "id": call_id, "type": "function"}
 
 
 def function_tool(
-    name: str, description: str | None, parameters: dict[str, JSON] | None, strict: bool | None
+    name: str, description: str | None, parameters: JSONObject | None, strict: bool | None
 ) -> p.ToolDef:
     """A function tool offered to the model; no `parameters`: any object. `strict`: calls are held
     to `parameters` by constrained decoding."""
@@ -119,6 +118,6 @@ def function_tool(
     )
 
 
-def named_tool_choice(name: str) -> dict[str, JSON]:
+def named_tool_choice(name: str) -> JSONObject:
     """tool_choice forcing a call of function `name`, in OpenAI's spelling."""
     return {"type": "function", "function": {"name": name}}

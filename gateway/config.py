@@ -225,7 +225,7 @@ class Option:
 
     field: str  # ServeConfig attribute
     flags: tuple[str, ...]  # argparse flags, the first is canonical
-    parse: Callable[[str], Any]  # environment text -> value (raises ValueError)
+    parse: Callable[[str], object]  # environment text -> value (raises ValueError)
     help: str
     kind: str = "value"  # "value" | "flag" (store_true) | "names" (one or more values)
     metavar: str | None = None
@@ -535,7 +535,7 @@ def config_from_args(
     ValueError for an out-of-range value.
     """
     environ = os.environ if environ is None else environ
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = {}  # field -> value of any option's type: ServeConfig(**values) checks them
     for opt in OPTIONS:
         typed = getattr(args, opt.field, None) if args is not None else None
         if typed is not None:

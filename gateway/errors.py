@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
 
 import msgspec
 from starlette.responses import Response
@@ -154,7 +153,7 @@ def from_decode_error(exc: msgspec.DecodeError) -> APIError:
 _encoder = msgspec.json.Encoder()
 
 
-def json_response(body: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+def json_response(body: object, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
     """`body` (msgspec Structs, dicts, lists, ...) as an application/json response."""
     return Response(_encoder.encode(body), status_code=status, headers=headers, media_type="application/json")
 

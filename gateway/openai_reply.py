@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Generic, TypeVar
 
 import msgspec
 
@@ -19,7 +19,7 @@ from ..scheduler.request import FinishEvent, FinishReason, PrefillProgress, Toke
 from . import protocol as p
 from .errors import APIError
 from .streaming import Collected, StreamFormat, progress_object, sse_data
-from .tool_calls import ParsedOutput, StreamingToolParser, ToolCallFamily, parse_tool_calls
+from .tool_calls import ParsedOutput, StreamingToolParser, ToolCallDelta, ToolCallFamily, parse_tool_calls
 
 _encode = msgspec.json.Encoder().encode
 
@@ -205,7 +205,10 @@ def _error_chunk(err: APIError) -> bytes:
     return sse_data(_encode(err.body()))
 
 
-class _OpenAIStream(StreamFormat):
+Choice = TypeVar("Choice", p.ChatChunkChoice, p.CompletionChoice)
+
+
+class _OpenAIStream(StreamFormat, Generic[Choice]):
     """What chat and text-completion streams share: their ids, the per-choice finish chunks
     (with `slotserve` info; one error chunk for a failed choice), and the usage chunk after
     every choice finished (stream_options.include_usage)."""
@@ -218,7 +221,15 @@ class _OpenAIStream(StreamFormat):
         self.spec = spec or OutputSpec()
         self._finishes: list[FinishEvent | None] = [None] * self.spec.n
 
-    def _envelope(self, choices: list[Any], **extra: Any) -> msgspec.Struct:
+    def _envelope(
+        self,
+        choices: list[Choice],
+        *,
+        usage: p.Usage | None = None,
+        slotserve: p.SlotserveInfo | None = None,
+        prompt_progress: p.PromptProgress | None = None,
+    ) -> msgspec.Struct:
+        """One chunk's envelope (fields left None are not sent)."""
         raise NotImplementedError
 
     def _finish_chunk(self, index: int, reason: str, info: p.SlotserveInfo) -> bytes:
@@ -264,7 +275,7 @@ class _OpenAIStream(StreamFormat):
         return [sse_data(_encode(self._envelope([], usage=usage_of(done))))]
 
 
-class ChatStream(_OpenAIStream):
+class ChatStream(_OpenAIStream[p.ChatChunkChoice]):
     """chat.completion.chunk events: role delta per choice, content / tool-call deltas (with
     logprobs when asked), finish chunk per choice, optional usage."""
 
@@ -278,19 +289,33 @@ class ChatStream(_OpenAIStream):
         )
 
     def _chunk(
-        self, index: int, delta: p.Delta, finish: str | None = None, logprobs: Any = None, **extra: Any
+        self,
+        index: int,
+        delta: p.Delta,
+        finish: str | None = None,
+        logprobs: p.ChoiceLogprobs | None = None,
+        slotserve: p.SlotserveInfo | None = None,
     ) -> bytes:
         choice = p.ChatChunkChoice(index=index, delta=delta, finish_reason=finish, logprobs=logprobs)
-        return sse_data(_encode(self._envelope([choice], **extra)))
+        return sse_data(_encode(self._envelope([choice], slotserve=slotserve)))
 
-    def _envelope(self, choices: list[Any], **extra: Any) -> p.ChatCompletionChunk:
+    def _envelope(
+        self,
+        choices: list[p.ChatChunkChoice],
+        *,
+        usage: p.Usage | None = None,
+        slotserve: p.SlotserveInfo | None = None,
+        prompt_progress: p.PromptProgress | None = None,
+    ) -> p.ChatCompletionChunk:
         return p.ChatCompletionChunk(
             id=self.request_id,
             object="chat.completion.chunk",
             created=self.created,
             model=self.model,
             choices=choices,
-            **extra,
+            usage=usage,
+            slotserve=slotserve,
+            prompt_progress=prompt_progress,
         )
 
     def _finish_chunk(self, index: int, reason: str, info: p.SlotserveInfo) -> bytes:
@@ -308,7 +333,7 @@ class ChatStream(_OpenAIStream):
     def _text_chunks(
         self, index: int, text: str, logprobs: tuple[TokenLogprob, ...], final: bool
     ) -> list[bytes]:
-        deltas: list[Any] = []
+        deltas: list[ToolCallDelta] = []
         if self._parsers is not None:
             parser = self._parsers[index]
             text, deltas = parser.feed(text)
@@ -352,7 +377,7 @@ class ChatStream(_OpenAIStream):
         return out
 
 
-class CompletionStream(_OpenAIStream):
+class CompletionStream(_OpenAIStream[p.CompletionChoice]):
     """text_completion events: text deltas (with logprobs when asked), finish chunk per choice,
     optional usage."""
 
@@ -361,19 +386,33 @@ class CompletionStream(_OpenAIStream):
         self._offsets = [0] * self.spec.n  # characters streamed per choice (logprobs text_offset)
 
     def _chunk(
-        self, index: int, text: str, finish: str | None = None, logprobs: Any = None, **extra: Any
+        self,
+        index: int,
+        text: str,
+        finish: str | None = None,
+        logprobs: p.CompletionLogprobs | None = None,
+        slotserve: p.SlotserveInfo | None = None,
     ) -> bytes:
         choice = p.CompletionChoice(index=index, text=text, finish_reason=finish, logprobs=logprobs)
-        return sse_data(_encode(self._envelope([choice], **extra)))
+        return sse_data(_encode(self._envelope([choice], slotserve=slotserve)))
 
-    def _envelope(self, choices: list[Any], **extra: Any) -> p.Completion:
+    def _envelope(
+        self,
+        choices: list[p.CompletionChoice],
+        *,
+        usage: p.Usage | None = None,
+        slotserve: p.SlotserveInfo | None = None,
+        prompt_progress: p.PromptProgress | None = None,
+    ) -> p.Completion:
         return p.Completion(
             id=self.request_id,
             object="text_completion",
             created=self.created,
             model=self.model,
             choices=choices,
-            **extra,
+            usage=usage,
+            slotserve=slotserve,
+            prompt_progress=prompt_progress,
         )
 
     def _finish_chunk(self, index: int, reason: str, info: p.SlotserveInfo) -> bytes:

@@ -8,9 +8,11 @@ parts, OpenAI fields accepted but not honoured) live in `translate.py`. Response
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from msgspec import Meta, Struct
+
+from .json_types import JSON, JSONObject
 
 # ------------------------------------------------------------------ shared request pieces
 
@@ -56,7 +58,7 @@ class ChatMessage(Struct):
 class FunctionDef(Struct, omit_defaults=True):  # None fields stay out of the rendered tools
     name: str
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: JSONObject | None = None  # a JSON schema
     strict: bool | None = None  # True: calls are held to `parameters` by constrained decoding
 
 
@@ -67,7 +69,7 @@ class ToolDef(Struct):
 
 class JsonSchemaFormat(Struct):
     name: str = "response"
-    schema: dict[str, Any] | None = None  # None: any JSON object
+    schema: JSONObject | None = None  # None: any JSON object
     description: str | None = None
     strict: bool | None = None  # accepted either way: the schema is always enforced
 
@@ -103,23 +105,23 @@ class SamplingFields(Struct, frozen=True, kw_only=True):
     response_format: ResponseFormat | None = None
     user: str | None = None
     # OpenAI fields this server does not honour: any value but the inert one is a 400 naming it
-    # (translate.UNHONOURED); typed Any so that the 400 says so instead of a type error.
-    functions: Any = None
-    function_call: Any = None
-    audio: Any = None
-    modalities: Any = None
-    prediction: Any = None
-    web_search_options: Any = None
-    reasoning_effort: Any = None
-    service_tier: Any = None
-    store: Any = None
+    # (translate.UNHONOURED); any JSON decodes, so that the 400 says so instead of a type error.
+    functions: JSON = None
+    function_call: JSON = None
+    audio: JSON = None
+    modalities: JSON = None
+    prediction: JSON = None
+    web_search_options: JSON = None
+    reasoning_effort: JSON = None
+    service_tier: JSON = None
+    store: JSON = None
 
 
 class ChatCompletionRequest(SamplingFields, frozen=True):
     messages: Annotated[list[ChatMessage], Meta(min_length=1)]
     max_completion_tokens: PositiveInt | None = None
     tools: list[ToolDef] | None = None
-    tool_choice: Any = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name": N}}
+    tool_choice: JSON = None  # "none" | "auto" | "required" | {"type": "function", "function": {"name": N}}
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = None
     top_logprobs: TopLogprobs | None = None

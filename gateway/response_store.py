@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+
+from .json_types import TemplateMessage
 
 MAX_STORED_RESPONSES = 1024  # responses kept for previous_response_id
 MAX_STORED_BYTES = 64 * 2**20  # their conversations' JSON size, summed
@@ -18,7 +19,7 @@ MAX_STORED_BYTES = 64 * 2**20  # their conversations' JSON size, summed
 
 @dataclass
 class _Stored:
-    messages: list[dict[str, Any]]  # the conversation, without instructions
+    messages: list[TemplateMessage]  # the conversation, without instructions, as the template reads it
     num_bytes: int
 
 
@@ -36,14 +37,14 @@ class ResponseStore:
     def __len__(self) -> int:
         return len(self._items)
 
-    def get(self, response_id: str) -> list[dict[str, Any]] | None:
+    def get(self, response_id: str) -> list[TemplateMessage] | None:
         item = self._items.get(response_id)
         if item is None:
             return None
         self._items.move_to_end(response_id)
         return item.messages
 
-    def put(self, response_id: str, messages: list[dict[str, Any]]) -> bool:
+    def put(self, response_id: str, messages: list[TemplateMessage]) -> bool:
         """Keep `messages` under `response_id`; False when too large to keep at all."""
         size = len(json.dumps(messages, ensure_ascii=False).encode())
         if size > self.max_bytes:

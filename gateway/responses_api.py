@@ -25,7 +25,6 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 from starlette.routing import Route
@@ -36,6 +35,7 @@ from .agent_output import (
     ArgsDelta,
     Block,
     BlockAssembler,
+    BlockEvent,
     BlockKind,
     BlockStart,
     BlockStop,
@@ -43,11 +43,9 @@ from .agent_output import (
     ToolSpec,
     split_output,
 )
-from .chat_input import (
-    TemplateMessage,
-)
 from .endpoint import FrontDoor, Generation
 from .errors import APIError
+from .json_types import TemplateMessage
 from .response_store import ResponseStore
 from .responses_chat import ChatPlan, assistant_message, to_chat
 from .responses_protocol import (
@@ -174,7 +172,7 @@ class ResponsesStream(StreamFormat):
         self.seq = 0
         self.item_ids: dict[int, str] = {}
 
-    def _event(self, name: str, body: dict[str, Any]) -> bytes:
+    def _event(self, name: str, body: dict[str, object]) -> bytes:
         data = _encode({"type": name, "sequence_number": self.seq, **body})
         self.seq += 1
         return sse_event(name, data)
@@ -186,14 +184,16 @@ class ResponsesStream(StreamFormat):
             self._event("response.in_progress", {"response": start}),
         ]
 
-    def _spell(self, events: list[Any], status: str = "completed") -> bytes:
+    def _spell(self, events: list[BlockEvent], status: str = "completed") -> bytes:
         out = []
         for ev in events:
             i = ev.index
             if isinstance(ev, BlockStart):
                 if ev.kind is BlockKind.TEXT:
                     self.item_ids[i] = _item_id("msg")
-                    item: Any = MessageItem(id=self.item_ids[i], status="in_progress", content=[])
+                    item: MessageItem | FunctionCallItem = MessageItem(
+                        id=self.item_ids[i], status="in_progress", content=[]
+                    )
                     out.append(self._event("response.output_item.added", {"output_index": i, "item": item}))
                     part = OutputText(text="")
                     out.append(

@@ -20,10 +20,8 @@ from .agent_output import (
     BlockKind,
 )
 from .chat_input import (
-    JSON,
     ChatInput,
     ParamNames,
-    TemplateMessage,
     ToolChoice,
     function_tool,
     named_tool_choice,
@@ -32,6 +30,7 @@ from .chat_input import (
     tool_call,
 )
 from .errors import bad_request
+from .json_types import JSON, TemplateMessage
 from .responses_protocol import (
     InputContent,
     InputItem,

@@ -8,12 +8,11 @@ serve with a 400 naming them.
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 from msgspec import Struct
 
 from . import protocol as p
+from .json_types import JSON, JSONObject
 
 # ------------------------------------------------------------------ request bodies
 
@@ -41,14 +40,14 @@ class FunctionTool(Struct, kw_only=True):
     type: str  # only "function" is served
     name: str | None = None
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: JSONObject | None = None
     strict: bool | None = None
 
 
 class TextFormat(Struct, kw_only=True):
     type: str  # text | json_object | json_schema
     name: str | None = None
-    schema: dict[str, Any] | None = None
+    schema: JSONObject | None = None
     description: str | None = None
     strict: bool | None = None
 
@@ -63,7 +62,7 @@ class ResponsesRequest(Struct, kw_only=True):
     model: str | None = None
     instructions: str | None = None
     tools: list[FunctionTool] | None = None
-    tool_choice: Any = None  # auto | none | required | {"type": "function", "name": N}
+    tool_choice: JSON = None  # auto | none | required | {"type": "function", "name": N}
     parallel_tool_calls: bool | None = None  # false: at most one function_call item
     max_output_tokens: p.PositiveInt | None = None
     temperature: p.Temperature | None = None
@@ -75,7 +74,7 @@ class ResponsesRequest(Struct, kw_only=True):
     previous_response_id: str | None = None
     metadata: dict[str, str] | None = None
     background: bool = False  # refused when true
-    conversation: Any = None  # refused when given
+    conversation: JSON = None  # refused when given
     # accepted and not used: reasoning (no model here reasons), include, truncation, user,
     # prompt_cache_key, service_tier, ... (unknown fields are ignored)
 
@@ -85,8 +84,8 @@ class ResponsesRequest(Struct, kw_only=True):
 
 class OutputText(Struct, tag="output_text", tag_field="type", kw_only=True):
     text: str
-    annotations: list[Any] = msgspec.field(default_factory=list)
-    logprobs: list[Any] = msgspec.field(default_factory=list)
+    annotations: list[JSON] = msgspec.field(default_factory=list)
+    logprobs: list[JSON] = msgspec.field(default_factory=list)
 
 
 class MessageItem(Struct, tag="message", tag_field="type", kw_only=True):
@@ -146,10 +145,10 @@ class ResponseObject(Struct, kw_only=True):
     previous_response_id: str | None = None
     temperature: float | None = None
     top_p: float | None = None
-    tool_choice: Any = "auto"
-    tools: list[Any] = msgspec.field(default_factory=list)
+    tool_choice: JSON = "auto"
+    tools: list[JSON] = msgspec.field(default_factory=list)
     parallel_tool_calls: bool = True
-    text: Any = None
+    text: JSON = None
     store: bool = True
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
     truncation: str = "disabled"

@@ -61,7 +61,7 @@ async def model_info(gw: Gateway, request: Request) -> Response:
             "max_context_length": rt.ctx_len,
             "max_req_input_len": rt.ctx_len - 1,  # at least one generated token must fit
             "vocab_size": rt.n_vocab,
-            "eos_token_ids": list(getattr(rt.tokenizer, "eos_token_ids", ()) or ()),
+            "eos_token_ids": list(rt.tokenizer.eos_token_ids),
             "supports_vision": False,
             "weight_version": "default",
         }

@@ -11,7 +11,7 @@ the scheduler (`async with runtime.scheduler`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -22,6 +22,7 @@ from ..scheduler.interface import SlotPool
 from ..scheduler.stats import StatsSink
 from .checkpoint_budget import CheckpointBudget, checkpoint_budget
 from .config import ServeConfig
+from .json_types import TemplateMessage, TemplateTool
 from .tool_calls import ToolCallFamily, family_for_template, hermes_shim
 
 if TYPE_CHECKING:  # engine_ext and llguidance load only when a model is opened
@@ -43,6 +44,10 @@ class TokenizerLike(Protocol):
     def add_bos_token(self) -> bool:
         """The model wants BOS in front of a raw (untemplated) prompt."""
 
+    @property
+    def eos_token_ids(self) -> Collection[int]:
+        """Every id that ends generation (eos, end of turn, ...)."""
+
     def encode(self, text: str, *, add_bos: bool = False) -> list[int]: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
@@ -53,14 +58,14 @@ class ChatTemplateLike(Protocol):
 
     def render(
         self,
-        messages: list[dict[str, Any]],
+        messages: list[TemplateMessage],
         *,
         add_generation_prompt: bool = True,
-        tools: list[dict[str, Any]] | None = None,
+        tools: list[TemplateTool] | None = None,
     ) -> str: ...
 
     def system_prefix(
-        self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None
+        self, messages: list[TemplateMessage], *, tools: list[TemplateTool] | None = None
     ) -> str | None: ...
 
 
@@ -84,7 +89,7 @@ class Runtime:
     turn_captures: bool = False
     model_path: str = ""
     created: int = 0  # unix time the model was loaded (GET /v1/models)
-    extra: dict[str, Any] = field(default_factory=dict)  # owned objects kept alive (model file, pool)
+    extra: dict[str, object] = field(default_factory=dict)  # owned objects kept alive (model file, pool)
     closers: list[Callable[[], None]] = field(default_factory=list)  # run after the scheduler stops
     grammars: GrammarCompiler | None = None  # None: response_format / forced tools -> 400
     token_bytes: Sequence[bytes] | None = None  # id -> bytes, for logprobs (None: decode each id)
@@ -115,14 +120,14 @@ class Runtime:
 
     def encode_prompt(self, text: str) -> list[int]:
         """A raw completion prompt: BOS in front when the model asks for it (`add_bos_token`)."""
-        return self.encode_text(text, add_bos=bool(getattr(self.tokenizer, "add_bos_token", False)))
+        return self.encode_text(text, add_bos=self.tokenizer.add_bos_token)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids))
 
     def tool_messages(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        self, messages: list[TemplateMessage], tools: list[TemplateTool] | None
+    ) -> tuple[list[TemplateMessage], list[TemplateTool] | None]:
         """(messages, tools) as the template gets them: unchanged when it renders tools itself,
         else rewritten by `hermes_shim` when the conversation has tools, calls or tool results."""
         if self.renders_tools:
@@ -130,7 +135,7 @@ class Runtime:
         uses_tools = bool(tools) or any(m.get("role") == "tool" or m.get("tool_calls") for m in messages)
         return (hermes_shim(messages, tools), None) if uses_tools else (messages, tools)
 
-    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+    def render_chat(self, messages: list[TemplateMessage], tools: list[TemplateTool] | None = None) -> str:
         """The prompt text `encode_chat` tokenizes (with the generation prompt)."""
         if self.chat is None:
             raise PromptError("this model has no chat template; use /v1/completions")
@@ -139,8 +144,8 @@ class Runtime:
 
     def encode_chat(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
+        messages: list[TemplateMessage],
+        tools: list[TemplateTool] | None = None,
         *,
         add_generation_prompt: bool = True,
     ) -> tuple[list[int], int | None]:
@@ -237,9 +242,9 @@ def build_runtime(config: ServeConfig, model: OpenedModel, *, stats_sink: StatsS
         model_names=model.model_names,
         ctx_len=config.ctx_size,
         num_slots=config.batched_session,
-        kv_bytes=int(getattr(model.bundle.pool, "kv_bytes", 0)),
-        kernel_variant=str(getattr(model.bundle.pool, "kernel_variant", "unknown")),
-        kv_window=getattr(model.bundle.pool, "kv_window", None),
+        kv_bytes=int(model.bundle.pool.kv_bytes),
+        kernel_variant=str(model.bundle.pool.kernel_variant),
+        kv_window=model.bundle.pool.kv_window,
         turn_captures=model.bundle.pool.restored_min_truncate_len(config.ctx_size) > 0,
         model_path=str(model.path),
         created=int(time.time()),

@@ -23,13 +23,15 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from .config import LogLevel, ServeConfig
 from .transport import protocol_class
@@ -80,7 +82,7 @@ class DrainingServer(uvicorn.Server):
         self._drain_task: asyncio.Task[None] | None = None
         self._watchdog: threading.Timer | None = None  # armed when the drain starts
 
-    def run(self, sockets: Any = None) -> None:
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
         try:
             super().run(sockets=sockets)
         finally:
@@ -96,7 +98,7 @@ class DrainingServer(uvicorn.Server):
         log.info("received %s: draining (grace %.0fs)", signal.Signals(sig).name, self.grace_s)
         self.is_drain_requested = True
 
-    async def startup(self, sockets: Any = None) -> None:
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets)
         if self.started and self.banner:
             print(self.banner, flush=True)
@@ -139,7 +141,7 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
 
 
-def uvicorn_config(app: Any, config: ServeConfig) -> uvicorn.Config:
+def uvicorn_config(app: ASGIApp, config: ServeConfig) -> uvicorn.Config:
     """uvicorn's Config for `app`: slotserve's h11 protocol (header deadline, connection cap:
     transport.py), the keep-alive timeout and TLS from `config`."""
     return uvicorn.Config(

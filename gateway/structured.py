@@ -19,16 +19,20 @@ interface; xgrammar needs torch), JSON schema and Lark grammars in one engine, a
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .json_types import JSONObject, TemplateTool
 from .tool_calls import HERMES_CLOSE, HERMES_OPEN, MISTRAL_TAG, ToolCallFamily
 
 if TYPE_CHECKING:
+    from llguidance import LLMatcher
     from llguidance._lib import JsonCompileOptions
+
+    from ..engine_ext.tokenizer import Tokenizer
 
 # JSON layout the model is held to: one space after ':' and ',' (what chat models write), no
 # other whitespace, so a constrained reply cannot run on in blank space.
@@ -44,12 +48,12 @@ class _Vocab:
     in `special_token_ids` so that grammar text never matches them), eos/bos, and an encoder of
     plain text (special-token spellings stay text)."""
 
-    def __init__(self, tok: Any) -> None:
+    def __init__(self, tok: Tokenizer) -> None:
         self.tokens: list[bytes] = list(tok.token_bytes)
         self.eos_token_id: int = tok.eos_id
         self.bos_token_id: int | None = tok.bos_id
-        self.special_token_ids: list[int] = sorted(getattr(tok, "special_ids", ()))
-        self.end_ids: frozenset[int] = frozenset(getattr(tok, "eos_token_ids", ())) | {tok.eos_id}
+        self.special_token_ids: list[int] = sorted(tok.special_ids)
+        self.end_ids: frozenset[int] = frozenset(tok.eos_token_ids) | {tok.eos_id}
         self._tok = tok
 
     def __call__(self, text: str) -> list[int]:
@@ -80,7 +84,7 @@ class GrammarCompiler:
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="slotserve-mask")
 
     @classmethod
-    def for_tokenizer(cls, tok: Any) -> GrammarCompiler:
+    def for_tokenizer(cls, tok: Tokenizer) -> GrammarCompiler:
         """From `engine_ext.tokenizer.Tokenizer`: its token bytes, special ids, eos and encoder."""
         return cls(_Vocab(tok))
 
@@ -93,7 +97,7 @@ class GrammarCompiler:
             raise GrammarError(err)
         return CompiledGrammar(self, grammar)
 
-    def json_schema(self, schema: Mapping[str, Any] | None) -> CompiledGrammar:
+    def json_schema(self, schema: JSONObject | None) -> CompiledGrammar:
         """Any JSON object (`schema` None: OpenAI's json_object), or JSON valid under `schema`."""
         try:
             grammar = self._llg.LLMatcher.grammar_from_json_schema(
@@ -104,7 +108,7 @@ class GrammarCompiler:
         return self._compile(grammar)
 
     def tool_calls(
-        self, family: ToolCallFamily, tools: Sequence[Mapping[str, Any]], *, parallel: bool, allow_text: bool
+        self, family: ToolCallFamily, tools: Sequence[TemplateTool], *, parallel: bool, allow_text: bool
     ) -> CompiledGrammar:
         """Tool-call syntax of `family` whose JSON is one of `tools` (OpenAI tool dicts) with its
         parameters schema. `parallel`: one or more calls, else exactly one; `allow_text`: a plain
@@ -136,7 +140,7 @@ class GrammarCompiler:
         return self._compile(grammar)
 
     def lazy_tool_calls(
-        self, tools: Sequence[Mapping[str, Any]], *, parallel: bool, tag: bool = True
+        self, tools: Sequence[TemplateTool], *, parallel: bool, tag: bool = True
     ) -> CompiledGrammar:
         """tool_choice "auto": free text, until the model starts a call (`<tool_call>`, or a JSON
         object opening with `{"name": "`, bare or fenced); from there the call is held to
@@ -165,7 +169,7 @@ def _regex_literal(text: str) -> str:
     return "".join(c if c.isalnum() or c == "_" else f"\\x{{{ord(c):x}}}" for c in text)
 
 
-def lazy_tool_lark(tools: Sequence[Mapping[str, Any]], *, parallel: bool, tag: bool = True) -> str:
+def lazy_tool_lark(tools: Sequence[TemplateTool], *, parallel: bool, tag: bool = True) -> str:
     """The lark grammar behind `GrammarCompiler.lazy_tool_calls` (llguidance lazy lexemes: a
     `[lazy]` rule made of the free text and a trigger ends at the trigger's first match)."""
     alts, rules, names = [], [], []
@@ -202,7 +206,7 @@ def lazy_tool_lark(tools: Sequence[Mapping[str, Any]], *, parallel: bool, tag: b
     return "\n".join(lines) + "\n"
 
 
-def _call_schema(tools: Sequence[Mapping[str, Any]], args_key: str) -> dict[str, Any]:
+def _call_schema(tools: Sequence[TemplateTool], args_key: str) -> JSONObject:
     """JSON schema of one call object {"name": N, args_key: {...}} over `tools`."""
     options = []
     for t in tools:
@@ -242,7 +246,9 @@ class MaskedSequence:
 
     def __init__(self, compiler: GrammarCompiler, grammar: str) -> None:
         self._c = compiler
-        self._matcher: Any = None  # built in the pool with the first mask (not on the event loop)
+        self._matcher: LLMatcher | None = (
+            None  # built in the pool with the first mask (not on the event loop)
+        )
         self._bits = np.zeros((compiler.n_vocab + 31) // 32, dtype=np.int32)  # [ceil(V/32)] bitmask
         self._next: Future[None] | None = compiler._pool.submit(self._start, grammar)
 
@@ -250,8 +256,13 @@ class MaskedSequence:
         self._matcher = self._c._llg.LLMatcher(self._c.tokenizer, grammar)
         self._fill()
 
+    @property
+    def _m(self) -> LLMatcher:
+        assert self._matcher is not None, "built by _start, which every mask waits for"
+        return self._matcher
+
     def _fill(self) -> None:
-        m = self._matcher
+        m = self._m
         m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
 
     def allowed(self) -> np.ndarray:
@@ -261,7 +272,7 @@ class MaskedSequence:
             self._next.result()
             self._next = None
         out = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self._c.n_vocab].view(bool)
-        if self._matcher.is_error() or not out.any():
+        if self._m.is_error() or not out.any():
             out = np.zeros(self._c.n_vocab, dtype=bool)
             out[self._c.eos_token_id] = True
         if out[self._c.eos_token_id]:  # the model's own end-of-turn token ends it as well as eos
@@ -272,5 +283,5 @@ class MaskedSequence:
         """Advance by `token`; an end-of-generation id ends the sequence (nothing to compute)."""
         if token in self._c.end_set:
             return
-        self._matcher.consume_token(int(token))
+        self._m.consume_token(int(token))
         self._next = self._c._pool.submit(self._fill)

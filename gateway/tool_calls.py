@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from .json_types import TemplateMessage, TemplateTool
 from .tool_stream import HERMES_CLOSE as HERMES_CLOSE
 from .tool_stream import HERMES_OPEN as HERMES_OPEN
 from .tool_stream import LLAMA3_TAG as LLAMA3_TAG
@@ -95,8 +95,8 @@ HERMES_SYSTEM = (
 
 
 def hermes_shim(
-    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
-) -> list[dict[str, Any]]:
+    messages: Sequence[TemplateMessage], tools: Sequence[TemplateTool] | None
+) -> list[TemplateMessage]:
     """Messages rewritten for a template that does not render tools (SmolLM2's, for one): the
     tool list joins the system message (one is added in front if there is none), an assistant's
     `tool_calls` become `<tool_call>` blocks in its content, and a `tool` message's content is
@@ -104,7 +104,7 @@ def hermes_shim(
 
     Deterministic in its input, so a conversation resent with one more turn renders to the same
     prefix (prefix reuse keeps working through a tool loop)."""
-    out: list[dict[str, Any]] = []
+    out: list[TemplateMessage] = []
     for m in messages:
         role = m.get("role")
         content = m.get("content") or ""

@@ -34,7 +34,12 @@ import re
 import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+from .json_types import JSON
+
+if TYPE_CHECKING:
+    from .tool_calls import ToolCallFamily
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 LLAMA3_TAG = "<|python_tag|>"
@@ -67,7 +72,9 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def call_from_obj(obj: Any, tool_names: Collection[str] | None, new_id: Callable[[], str]) -> ToolCall | None:
+def call_from_obj(
+    obj: JSON, tool_names: Collection[str] | None, new_id: Callable[[], str]
+) -> ToolCall | None:
     """A ToolCall from a decoded {"name", "arguments"|"parameters"} object, or None."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
@@ -185,7 +192,7 @@ class StreamingToolParser:
     whole text, however the text is cut into pieces.
     """
 
-    family: Any  # tool_calls.ToolCallFamily: picks the markers
+    family: ToolCallFamily  # picks the markers
     tool_names: Collection[str] | None = None
     new_id: Callable[[], str] = new_call_id
     tool_calls: list[ToolCall] = field(default_factory=list)

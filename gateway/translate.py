@@ -11,20 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from ..scheduler.request import GenerationRequest, Grammar, SamplingParams
 from . import protocol as p
-from .chat_input import (
-    JSON,
-    OPENAI_PARAMS,
-    ChatInput,
-    TemplateMessage,
-    template_arguments,
-    template_message,
-)
+from .chat_input import OPENAI_PARAMS, ChatInput, template_arguments, template_message
 from .config import ServeConfig
 from .errors import bad_request
+from .json_types import JSON, TemplateMessage, TemplateTool
 from .openai_reply import OutputSpec
 from .runtime import PromptError, Runtime
 from .structured import GrammarCompiler, GrammarError
@@ -40,7 +33,7 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 # OpenAI fields this server accepts but does not honour -> the values that ask for nothing.
 # Anything else is a 400 naming the field (nothing is silently dropped).
-UNHONOURED: dict[str, tuple[Any, ...]] = {
+UNHONOURED: dict[str, tuple[JSON, ...]] = {
     "functions": (None, []),
     "function_call": (None, "none"),
     "audio": (None,),
@@ -61,7 +54,7 @@ class Planned:
     spec: OutputSpec = field(default_factory=OutputSpec)
 
 
-def check_unhonoured(req: Any) -> None:
+def check_unhonoured(req: p.SamplingFields) -> None:
     for name, inert in UNHONOURED.items():
         value = getattr(req, name, None)
         if not any(value == v for v in inert):
@@ -70,7 +63,7 @@ def check_unhonoured(req: Any) -> None:
             )
 
 
-def _logit_bias(req: Any, runtime: Runtime) -> tuple[tuple[int, float], ...]:
+def _logit_bias(req: p.SamplingFields, runtime: Runtime) -> tuple[tuple[int, float], ...]:
     if not req.logit_bias:
         return ()
     out = []
@@ -317,7 +310,7 @@ def _tool_plan(req: ChatInput, runtime: Runtime) -> tuple[Grammar | None, Output
 
 
 def _lazy_tool_grammar(
-    runtime: Runtime, family: ToolCallFamily, tools: list[dict[str, Any]], parallel: bool
+    runtime: Runtime, family: ToolCallFamily, tools: list[TemplateTool], parallel: bool
 ) -> Grammar | None:
     """The lazy call grammar for tool_choice "auto", or None (no llguidance here, or a schema it
     cannot compile: the reply is then parsed unconstrained, as before)."""
@@ -391,13 +384,13 @@ def chat_request(
 
 def completion_prompt_ids(req: p.CompletionRequest, runtime: Runtime) -> list[int]:
     """The prompt as ids: a string, a list of ids, or a one-element list of either."""
-    prompt: Any = req.prompt
+    prompt: str | list[str | int | list[int]] | list[int] = req.prompt
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # OpenAI's batch form with a single prompt
     if isinstance(prompt, str):
         ids = runtime.encode_prompt(prompt)
     elif all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        ids = list(prompt)
+        ids = [t for t in prompt if isinstance(t, int)]  # every item (the check above)
         if any(t < 0 or t >= runtime.n_vocab for t in ids):
             raise bad_request(f"prompt token ids must be in 0..{runtime.n_vocab - 1}", param="prompt")
     else:

@@ -24,10 +24,10 @@ tokenizing beyond the prompt's.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
+from .json_types import TemplateMessage, TemplateTool
 from .runtime import Runtime
 
 MAX_ASSISTANT_TURNS = 4
@@ -35,8 +35,8 @@ MAX_ASSISTANT_TURNS = 4
 
 def turn_offsets(
     runtime: Runtime,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
+    messages: list[TemplateMessage],
+    tools: list[TemplateTool] | None,
     prompt_ids: Sequence[int],
 ) -> tuple[int, ...]:
     """Ascending token offsets of `prompt_ids` (the chat prompt of `messages`, with the generation
@@ -68,7 +68,7 @@ def turn_offsets(
 
 
 def _turn_starts(
-    runtime: Runtime, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, full: str
+    runtime: Runtime, messages: list[TemplateMessage], tools: list[TemplateTool] | None, full: str
 ) -> list[int]:
     """Character offsets in `full` where the last user message and the last assistant turns
     start (renderings of the messages before each that are a proper text prefix of `full`)."""

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ...scheduler.interface import SlotPool
+from ...scheduler.interface import BatchItem, SlotPool
 from .publisher import KVEventsConfig, ZmqPublisher
 from .wire import DEFAULT_BLOCK_SIZE, AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, chain_hashes
 
@@ -80,7 +80,7 @@ class KVEventPool:
     def snapshot_nbytes(self, n: int) -> int:
         return self._pool.snapshot_nbytes(n)
 
-    def forward(self, batch: Sequence[Any]) -> np.ndarray:
+    def forward(self, batch: Sequence[BatchItem]) -> np.ndarray:
         self._maybe_resync()
         try:
             return self._pool.forward(batch)

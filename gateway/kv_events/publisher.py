@@ -8,7 +8,6 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from .wire import DEFAULT_BLOCK_SIZE, AllBlocksCleared, KVEvent, KVEventBatch, encode_batch
 
@@ -71,7 +70,7 @@ class ZmqPublisher:
         self.config = config
         self.linger_s = linger_s
         self.resync_requested = threading.Event()
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[KVEventBatch | object] = queue.SimpleQueue()  # or _STOP
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
@@ -136,7 +135,7 @@ class ZmqPublisher:
                     item = self._queue.get(timeout=0.05)
                 except queue.Empty:
                     continue
-                if item is self._STOP:
+                if not isinstance(item, KVEventBatch):  # _STOP
                     break
                 try:
                     sock.send_multipart(

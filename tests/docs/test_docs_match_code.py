@@ -283,6 +283,12 @@ def test_current_benchmark_figures_cover_every_known_model_and_synthetic_preset(
     assert {r[0].strip("`") for r in _table(synthetic, "| preset |")} == set(SYNTHETIC)
 
 
+def test_every_benchmark_kind_has_its_command_in_benchmarks_md():
+    text = _text("docs/benchmarks.md")
+    for kind in BENCHMARKS:
+        assert f"slotserve bench {kind}" in text, f"docs/benchmarks.md never shows `slotserve bench {kind}`"
+
+
 @pytest.mark.parametrize("command", sorted(set(re.findall(r"`(slotserve [^`]+)`", _current_figures()))))
 def test_current_benchmark_commands_parse(command: str):
     """Every slotserve command of the current figures is one the CLI accepts as written."""

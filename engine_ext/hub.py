@@ -223,7 +223,8 @@ def _cached_files(hf: Any, ref: HubRef, settings: dict[str, Any]) -> list[str] |
 
 
 def _is_connection_error(hf: Any, exc: BaseException) -> bool:
-    names = {"ConnectError", "ConnectTimeout", "TimeoutException", "OfflineModeIsEnabled"}
+    # httpx's (huggingface_hub 1.x and later) and requests' (0.x) names for "no connection"
+    names = {"ConnectError", "ConnectTimeout", "TimeoutException", "ConnectionError", "OfflineModeIsEnabled"}
     return any(type(e).__name__ in names for e in _chain(exc))
 
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from .json_types import TemplateMessage, TemplateTool
 from .openai_reply import OutputSpec
 from .runtime import PromptError, Runtime
-from .tool_calls import StreamingToolParser, ToolCall, ToolCallDelta, ToolCallFamily, parse_tool_calls
+from .tool_calls import ToolCallFamily, parse_tool_calls
+from .tool_stream import StreamingToolParser, ToolCall, ToolCallDelta
 
 # A breakpoint's rendering may end with the template's end-of-turn tokens (and one token merged
 # across the cut) that the whole prompt does not have there; more than this many is a mismatch.

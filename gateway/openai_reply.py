@@ -19,7 +19,8 @@ from ..scheduler.request import FinishEvent, FinishReason, PrefillProgress, Toke
 from . import protocol as p
 from .errors import APIError
 from .streaming import Collected, StreamFormat, progress_object, sse_data
-from .tool_calls import ParsedOutput, StreamingToolParser, ToolCallDelta, ToolCallFamily, parse_tool_calls
+from .tool_calls import ParsedOutput, ToolCallFamily, parse_tool_calls
+from .tool_stream import StreamingToolParser, ToolCallDelta
 
 _encode = msgspec.json.Encoder().encode
 

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .json_types import JSONObject, TemplateTool
-from .tool_calls import HERMES_CLOSE, HERMES_OPEN, MISTRAL_TAG, ToolCallFamily
+from .tool_calls import ToolCallFamily
+from .tool_stream import HERMES_CLOSE, HERMES_OPEN, MISTRAL_TAG
 
 if TYPE_CHECKING:
     from llguidance import LLMatcher

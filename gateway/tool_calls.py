@@ -35,14 +35,15 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from .json_types import TemplateMessage, TemplateTool
-from .tool_stream import HERMES_CLOSE as HERMES_CLOSE
-from .tool_stream import HERMES_OPEN as HERMES_OPEN
-from .tool_stream import LLAMA3_TAG as LLAMA3_TAG
-from .tool_stream import MISTRAL_TAG as MISTRAL_TAG
-from .tool_stream import StreamingToolParser as StreamingToolParser
-from .tool_stream import ToolCall as ToolCall
-from .tool_stream import ToolCallDelta as ToolCallDelta
-from .tool_stream import new_call_id as new_call_id
+from .tool_stream import (
+    HERMES_CLOSE,
+    HERMES_OPEN,
+    LLAMA3_TAG,
+    MISTRAL_TAG,
+    StreamingToolParser,
+    ToolCall,
+    new_call_id,
+)
 
 
 class ToolCallFamily(str, enum.Enum):

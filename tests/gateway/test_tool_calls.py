@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from slotserve.gateway.tool_calls import (
-    StreamingToolParser,
     ToolCallFamily,
     family_for_template,
     hermes_shim,
     parse_tool_calls,
 )
+from slotserve.gateway.tool_stream import StreamingToolParser
 
 H, L, M = ToolCallFamily.HERMES, ToolCallFamily.LLAMA3, ToolCallFamily.MISTRAL
 

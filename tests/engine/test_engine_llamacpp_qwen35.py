@@ -1,7 +1,9 @@
 """The engine against llama.cpp on the same qwen35 file: greedy ids and top log-probabilities
 that llama.cpp computed for the tiny F32 fixture, recorded once by
-tests/fixtures/record_llamacpp_qwen35.py (llama.cpp version and fixture hash in the record), so
-this independent oracle needs no llama.cpp at test time."""
+tests/fixtures/record_llamacpp_qwen35.py (llama.cpp version and fixture hashes in the record), so
+this independent oracle needs no llama.cpp at test time. Two F32 files: the tiny fixture, and one
+with Qwen3.5's head shapes (attention heads of 256 with rope on 64 dims, DeltaNet heads of 128,
+a conv over several of the engine's channel blocks)."""
 
 from __future__ import annotations
 
@@ -28,13 +30,10 @@ def record() -> dict:
     return json.loads(RECORD.read_text())
 
 
-@pytest.fixture(scope="module")
-def model_path(record, tmp_path_factory) -> Path:
-    path = write_tiny_qwen35(
-        tmp_path_factory.mktemp("llamacpp") / "tiny-qwen35.gguf", **record["fixture"]["args"]
-    )
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    assert digest == record["fixture"]["sha256"], (
+def model_path(record: dict, name: str, directory: Path) -> Path:
+    fixture = record["fixtures"][name]
+    path = write_tiny_qwen35(directory / f"{name}.gguf", **fixture["args"])
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == fixture["sha256"], (
         "gguf_fixtures.write_tiny_qwen35 no longer writes the recorded file; "
         "re-record with tests/fixtures/record_llamacpp_qwen35.py"
     )
@@ -47,11 +46,14 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kernels", KERNELS)
-def test_greedy_ids_and_top_logprobs_match_llama_cpp(record, model_path, kernels):
-    assert "llama_cpp_version" in record and len(record["runs"]) == 3
-    pool = SlotPool(model_path, 1, 256, kv_dtype="f32", kernels=kernels, threads=2)
+@pytest.mark.parametrize("name", ["tiny", "head_shapes"])
+def test_greedy_ids_and_top_logprobs_match_llama_cpp(record, tmp_path, name, kernels):
+    assert "llama_cpp_version" in record
+    runs = record["fixtures"][name]["runs"]
+    assert len(runs) == 3
+    pool = SlotPool(model_path(record, name, tmp_path), 1, 256, kv_dtype="f32", kernels=kernels, threads=2)
     worst, steps = 0.0, 0
-    for run in record["runs"]:
+    for run in runs:
         pool.truncate(0, 0)
         logits = pool.forward([(0, np.array(run["prompt"], np.int32), 0, True)])[0]
         for want_id, top in zip(run["greedy"], run["top_logprobs"]):

@@ -445,6 +445,8 @@ async def test_count_tokens_counts_the_prompt_the_route_would_prefill() -> None:
         ({"temperature": 1.5}, "temperature"),
         ({"max_tokens": 100000}, "max_tokens"),
         ({"tool_choice": {"type": "tool", "name": "nope"}}, "nope"),
+        ({"stop_sequences": [""]}, "stop_sequences"),  # chat_plan's error, this API's name
+        ({"messages": [{"role": "user", "content": []}]}, "messages"),  # no message with content
     ],
 )
 async def test_bad_requests_are_400_invalid_request_error(patch: dict[str, Any], words: str) -> None:

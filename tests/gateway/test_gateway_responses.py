@@ -270,6 +270,7 @@ def test_store_bounds_count_and_bytes_least_recently_used_first() -> None:
         ({"tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER_TOOL]}, "tool_choice"),
         ({"background": True}, "background"),
         ({"input": []}, "input"),
+        ({"text": {"format": {"type": "grammar"}}}, "text.format"),  # chat_plan's error, this API's name
     ],
 )
 async def test_bad_requests_are_400_naming_the_field(patch: dict[str, Any], param: str) -> None:

@@ -55,6 +55,7 @@ import numpy as np
 
 from .draft import Drafter
 from .interface import BatchItem, SlotPool
+from .sequence import Phase
 from .step import PlannedItem, StepPlan, StepResult, execute_plan
 
 ChainStep = tuple[StepPlan, StepResult]
@@ -69,6 +70,21 @@ _LATE_S = 0.0002
 _POLL = 0.1
 _POLL_MIN_S = 0.0005
 _POLLS = 5
+
+
+def can_chain(plan: StepPlan) -> bool:
+    """Whether the worker can run `plan` and the decode steps after it alone: no trims, captures
+    or prepares, and every item a decode whose token the worker picks, of a request with no
+    capture point and no cancel pending."""
+    if plan.trims or plan.captures or plan.prepares:
+        return False
+    return all(
+        e.sampler is not None
+        and e.owner.phase is Phase.DECODE
+        and not e.owner.capture_points
+        and not e.owner.cancel_requested
+        for e in plan.items
+    )
 
 
 class DecodeChain:

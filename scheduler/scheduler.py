@@ -22,15 +22,11 @@ something needs the loop to schedule (`_kick`: a submit, a cancel, a request it 
 deadline); rows the worker computed for a request the loop had already ended are cut off in
 the next plan (`_trims`).
 
-The requests held (the queue and who holds which slot) are one `RequestTable`, shared with
-`Admission` (admission.py), which walks the queue by priority, then by prefill order
-(`prefill_order.py`: least prompt left to prefill first, aged by waiting time, or FIFO): each
-request is routed (`policy.route`) against every slot and the checkpoint store, then its slot
-is prepared (rewind / copy / restore / clear) in the same step that starts its first prefill
-segment. A request that would overwrite valuable content first has it captured into the
-checkpoint store (captures.py). Admission returns what it did (`Admitted`); the scheduler
-hands its events to the stats sink and starts its disk loads (disk_loads.py). The step's
-prefill budget goes to running prefills in the same prefill order (batch.py).
+The queue and who holds which slot are one `RequestTable` (request_table.py), shared with
+`Admission` (admission.py: queue order, routing, slot preparation, preemption), which returns
+what it did (`Admitted`): the scheduler hands its events to the stats sink and starts its disk
+loads (disk_loads.py). Captures are planned in captures.py, the forward batch in batch.py, a
+step's result applied in apply.py, and a request ends in finish.py.
 """
 
 from __future__ import annotations
@@ -48,7 +44,7 @@ from .admission import Admission
 from .apply import StepApplier
 from .batch import plan_batch
 from .captures import plan_due_captures
-from .chain import DecodeChain
+from .chain import DecodeChain, can_chain
 from .checkpoint_policy import CheckpointPolicy, auto_interval_tokens
 from .checkpoint_store import CaptureRule
 from .config import SchedulerConfig
@@ -380,21 +376,10 @@ class Scheduler:
 
     # -- decode chains (chain.py) ----------------------------------------------------------
     def _chain_for(self, plan: StepPlan) -> DecodeChain | None:
-        """A chain for `plan` if it is nothing but decodes the worker can pick and nothing
-        waits for the loop, else None."""
-        if not self._config.decode_chain or self._wake.is_set() or self._closing:
+        """A chain for `plan` if the worker can run it alone (`can_chain`) and nothing waits for
+        the loop, else None."""
+        if not self._config.decode_chain or self._wake.is_set() or self._closing or not can_chain(plan):
             return None
-        if plan.trims or plan.captures or plan.prepares:
-            return None
-        for e in plan.items:
-            seq = e.owner
-            if (
-                e.sampler is None
-                or seq.phase is not Phase.DECODE
-                or seq.capture_points
-                or seq.cancel_requested
-            ):
-                return None
         return DecodeChain(plan, self._eos, self._pool.ctx_len, self._drafter)
 
     async def _run_chain(self, plan: StepPlan, chain: DecodeChain, now: float) -> None:

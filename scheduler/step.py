@@ -5,7 +5,8 @@ batch), hands it to the worker, and applies the returned `StepResult`. Each plan
 what the loop needs back (the request it serves, the routing decision, the tokens and rule of a
 capture); the worker reads only the pool operation in it, and the item's sampler if it has one.
 `execute_plan` (and `chain.py`, which builds further decode plans on the worker) is the only
-code that calls the pool, in this order:
+code that calls the pool during serving (besides `Scheduler.start`, which reads every slot's
+record once on the worker before the loop runs), in this order:
 
     trims (cut slots back to what their ended requests really hold: chain.py's extra rows)
       -> captures (snapshot slots about to be overwritten, or that reached a capture point)

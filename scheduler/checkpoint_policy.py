@@ -8,8 +8,9 @@ compares successive unmatched prompts) and answers at which prompt offsets to sn
 hint / common_prefix / prompt_end / interval / turn); `keep(...)` files a snapshot that was taken.
 Captures on evict are decided by the routing (`RouteDecision.evicts`) and filed here the same
 way. The memory tier holds distinct rows (checkpoint_store.py): `live_records` tells it which
-entries duplicate a live slot, so those are evicted first. Memory evictions and every capture
-except prompt_end, interval and turn ones are written through to the disk tier.
+entries duplicate a live slot, so those are evicted first. Every capture except prompt_end,
+interval and turn ones is written through to the disk tier, and every memory eviction except
+prompt_end and interval ones goes there too (turn captures reach disk only that way).
 
 Rule interval matters for pools that keep sliding-window layers in a ring: such a slot can only
 be cut back about one step, so a prompt that diverges from a live conversation far behind its
@@ -23,7 +24,7 @@ diverge at needs its own checkpoint at or below it. Besides the rules above:
 - rule turn: the prompt offsets where turns start as the chat template renders them (the
   request's `turn_offsets`: the last user message, each assistant turn), on any pool whose
   restored checkpoints cannot be cut back (rings too): an edited or regenerated turn diverges
-  there;
+  there; kept in memory, spilled to disk when memory evicts them;
 - rule prompt_end takes L - 1 instead of L (a checkpoint of the whole prompt could not serve a
   resend of it: the last prompt token is always refed) and is taken even when the prompt was
   mostly reused (its live source cannot be cut back to it later);
@@ -58,7 +59,10 @@ from .stats import CheckpointEventKind
 EmitFn = Callable[[CheckpointEventKind, CheckpointTier, CaptureRule | None, int, int], None]
 
 # never sent to disk: per-request captures, many and large; evict captures save what matters
-_MEMORY_ONLY = frozenset({CaptureRule.PROMPT_END, CaptureRule.INTERVAL, CaptureRule.TURN})
+_MEMORY_ONLY = frozenset({CaptureRule.PROMPT_END, CaptureRule.INTERVAL})
+# not written through (one or more per request), but sent to disk when memory evicts them: a
+# turn start is what no live slot can give back, so it outlives memory pressure and restarts
+_SPILL_ONLY = frozenset({CaptureRule.TURN})
 
 
 def is_recurrent(restored_floor: RestoredFloor) -> bool:
@@ -233,7 +237,12 @@ class CheckpointPolicy:
             return False
         if self.memory.can_fit(self._snapshot_nbytes(n), rule, tokens=tokens, live=self._live()):
             return True
-        return self.disk is not None and self.disk.is_usable and rule not in _MEMORY_ONLY
+        return (
+            self.disk is not None
+            and self.disk.is_usable
+            and rule not in _MEMORY_ONLY
+            and rule not in _SPILL_ONLY
+        )
 
     def keep(self, tokens: np.ndarray, data: bytes, rule: CaptureRule) -> None:
         """File a snapshot taken for `tokens` under `rule`."""
@@ -251,7 +260,7 @@ class CheckpointPolicy:
                 )
                 if self.disk is not None and e.rule not in _MEMORY_ONLY:
                     self.disk.put(e.tokens, e.data, e.rule.value)
-        if self.disk is not None and rule not in _MEMORY_ONLY:
+        if self.disk is not None and rule not in _MEMORY_ONLY and rule not in _SPILL_ONLY:
             # Write-through for shared or evicted content, so it survives a restart.
             self.disk.put(tokens, data, rule.value)
 

@@ -168,6 +168,43 @@ async def test_edit_of_an_early_turn_restores_the_turn_start_below_the_divergenc
     assert captured(sink, "prompt_end") == [59, 123, 187, 251, 315, 149]  # the last: the edit
 
 
+async def test_turn_checkpoints_spill_to_disk_and_serve_an_edit_after_a_restart(tmp_path):
+    """Turn captures are not written through, but when memory evicts one it goes to the disk
+    tier: with room for a few small checkpoints, turn 2's start (64) is evicted by later ones,
+    and after a restart the edit at 100 restores it from disk."""
+    config = rec_config(checkpoint_memory_mb=0.03, kv_disk_dir=str(tmp_path), kv_disk_space_mb=64)
+    pool = rec_pool(1)
+    sink = RecordingSink()
+    async with make_scheduler(pool, config, stats_sink=sink) as sched:
+        conv: list[int] = []
+        assistant: list[int] = []
+        for i in range(5):
+            user = len(conv)
+            conv = conv + prompt_of(30 + i, 60)
+            turns = tuple(t for t in (*assistant, user) if t > 0)
+            out = await run_one(sched, conv, 4, turn_offsets=turns)
+            assistant.append(len(conv))
+            conv = conv + out.tokens
+        await sched.check_integrity()
+
+    def turns_in(tier: str) -> list[int]:
+        return [
+            e.num_tokens for e in sink.checkpoints if (e.kind, e.rule, e.tier) == ("capture", "turn", tier)
+        ]
+
+    assert turns_in("memory") == [64, 128, 192, 256]
+    assert turns_in("disk") == [64, 128]  # evicted from memory, so spilled; the others were not
+    edited = conv[:100] + prompt_of(99, 50)
+    restarted = rec_pool(1)
+    async with make_scheduler(restarted, config) as sched:
+        await sched.wait_ready()
+        out = await run_one(sched, edited, 5)
+        await sched.check_integrity()
+    assert reuse(out) == (ReuseSource.CHECKPOINT_DISK, 64)
+    assert restarted.num_computed_tokens == len(edited) - 64 + 4
+    assert out.tokens == reference_greedy(restarted, edited, 5)
+
+
 async def test_edit_of_an_early_turn_without_turn_offsets_falls_back_to_the_prompt_end():
     pool, sink, edited, out, computed = await edit_early_turn(with_turns=False)
     assert reuse(out) == (ReuseSource.CHECKPOINT_MEMORY, 59)  # turn 1's prompt end less one

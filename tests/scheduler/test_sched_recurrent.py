@@ -30,6 +30,7 @@ from sched_support import (
 )
 from slotserve.scheduler.checkpoint_policy import auto_interval_tokens
 from slotserve.scheduler.fake_engine import FakeSlotPool
+from slotserve.scheduler.policy import CheckpointMatch, CheckpointTier, RouteAction, SlotCandidate, route
 from slotserve.scheduler.prefix import common_prefix_len
 from slotserve.scheduler.request import ReuseSource
 
@@ -355,6 +356,32 @@ def test_auto_interval_figures_for_a_qwen35_0_8b_checkpoint_as_docs_state():
     assert (k(1024), k(2048)) == (4305, 2153)
     assert k(256) > 8192 and k(512) > 8192  # no grid fits
     assert [(mb << 20) // (n * 12288 + state) for mb in (256, 1024) for n in (1000, 2000)] == [8, 5, 33, 23]
+
+
+def test_routing_counts_only_an_exact_extension_or_a_checkpoint_at_or_below_the_divergence():
+    """Pure routing over recurrent sources (floor == length): a slot sharing more than a rival
+    but not wholly a prefix supplies nothing; a checkpoint longer than the common prefix neither."""
+    prompt = np.asarray(prompt_of(70, 150), np.int32)
+    other = np.asarray(prompt_of(71, 150), np.int32)
+    ext = prompt[:50]  # wholly a prefix: an exact extension
+    past = np.concatenate([prompt[:80], other[:40]])  # shares 80, holds 120: cannot be cut back
+    slots = [
+        SlotCandidate(0, ext, is_free=True, idle_s=0.0, min_truncate_len=50),
+        SlotCandidate(1, past, is_free=True, idle_s=0.0, min_truncate_len=120),
+        SlotCandidate(2, np.zeros(0, np.int32), is_free=True, idle_s=0.0),
+    ]
+    ck_short = CheckpointMatch(CheckpointTier.MEMORY, "a", 60, 60, min_truncate_len=60)
+    ck_long = CheckpointMatch(CheckpointTier.DISK, "b", 100, 80, min_truncate_len=100)
+    d = route(prompt, slots, [ck_long, ck_short])
+    assert (d.action, d.reuse_len, d.checkpoint) == (RouteAction.RESTORE_MEMORY, 60, ck_short)
+    assert d.window_refused and d.window_lost_tokens == 80 - 60
+    d = route(prompt, slots, [ck_long])  # without it the extension is the best
+    assert (d.action, d.dest, d.reuse_len) == (RouteAction.REWIND, 0, 50)
+    busy = [SlotCandidate(0, ext, is_free=False, idle_s=0.0, min_truncate_len=50), *slots[1:]]
+    d = route(prompt, busy, [])  # a busy slot's whole record is copied (a fork)
+    assert (d.action, d.src_slot, d.reuse_len, d.dest) == (RouteAction.COPY, 0, 50, 2)
+    same = [SlotCandidate(0, prompt, is_free=True, idle_s=0.0, min_truncate_len=150)]
+    assert route(prompt, same, []).action is RouteAction.COLD  # a resend cannot refeed its last token
 
 
 # ---------------------------------------------------------------- property

@@ -1,8 +1,8 @@
 """The scheduler on the real C engine with the tiny lfm2 fixture (short convolutions beside
 attention, gguf_fixtures.ARCH_MODELS["lfm2"]): its conv state is kept per position, so the
 scheduler reuses as much as on full KV (rewinds to any divergence point, copies, checkpoint
-restores) and every warm answer equals a cold run token for token; the reuse source and count
-and the tokens the engine computed are asserted."""
+restores, from disk after a restart, n > 1 forks) and every warm answer equals a cold run token
+for token; the reuse source and count and the tokens the engine computed are asserted."""
 
 from __future__ import annotations
 
@@ -126,3 +126,38 @@ async def test_checkpoint_restore_and_abort_resend(open_pool):
         await sched.check_integrity()
     assert again.tokens == await cold(open_pool, a, 6)
     assert resent.tokens == await cold(open_pool, b, 6)
+
+
+async def test_n_choices_fork_the_prompt_once(open_pool):
+    pool, tok = open_pool(3)
+    prompt = ids(60, 120)
+    async with sched_for(pool, tok) as sched:
+        outs = await asyncio.gather(*(collect(sched.submit(make_request(prompt, 6))) for _ in range(3)))
+        await sched.check_integrity()
+    assert sorted(o.finish.reuse.reused_tokens for o in outs) == [0, 119, 119]
+    assert pool.num_computed_tokens == 120 + 2 * 1 + 3 * 5
+    want = await cold(open_pool, prompt, 6)
+    assert [o.tokens for o in outs] == [want] * 3
+
+
+async def test_an_evicted_conversation_is_restored_from_disk_after_a_restart(open_pool, tmp_path):
+    """The snapshot on disk carries the conv rows with the attention KV: a new pool (a restart)
+    continues the conversation from it exactly."""
+    conv = ids(6, 150)
+    kw = {"kv_disk_dir": str(tmp_path), "kv_disk_space_mb": 64, "capture_prompt_end": False}
+    pool, tok = open_pool(1)
+    async with sched_for(pool, tok, **kw) as sched:
+        a = await collect(sched.submit(make_request(conv, 6)))
+        await collect(sched.submit(make_request(ids(7, 90), 2)))  # overwrites it: captured on evict
+    held = len(conv) + 5
+    follow = conv + a.tokens + ids(8, 30)
+    restarted, tok = open_pool(1)
+    async with sched_for(restarted, tok, **kw) as sched:
+        await sched.wait_ready()
+        before = restarted.num_computed_tokens
+        out = await collect(sched.submit(make_request(follow, 6)))
+        await sched.check_integrity()
+    assert out.finish.reuse.source is ReuseSource.CHECKPOINT_DISK
+    assert out.finish.reuse.reused_tokens == held
+    assert restarted.num_computed_tokens - before == len(follow) - held + 5
+    assert out.tokens == await cold(open_pool, follow, 6)

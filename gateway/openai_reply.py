@@ -150,8 +150,7 @@ def _chat_choice(index: int, got: Collected, spec: OutputSpec) -> p.ChatChoice:
     reason = finish_reason(got.finish)
     calls = None
     if parsed.tool_calls:
-        # NOTE: a reply cut by max_tokens keeps "length" (its last call may be cut short), as OpenAI's
-        reason = "tool_calls" if reason == "stop" else reason
+        reason = "tool_calls"  # (a call cut short by max_tokens is content: see tool_stream.py)
         calls = [
             p.ToolCallOut(id=c.id, function=p.FunctionCallOut(name=c.name, arguments=c.arguments))
             for c in parsed.tool_calls
@@ -323,10 +322,9 @@ class ChatStream(_OpenAIStream[p.ChatChunkChoice]):
         return self._chunk(index, p.Delta(), reason, slotserve=info)
 
     def _reason(self, index: int, finish: FinishEvent) -> str:
-        reason = finish_reason(finish)
-        if reason == "stop" and self._parsers is not None and self._parsers[index].tool_calls:
+        if self._parsers is not None and self._parsers[index].tool_calls:
             return "tool_calls"
-        return reason
+        return finish_reason(finish)
 
     def opening(self) -> list[bytes]:
         return [self._chunk(i, p.Delta(role="assistant", content="")) for i in range(self.spec.n)]

@@ -81,6 +81,8 @@ def parse_tool_calls(
     `tool_names`: the functions offered (None accepts any name)."""
     parser = StreamingToolParser(family, tool_names, new_id)
     content = parser.feed(text)[0] + parser.finish()[0]
+    if parser.cut_text:  # a call cut short by the end of the text: what was written
+        content = f"{content.rstrip()}\n{parser.cut_text}" if content.strip() else parser.cut_text
     return ParsedOutput(content.strip() or None, tuple(parser.tool_calls))
 
 

@@ -204,6 +204,7 @@ class StreamingToolParser:
     _out: list[str] = field(default_factory=list)  # content of the current feed
     _markers: tuple[str, ...] = ()
     _finished: bool = False
+    cut_text: str = ""  # a committed call the text ended in (max_tokens), as written; not in tool_calls
 
     def __post_init__(self) -> None:
         family_marker = {"hermes": HERMES_OPEN, "llama3": LLAMA3_TAG, "mistral": MISTRAL_TAG}
@@ -228,7 +229,10 @@ class StreamingToolParser:
             assert call.args_at is not None and call.index is not None
             args_end = _json_end(self._buf, call.args_at) or len(self._buf)
             deltas += self._fragment(call, args_end)
-            self._record(call, self._buf[call.args_at : args_end])
+            # NOTE: its header and fragments are out (streamed), but it is no call: a whole reply
+            # keeps its text as content, and finish_reason stays "length" unless calls precede it
+            del self.tool_calls[call.index]
+            self.cut_text = self._buf
         self._buf, self._call = "", None
         self._held_ws = ""  # trailing whitespace: the whole parse strips it
         return self._take(), deltas

@@ -170,10 +170,15 @@ cdef class Engine:
         if self.e == NULL:
             if status == ENGINE_ENOMEM:
                 # per position: keys and values of an attention layer, the conv input of a conv layer
-                row = sum(cfg.dim if conv else 2 * cfg.n_kv_heads * cfg.head_dim for conv in cfg.conv_layers)
-                kv_gib = (num_slots * row * (-(-ctx_len // KEY_LANES) * KEY_LANES) * (2 if kv_f16 else 4)) / 2**30
-                raise MemoryError(f"cannot allocate {kv_gib:.1f} GiB of KV for {num_slots} slots x {ctx_len} tokens "
-                                  "(plus weights and step buffers); use fewer slots or a shorter ctx_len")
+                # (none for a DeltaNet layer: its f32 state is fixed per slot, and per rollback state)
+                row = sum(0 if rec else cfg.dim if conv else 2 * cfg.n_kv_heads * cfg.head_dim
+                          for conv, rec in zip(cfg.conv_layers, cfg.recurrent_layers))
+                state = 4 * sum(cfg.recurrent_layers) * (cfg.ssm.state_floats if cfg.ssm is not None else 0)
+                kv_gib = (num_slots * row * (-(-ctx_len // KEY_LANES) * KEY_LANES) * (2 if kv_f16 else 4)
+                          + num_slots * (1 + rollback) * state) / 2**30
+                raise MemoryError(f"cannot allocate {kv_gib:.1f} GiB of KV and recurrent state for {num_slots} slots "
+                                  f"x {ctx_len} tokens (plus weights and step buffers); use fewer slots or a shorter "
+                                  "ctx_len")
             raise ValueError("the engine rejected the model or its arguments (shapes or types unsupported)")
         self.model_file = model_file
         self.num_slots = num_slots

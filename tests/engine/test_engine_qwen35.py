@@ -13,7 +13,7 @@ from reference import ReferenceModel
 from slotserve.engine_ext import SlotPool
 from slotserve.engine_ext.errors import UnsupportedModelError
 from slotserve.engine_ext.gguf_file import load_model_file
-from slotserve.engine_ext.pool import ComputeError
+from slotserve.engine_ext.pool import MAX_ROLLBACK, ComputeError
 
 N_VOCAB = 299
 KERNELS = ("scalar", "avx2")
@@ -226,6 +226,10 @@ def test_rollback_ring_takes_back_up_to_k_tokens_exactly(q8, tokens, max_batch_t
     pool.check_integrity()
 
 
-def test_rollback_needs_a_recurrent_model(tiny_model_path):
+def test_rollback_needs_a_recurrent_model_and_a_small_count(tiny_model_path, q8):
     with pytest.raises(ValueError, match="rollback"):
         SlotPool(model_file(tiny_model_path), 1, 32, rollback=2)
+    for bad in (-1, MAX_ROLLBACK + 1, True, 1.5, "2"):
+        with pytest.raises(ValueError, match="rollback must be an integer"):
+            SlotPool(model_file(q8), 1, 32, rollback=bad)  # type: ignore[arg-type]
+    assert SlotPool(model_file(q8), 1, 32, rollback=MAX_ROLLBACK).rollback == MAX_ROLLBACK

@@ -42,6 +42,7 @@ LOG_LEVELS = tuple(level.value for level in LogLevel)
 # --max-batch-tokens' upper bound: the engine's step buffers grow with it (Gemma 3 270M: about
 # 40 KiB a row; an 8B model: about 300 KiB), and longer forwards run in several steps anyway.
 MAX_BATCH_TOKENS = 16384
+SPECULATIVE_MODES = ("ngram", "off")
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,10 @@ class ServeConfig:
     no_decode_chain: bool = False  # every engine step planned by the event loop (scheduler/chain.py)
     swa_full: bool = False  # sliding-window layers keep every row (no rings): more KV memory
     max_batch_tokens: int | None = None  # rows of one engine step (and of a ring past the window); None = 512
+    speculative: str = (
+        "off"  # ngram: speculative drafts from the conversation itself (scheduler/draft.py); off
+    )
+    draft_max: int = 8  # most draft tokens one slot's step carries (with --speculative ngram)
     log_level: LogLevel = LogLevel.INFO
     no_slots_endpoint: bool = False  # turn GET /slots off
     max_body_bytes: int = 4 * 1024 * 1024  # request bodies past this -> 413
@@ -146,9 +151,18 @@ class ServeConfig:
             f"--prefill-aging-tokens-per-s must be > 0, got {self.prefill_aging_tokens_per_s}",
         )
         need(
+            self.speculative in SPECULATIVE_MODES,
+            f"--speculative must be one of {', '.join(SPECULATIVE_MODES)}, got {self.speculative!r}",
+        )
+        need(
             self.max_batch_tokens is None or 1 <= self.max_batch_tokens <= MAX_BATCH_TOKENS,
             f"--max-batch-tokens must be in 1..{MAX_BATCH_TOKENS} (rows of one engine step), "
             f"got {self.max_batch_tokens}",
+        )
+        need(
+            1 <= self.draft_max < 512
+            and (self.speculative == "off" or self.draft_max < (self.max_batch_tokens or 512)),
+            f"--draft-max must be in 1..511 and, with --speculative ngram, below --max-batch-tokens; got {self.draft_max}",
         )
         need(self.log_level in LOG_LEVELS, f"--log-level must be one of {', '.join(LOG_LEVELS)}")
         object.__setattr__(self, "log_level", LogLevel(self.log_level))
@@ -379,6 +393,23 @@ OPTIONS: tuple[Option, ...] = (
         "steps, with identical results); a sliding-window ring keeps the window + this - 1 rows, "
         "so a smaller value shrinks the rings' KV and how far back a slot can be cut",
         metavar="B",
+    ),
+    Option(
+        "speculative",
+        ("--speculative",),
+        str,
+        "ngram: each decoding slot's step also verifies a draft of its next tokens copied from "
+        "the conversation itself (prompt lookup), where the measured cost of a row pays for it; "
+        "output unchanged (greedy: token for token; sampled: same distribution, same seeded "
+        "tokens); off (default)",
+        metavar="ngram|off",
+    ),
+    Option(
+        "draft_max",
+        ("--draft-max",),
+        int,
+        "most draft tokens one slot's step carries with --speculative ngram (default 8)",
+        metavar="K",
     ),
     Option("log_level", ("--log-level",), str, f"one of {', '.join(LOG_LEVELS)} (default info)", metavar="L"),
     Option("no_slots_endpoint", ("--no-slots-endpoint",), parse_bool, "turn GET /slots off", kind="flag"),

@@ -56,11 +56,15 @@ def usage_of(finishes: list[FinishEvent]) -> p.Usage:
     first = finishes[0]
     cached = first.reuse.reused_tokens if first.reuse is not None else 0
     completion = sum(f.completion_tokens for f in finishes)
+    drafted = sum(f.drafted_tokens for f in finishes)
+    accepted = sum(f.accepted_tokens for f in finishes)
+    details = p.CompletionTokensDetails(accepted, drafted - accepted) if drafted else None
     return p.Usage(
         prompt_tokens=first.prompt_tokens,
         completion_tokens=completion,
         total_tokens=first.prompt_tokens + completion,
         prompt_tokens_details=p.PromptTokensDetails(cached_tokens=cached),
+        completion_tokens_details=details,
     )
 
 

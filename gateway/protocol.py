@@ -97,6 +97,7 @@ class SamplingFields(Struct, frozen=True, kw_only=True):
     stop: str | StopList | None = None
     stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
+    speculative: bool = True  # slotserve's: false opts this request out of speculative decoding
     stream: bool = False
     stream_options: StreamOptions | None = None
     return_progress: bool = False  # streamed: prefill progress chunks until the first token (llama.cpp's)
@@ -163,11 +164,21 @@ class PromptTokensDetails(Struct):
     cached_tokens: int  # prompt tokens reused from a slot or checkpoint (not computed)
 
 
-class Usage(Struct):
+class CompletionTokensDetails(Struct):
+    """OpenAI's names for predicted-output tokens: here the speculative draft tokens taken from
+    the conversation itself, confirmed by the model (accepted) or not (rejected)."""
+
+    accepted_prediction_tokens: int
+    rejected_prediction_tokens: int
+
+
+class Usage(Struct, omit_defaults=True):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    # only when speculative decoding drafted for the request (--speculative)
+    completion_tokens_details: CompletionTokensDetails | None = None
 
 
 class SlotserveInfo(Struct):

@@ -304,6 +304,7 @@ def scheduler_config(config: ServeConfig, budget: CheckpointBudget | None = None
         "decode_chain": not config.no_decode_chain,
         "prefill_order": config.prefill_order,
         "prefill_aging_tokens_per_s": config.prefill_aging_tokens_per_s,
+        "draft_max": config.draft_max if config.speculative == "ngram" else None,
     }
     if config.segment_tokens is not None:
         kwargs["segment_tokens"] = config.segment_tokens

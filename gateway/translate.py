@@ -373,7 +373,9 @@ def chat_completion_plan(
     req: p.ChatCompletionRequest, config: ServeConfig, runtime: Runtime, request_id: str
 ) -> Planned:
     """`chat_plan` of an OpenAI chat completion request."""
-    return chat_plan(chat_input(req), config, runtime, request_id)
+    planned = chat_plan(chat_input(req), config, runtime, request_id)
+    planned.gen.speculative = req.speculative
+    return planned
 
 
 def chat_request(
@@ -423,7 +425,8 @@ def completion_plan(
         grammar=_response_format_grammar(req, runtime),
     )
     spec = OutputSpec(n=req.n, logprobs=req.logprobs, token_bytes=_token_bytes_fn(runtime))
-    return Planned(GenerationRequest(prompt_ids=ids, params=params, request_id=request_id), spec)
+    gen = GenerationRequest(prompt_ids=ids, params=params, request_id=request_id, speculative=req.speculative)
+    return Planned(gen, spec)
 
 
 def completion_request(

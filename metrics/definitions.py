@@ -203,6 +203,14 @@ class PushedMetrics:
             "slotserve_engine_discarded_tokens_total",
             "Rows a chained step computed for requests that had already ended (cut off again).",
         )
+        self.spec_drafted_tokens = counter(
+            "slotserve_spec_drafted_tokens_total",
+            "Speculative draft tokens the engine verified (--speculative ngram).",
+        )
+        self.spec_accepted_tokens = counter(
+            "slotserve_spec_accepted_tokens_total",
+            "Speculative draft tokens the model confirmed (each one a decode step saved).",
+        )
 
         # -- cancels and preemptions
         cancels = counter("slotserve_cancels_total", "Acknowledged cancels, by request phase.", ("phase",))

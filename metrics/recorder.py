@@ -58,6 +58,9 @@ class StatsRecorder:
             m.chained_steps.inc()
         if s.num_discarded_tokens:
             m.discarded_tokens.inc(s.num_discarded_tokens)
+        if s.num_drafted_tokens:
+            m.spec_drafted_tokens.inc(s.num_drafted_tokens)
+            m.spec_accepted_tokens.inc(s.num_accepted_tokens)
 
     def on_request(self, s: RequestStats) -> None:
         """One finished request (any outcome).

@@ -157,8 +157,14 @@ class Scheduler:
             restored_floor=pool.restored_min_truncate_len,
             share_by_checkpoint=pool.restored_min_truncate_len(pool.ctx_len) > 0,  # ring, recurrent
         )
-        # speculative decoding (draft.py): None = off
-        self._drafter = Drafter(config.draft_max, gate=config.spec_cost_gate) if config.draft_max else None
+        # speculative decoding (draft.py): None = off. NOTE: not on recurrent pools (a restored
+        # snapshot of 1 token cannot be cut back: such a slot only moves forward), whose
+        # rejected rows could not be taken back.
+        recurrent = pool.restored_min_truncate_len(1) >= 1
+        drafting = bool(config.draft_max) and not recurrent
+        self._drafter = (
+            Drafter(config.draft_max, gate=config.spec_cost_gate) if drafting and config.draft_max else None
+        )
         self._disk_loads = DiskLoads(wake=self._kick)
         self._finisher = Finisher(self._table, self._sink, on_release=self._on_release)
         self._applier = StepApplier(

@@ -64,6 +64,8 @@ def test_every_option_has_an_env_var_that_parses() -> None:
             env[opt.env] = "debug"
         if opt.field == "prefill_order":
             env[opt.env] = "fifo"
+        if opt.field == "speculative":
+            env[opt.env] = "ngram"
         if opt.field in ("max_body_bytes", "max_tokens_limit"):
             env[opt.env] = "100000"
         if opt.field == "kv_events_endpoint":

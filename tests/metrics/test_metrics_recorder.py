@@ -127,6 +127,7 @@ def test_steps_cancels_preemptions_checkpoints():
     )
     m.sink.on_step(StepStats(0.004, 3, 0, 3, 3, chained=True, num_discarded_tokens=1))
     m.sink.on_step(StepStats(0.004, 2, 0, 2, 2, chained=True))
+    m.sink.on_step(StepStats(0.005, 9, 0, 9, 2, num_drafted_tokens=7, num_accepted_tokens=4))
     m.sink.on_cancel(CancelStats(phase=Phase.DECODE, ack_s=0.003))
     m.sink.on_cancel(CancelStats(phase=Phase.QUEUED, ack_s=0.0001))
     m.sink.on_preemption()
@@ -136,11 +137,13 @@ def test_steps_cancels_preemptions_checkpoints():
     evict = CheckpointEventKind.EVICT
     m.sink.on_checkpoint(CheckpointEvent(evict, disk, CaptureRule.PROMPT_END, num_bytes=777, num_tokens=2))
 
-    assert value(m, "slotserve_engine_step_seconds_count") == 4
+    assert value(m, "slotserve_engine_step_seconds_count") == 5
     assert value(m, "slotserve_engine_step_tokens_bucket", le="4.0") == 3
-    assert value(m, "slotserve_engine_step_batch_size_bucket", le="3.0") == 4
+    assert value(m, "slotserve_engine_step_batch_size_bucket", le="3.0") == 5
     assert value(m, "slotserve_engine_tokens_total", phase="prefill") == 64
-    assert value(m, "slotserve_engine_tokens_total", phase="decode") == 10
+    assert value(m, "slotserve_engine_tokens_total", phase="decode") == 19
+    assert value(m, "slotserve_spec_drafted_tokens_total") == 7
+    assert value(m, "slotserve_spec_accepted_tokens_total") == 4
     assert value(m, "slotserve_engine_chained_steps_total") == 2
     assert value(m, "slotserve_engine_discarded_tokens_total") == 1
     assert value(m, "slotserve_cancels_total", phase="decode") == 1

@@ -1,0 +1,54 @@
+"""Speculative decoding through the OpenAI routes: usage reports the draft tokens
+(completion_tokens_details), a request opts out with "speculative": false, output unchanged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway_support import MODEL, make_runtime, running_app, serve_config
+from slotserve.gateway.app import create_app
+
+
+async def _post(runtime: Any, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async with running_app(create_app(runtime, serve_config(max_tokens_limit=256))) as client:
+        r = await client.post(path, json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+async def test_usage_reports_draft_tokens_and_opt_out_turns_them_off() -> None:
+    text = "def f(x):\n    return x + 1\n" * 6
+    chat = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 120,
+        "temperature": 0,
+    }
+    comp = {"model": MODEL, "prompt": text, "max_tokens": 120, "temperature": 0}
+    got = {}
+    for name, spec in (("plain", None), ("spec", 6)):
+        kw = {"draft_max": spec, "spec_cost_gate": False} if spec else {}
+        for opt_out in (False, True):
+            runtime, _ = make_runtime(pool_options={"copy_bias": 12.0}, ctx_len=1024, **kw)
+            c = await _post(
+                runtime, "/v1/chat/completions", {**chat, **({"speculative": False} if opt_out else {})}
+            )
+            runtime, _ = make_runtime(pool_options={"copy_bias": 12.0}, ctx_len=1024, **kw)
+            t = await _post(
+                runtime, "/v1/completions", {**comp, **({"speculative": False} if opt_out else {})}
+            )
+            got[name, opt_out] = (c, t)
+    for i in range(2):
+        plain = got["plain", False][i]
+        assert "completion_tokens_details" not in plain["usage"]
+        assert "completion_tokens_details" not in got["spec", True][i]["usage"]  # opted out
+        spec = got["spec", False][i]
+        details = spec["usage"]["completion_tokens_details"]
+        assert details["accepted_prediction_tokens"] > 0 and details["rejected_prediction_tokens"] >= 0
+        text_of = (
+            (lambda r: r["choices"][0]["message"]["content"])
+            if i == 0
+            else (lambda r: r["choices"][0]["text"])
+        )
+        assert text_of(spec) == text_of(plain) == text_of(got["spec", True][i])
+        assert spec["usage"]["completion_tokens"] == plain["usage"]["completion_tokens"]

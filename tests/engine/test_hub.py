@@ -205,6 +205,18 @@ def test_pull_takes_hub_names(fake_hub: FakeHub, models, capsys) -> None:
     assert printed.read_bytes() == models["q4"].read_bytes()
 
 
+def test_generate_runs_a_hub_model_and_pull_force_fetches_again(fake_hub: FakeHub, capsys) -> None:
+    from slotserve.cli import main
+
+    assert main(["generate", "--model", f"{REPO}:Q8_0", "--prompt", "hi", "--max-tokens", "3"]) == 0
+    assert "prompt tokens: 2" in capsys.readouterr().err
+    assert len(fake_hub.gets_of("tiny-Q8_0.gguf")) == 1
+    assert main(["pull", "--quiet", f"{REPO}:Q8_0"]) == 0  # cached: nothing fetched
+    assert len(fake_hub.gets_of("tiny-Q8_0.gguf")) == 1
+    assert main(["pull", "--quiet", "--force", f"{REPO}:Q8_0"]) == 0
+    assert len(fake_hub.gets_of("tiny-Q8_0.gguf")) == 2
+
+
 def test_gated_repo_with_a_token_that_has_access(fake_hub: FakeHub, monkeypatch, models) -> None:
     monkeypatch.setenv("HF_TOKEN", GOOD_TOKEN)
     path = model_cache.resolve_model(f"{GATED}:Q8_0", progress=False)

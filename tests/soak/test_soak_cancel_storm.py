@@ -2,22 +2,25 @@
 plain requests, leave in the middle of their bodies, or run to the end, all at once. Afterwards
 every slot is idle, every level gauge reads zero, the cancels were acknowledged and counted, and
 the server answers a greedy request exactly as a cold server does. Run over full KV and over
-recurrent state (FakeSlotPool(recurrent=True): slots that can only be extended or restored)."""
+recurrent state (FakeSlotPool(recurrent=True): slots that can only be extended or restored), and
+over the real engine with recurrent state (`slotserve serve` on the tiny qwen35 fixture)."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import random
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from gateway_support import make_runtime, running_app, serve_config
 from slotserve.gateway.app import create_app
-from soak_support import fake_server, scrape, tail, wait_idle
+from soak_support import ServerProcess, fake_server, scrape, start_serve, tail, wait_idle
 
 pytestmark = pytest.mark.soak
 
@@ -108,19 +111,66 @@ async def storm(url: str, port: int, seconds: float, seed: int) -> collections.C
     return seen
 
 
-async def cold_answer(pool_options: dict) -> str:
+async def cold_answer(pool_options: dict, model: Path | None, tmp_path: Path) -> str:
+    if model is not None:  # the real engine: a server without reuse
+        server = start_serve(tmp_path / "cold.log", serve_argv(model, "--parallel", "1", "--no-reuse"))
+        try:
+            r = httpx.post(server.url + "/v1/chat/completions", json=PROBE, timeout=60, trust_env=False)
+        finally:
+            server.stop()
+        return str(r.json()["choices"][0]["message"]["content"])
     runtime, _ = make_runtime(num_slots=1, reuse=False, pool_options=pool_options)
     async with running_app(create_app(runtime, serve_config())) as client:
-        r = await client.post("/v1/chat/completions", json=PROBE)
-    return r.json()["choices"][0]["message"]["content"]
+        r2 = await client.post("/v1/chat/completions", json=PROBE)
+    return str(r2.json()["choices"][0]["message"]["content"])
 
 
-@pytest.mark.parametrize("pool_options", [{}, {"recurrent": True}], ids=["kv", "recurrent"])
-async def test_cancel_storm_leaves_every_slot_idle_and_gauges_at_zero(
-    soak_seconds: float, tmp_path: Path, pool_options: dict
-) -> None:
-    runtime = {"num_slots": 3, "ctx_len": 1024, "max_queue": 16, "pool_options": pool_options}
+def serve_argv(model: Path, *extra: str) -> list[str]:
+    return [
+        "--model",
+        str(model),
+        "--ctx-size",
+        "1024",
+        "--max-tokens-limit",
+        "64",
+        "--log-level",
+        "warning",
+        *extra,
+    ]
+
+
+@contextlib.contextmanager
+def storm_server(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[ServerProcess, Path | None]]:
+    """The fake engine (full KV or recurrent) in a server process, or `slotserve serve` on the
+    tiny qwen35 fixture (recurrent state on the real engine), 3 slots, queue 16."""
+    if kind == "qwen35":
+        model: Path = request.getfixturevalue("qwen35_model_factory")("Q8_0")
+        server = start_serve(
+            tmp_path / "serve.log", serve_argv(model, "--parallel", "3", "--max-queue", "16")
+        )
+        try:
+            yield server, model
+        finally:
+            if server.proc.poll() is None:
+                server.proc.kill()
+                server.proc.wait()
+        return
+    runtime = {"num_slots": 3, "ctx_len": 1024, "max_queue": 16, "pool_options": POOLS[kind]}
     with fake_server(tmp_path, runtime=runtime, config={"max_tokens_limit": 64}, step_s=0.002) as server:
+        yield server, None
+
+
+POOLS = {"kv": {}, "recurrent": {"recurrent": True}, "qwen35": {"recurrent": True}}
+
+
+@pytest.mark.parametrize("kind", ["kv", "recurrent", "qwen35"])
+async def test_cancel_storm_leaves_every_slot_idle_and_gauges_at_zero(
+    soak_seconds: float, tmp_path: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    pool_options = POOLS[kind]
+    with storm_server(kind, tmp_path, request) as (server, model):
         seen = await storm(server.url, server.port, soak_seconds, seed=14)
         m = wait_idle(server.url)
         mid_body = 'slotserve_requests_total{outcome="cancelled",stage="gateway"}'
@@ -150,7 +200,7 @@ async def test_cancel_storm_leaves_every_slot_idle_and_gauges_at_zero(
     assert m[mid_body] == seen["left mid-body"]
     assert after['slotserve_requests_total{outcome="error",stage="scheduler"}'] == 0
     assert after['slotserve_requests_total{outcome="error",stage="gateway"}'] == 0
-    assert warm == await cold_answer(pool_options)  # no slot was left corrupted
+    assert warm == await cold_answer(pool_options, model, tmp_path)  # no slot was left corrupted
     assert again["choices"][0]["message"]["content"] == warm
     # a resend: rewound (full KV), or restored from the prompt_end checkpoint at L - 1 (recurrent)
     reused = (again["slotserve"]["reuse_source"], again["slotserve"]["prefilled_tokens"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from engine_support import feed, make_pool, model_file, random_tokens
-from gguf_fixtures import write_tiny_model
+from gguf_fixtures import write_tiny_llama, write_tiny_model
 from reference import ReferenceModel
 from slotserve.engine_ext.errors import UnsupportedModelError
 from slotserve.engine_ext.gguf_file import RopeMode, load_model_file, required_tensor_names
@@ -149,3 +149,31 @@ def test_fault_after_the_conv_rows_are_written_taints_only_its_slot(path):
     cold = make_pool(path, 1, 64)
     assert np.array_equal(feed(pool, 1, tokens[10:30]), feed(cold, 0, tokens[:30]))
     pool.check_integrity()
+
+
+def test_rejects_per_layer_kv_heads_it_cannot_run(tmp_path, monkeypatch):
+    """head_count_kv per layer: only lfm2 reads an array; its attention layers must agree, and
+    a file of convolutions only is refused."""
+    import gguf
+
+    with pytest.raises(UnsupportedModelError, match="without any attention layer"):
+        load_model_file(write_tiny_model(tmp_path / "allconv.gguf", "lfm2", conv_layers=(0, 1, 2)))
+    original = gguf.GGUFWriter.add_array
+
+    def uneven(self, key, values):
+        if key.endswith("head_count_kv"):
+            values = [v if i != 3 else 1 for i, v in enumerate(values)]
+        return original(self, key, values)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "add_array", uneven)
+    path = write_tiny_model(tmp_path / "uneven.gguf", "lfm2", n_layers=4, conv_layers=(0, 2))
+    with pytest.raises(UnsupportedModelError, match=r"different .*head_count_kv \[1, 2\]"):
+        load_model_file(path)
+    monkeypatch.setattr(gguf.GGUFWriter, "add_array", original)
+    monkeypatch.setattr(
+        gguf.GGUFWriter,
+        "add_head_count_kv",
+        lambda self, n: original(self, f"{self.arch}.attention.head_count_kv", [n, n]),
+    )
+    with pytest.raises(UnsupportedModelError, match="per-layer llama.attention.head_count_kv"):
+        load_model_file(write_tiny_llama(tmp_path / "llama.gguf"))

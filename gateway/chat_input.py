@@ -73,6 +73,7 @@ def template_message(
     name: str | None = None,
     tool_calls: list[JSONObject] | None = None,
     tool_call_id: str | None = None,
+    reasoning_content: str | None = None,
 ) -> TemplateMessage:
     """A message in the template's shape (keys in the order templates have always seen)."""
     out: TemplateMessage = {"role": role, "content": content}
@@ -82,6 +83,8 @@ def template_message(
         out["tool_calls"] = tool_calls
     if tool_call_id is not None:
         out["tool_call_id"] = tool_call_id
+    if reasoning_content is not None:  # Qwen3's template renders it (for the current turn's calls)
+        out["reasoning_content"] = reasoning_content
     return out
 
 

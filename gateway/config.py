@@ -22,6 +22,7 @@ from typing import Any
 from ..scheduler.config import parse_bool
 from ..scheduler.prefill_order import PrefillOrder
 from .kv_events import KVEventsConfig
+from .reasoning import ReasoningFormat
 
 ENV_PREFIX = "SLOTSERVE_"
 _ORIGIN = re.compile(r"https?://[^/\s]+")  # a browser Origin header: scheme://host[:port]
@@ -69,6 +70,7 @@ class ServeConfig:
     api_key: str | None = field(default=None, repr=False)
     max_queue: int = 64  # requests admitted but waiting for a slot; past it -> 429
     prefill_order: PrefillOrder = PrefillOrder.COST  # queue and prefill order (scheduler/prefill_order.py)
+    reasoning_format: ReasoningFormat = ReasoningFormat.AUTO  # <think> blocks: gateway/reasoning.py
     prefill_aging_tokens_per_s: float | None = None  # cost order's aging rate; None = auto (measured)
     no_reuse: bool = False  # disable every form of prefix reuse (benchmark baseline)
     no_decode_chain: bool = False  # every engine step planned by the event loop (scheduler/chain.py)
@@ -146,6 +148,12 @@ class ServeConfig:
             f"--prefill-order must be one of {', '.join(orders)}, got {self.prefill_order!r}",
         )
         object.__setattr__(self, "prefill_order", PrefillOrder(self.prefill_order))  # text given: the member
+        formats = tuple(f.value for f in ReasoningFormat)
+        need(
+            self.reasoning_format in formats,
+            f"--reasoning-format must be one of {', '.join(formats)}, got {self.reasoning_format!r}",
+        )
+        object.__setattr__(self, "reasoning_format", ReasoningFormat(self.reasoning_format))
         need(
             self.prefill_aging_tokens_per_s is None or self.prefill_aging_tokens_per_s > 0,
             f"--prefill-aging-tokens-per-s must be > 0, got {self.prefill_aging_tokens_per_s}",
@@ -356,6 +364,15 @@ OPTIONS: tuple[Option, ...] = (
         "who gets a free slot and the prefill budget first, within a priority: cost (least prompt "
         "left to prefill, aged by waiting time; default) or fifo (arrival order)",
         metavar="cost|fifo",
+    ),
+    Option(
+        "reasoning_format",
+        ("--reasoning-format",),
+        str,
+        "a reply's leading <think> block: none (left in the content), deepseek or auto (default: "
+        "moved to reasoning_content / thinking blocks / reasoning items), deepseek-legacy (kept in "
+        "the content and copied to reasoning_content)",
+        metavar="none|deepseek|deepseek-legacy|auto",
     ),
     Option(
         "prefill_aging_tokens_per_s",

@@ -18,6 +18,7 @@ import msgspec
 from ..scheduler.request import FinishEvent, FinishReason, PrefillProgress, TokenEvent, TokenLogprob
 from . import protocol as p
 from .errors import APIError
+from .reasoning import ReasoningFormat, ReasoningSplitter, SplitReply, split_reasoning
 from .streaming import Collected, StreamFormat, progress_object, sse_data
 from .tool_calls import ParsedOutput, ToolCallFamily, parse_tool_calls
 from .tool_stream import StreamingToolParser, ToolCallDelta
@@ -35,6 +36,23 @@ class OutputSpec:
     max_calls: int | None = None  # parallel_tool_calls=false: 1
     logprobs: int | None = None  # None: off; k: top k per token
     token_bytes: Callable[[int], bytes] | None = None  # id -> bytes, for logprobs
+    reasoning: ReasoningFormat | None = None  # split a leading <think> block (None: off)
+    think_opened: bool = False  # the prompt ends inside <think>: the reply starts thinking
+    count_tokens: Callable[[str], int] | None = None  # text -> tokens, for reasoning_tokens
+
+    def split(self, text: str) -> SplitReply | None:
+        """The reply's thinking split off (None: reasoning off, or the reply did not think)."""
+        if self.reasoning is None:
+            return None
+        got = split_reasoning(text, opened=self.think_opened, fmt=self.reasoning)
+        return got if got.reasoning is not None else None
+
+    def reasoning_tokens(self, thinking_texts: list[str]) -> int | None:
+        """reasoning_tokens of usage: the thinking blocks (tags included) as tokens; None if none."""
+        if not any(thinking_texts):
+            return None
+        count = self.count_tokens or len
+        return sum(count(t) for t in thinking_texts if t)
 
 
 def finish_reason(finish: FinishEvent) -> str:
@@ -50,15 +68,21 @@ def usage(finish: FinishEvent) -> p.Usage:
     return usage_of([finish])
 
 
-def usage_of(finishes: list[FinishEvent]) -> p.Usage:
+def usage_of(finishes: list[FinishEvent], reasoning_tokens: int | None = None) -> p.Usage:
     """Usage of a request's choices: the prompt counted once (it was prefilled once and copied),
-    completion tokens summed; cached tokens are the first choice's."""
+    completion tokens summed; cached tokens are the first choice's. `reasoning_tokens`: of the
+    choices' thinking blocks (completion_tokens_details), None when no choice thought."""
     first = finishes[0]
     cached = first.reuse.reused_tokens if first.reuse is not None else 0
     completion = sum(f.completion_tokens for f in finishes)
     drafted = sum(f.drafted_tokens for f in finishes)
     accepted = sum(f.accepted_tokens for f in finishes)
-    details = p.CompletionTokensDetails(accepted, drafted - accepted) if drafted else None
+    thought = min(reasoning_tokens, completion) if reasoning_tokens is not None else 0
+    details = (
+        p.CompletionTokensDetails(accepted, drafted - accepted, thought)
+        if drafted or reasoning_tokens is not None
+        else None
+    )
     return p.Usage(
         prompt_tokens=first.prompt_tokens,
         completion_tokens=completion,
@@ -150,7 +174,9 @@ def parse_reply(spec: OutputSpec, text: str) -> ParsedOutput:
 
 
 def _chat_choice(index: int, got: Collected, spec: OutputSpec) -> p.ChatChoice:
-    parsed = parse_reply(spec, got.text)
+    thought = spec.split(got.text)
+    text = thought.content if thought is not None else got.text
+    parsed = parse_reply(spec, text)
     reason = finish_reason(got.finish)
     calls = None
     if parsed.tool_calls:
@@ -161,10 +187,15 @@ def _chat_choice(index: int, got: Collected, spec: OutputSpec) -> p.ChatChoice:
         ]
         content = parsed.content
     else:
-        content = got.text
+        content = text
     return p.ChatChoice(
         index=index,
-        message=p.AssistantMessage(role="assistant", content=content, tool_calls=calls),
+        message=p.AssistantMessage(
+            role="assistant",
+            content=content,
+            tool_calls=calls,
+            reasoning_content=thought.reasoning if thought is not None else None,
+        ),
         finish_reason=reason,
         logprobs=chat_logprobs(spec, got.logprobs) if spec.logprobs is not None else None,
     )
@@ -173,12 +204,16 @@ def _chat_choice(index: int, got: Collected, spec: OutputSpec) -> p.ChatChoice:
 def chat_completion(
     request_id: str, model: str, created: int, choices: list[Collected], spec: OutputSpec
 ) -> p.ChatCompletion:
+    thoughts = [spec.split(c.text) for c in choices]
     return p.ChatCompletion(
         id=request_id,
         created=created,
         model=model,
         choices=[_chat_choice(i, got, spec) for i, got in enumerate(choices)],
-        usage=usage_of([c.finish for c in choices]),
+        usage=usage_of(
+            [c.finish for c in choices],
+            spec.reasoning_tokens([t.thinking_text if t is not None else "" for t in thoughts]),
+        ),
         slotserve=slotserve_info(choices[0].finish),
     )
 
@@ -276,7 +311,10 @@ class _OpenAIStream(StreamFormat, Generic[Choice]):
         done = [f for f in self._finishes if f is not None]
         if not self.include_usage or len(done) != len(self._finishes) or any(failure(f) for f in done):
             return []
-        return [sse_data(_encode(self._envelope([], usage=usage_of(done))))]
+        return [sse_data(_encode(self._envelope([], usage=usage_of(done, self._reasoning_tokens()))))]
+
+    def _reasoning_tokens(self) -> int | None:
+        return None
 
 
 class ChatStream(_OpenAIStream[p.ChatChunkChoice]):
@@ -291,6 +329,16 @@ class ChatStream(_OpenAIStream[p.ChatChunkChoice]):
             if s.tool_family is not None
             else None
         )
+        self._thinkers = (
+            [ReasoningSplitter(opened=s.think_opened, fmt=s.reasoning) for _ in range(s.n)]
+            if s.reasoning is not None
+            else None
+        )
+
+    def _reasoning_tokens(self) -> int | None:
+        if self._thinkers is None:
+            return None
+        return self.spec.reasoning_tokens([t.thinking_text for t in self._thinkers])
 
     def _chunk(
         self,
@@ -337,6 +385,15 @@ class ChatStream(_OpenAIStream[p.ChatChunkChoice]):
         self, index: int, text: str, logprobs: tuple[TokenLogprob, ...], final: bool
     ) -> list[bytes]:
         deltas: list[ToolCallDelta] = []
+        reasoning = ""
+        if self._thinkers is not None:
+            thinker = self._thinkers[index]
+            reasoning, text = thinker.feed(text)
+            if final:
+                more_r, more_c = thinker.finish()
+                reasoning, text = reasoning + more_r, text + more_c
+            if self.spec.reasoning is ReasoningFormat.DEEPSEEK_LEGACY:
+                reasoning = ""  # streamed, the block stays in the content
         if self._parsers is not None:
             parser = self._parsers[index]
             text, deltas = parser.feed(text)
@@ -346,8 +403,14 @@ class ChatStream(_OpenAIStream[p.ChatChunkChoice]):
             if self.spec.max_calls is not None:
                 deltas = [d for d in deltas if d.index < self.spec.max_calls]
         lp = chat_logprobs(self.spec, logprobs) if logprobs else None
-        if not text and not deltas and lp is None:
+        if not text and not deltas and lp is None and not reasoning:
             return []
+        out = []
+        if reasoning:
+            out.append(self._chunk(index, p.Delta(reasoning_content=reasoning), logprobs=lp))
+            lp = None
+        if not text and not deltas and lp is None:
+            return out
         # NOTE: as OpenAI streams calls: one entry per chunk, the header (id, name, empty
         # arguments) apart from the fragments; consecutive fragments of a call merge
         entries: list[p.ToolCallDeltaOut] = []
@@ -370,7 +433,6 @@ class ChatStream(_OpenAIStream[p.ChatChunkChoice]):
                     function=p.FunctionDelta(name=d.name, arguments=d.arguments),
                 )
             )
-        out = []
         if text or not entries:
             out.append(self._chunk(index, p.Delta(content=text), logprobs=lp))
             lp = None

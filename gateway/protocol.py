@@ -53,6 +53,7 @@ class ChatMessage(Struct):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an assistant turn's thinking, for templates that render it
 
 
 class FunctionDef(Struct, omit_defaults=True):  # None fields stay out of the rendered tools
@@ -165,11 +166,13 @@ class PromptTokensDetails(Struct):
 
 
 class CompletionTokensDetails(Struct):
-    """OpenAI's names for predicted-output tokens: here the speculative draft tokens taken from
-    the conversation itself, confirmed by the model (accepted) or not (rejected)."""
+    """Details of completion_tokens, each present when any is: OpenAI's predicted-output counts
+    (here the speculative draft tokens taken from the conversation itself, confirmed by the model
+    or not) and the reply's thinking block (gateway/reasoning.py)."""
 
-    accepted_prediction_tokens: int
-    rejected_prediction_tokens: int
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+    reasoning_tokens: int = 0
 
 
 class Usage(Struct, omit_defaults=True):
@@ -177,7 +180,7 @@ class Usage(Struct, omit_defaults=True):
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
-    # only when speculative decoding drafted for the request (--speculative)
+    # only when speculative decoding drafted for the request (--speculative) or the reply thought
     completion_tokens_details: CompletionTokensDetails | None = None
 
 
@@ -224,6 +227,7 @@ class AssistantMessage(Struct, omit_defaults=True):
     role: str  # "assistant"
     content: str | None  # None when the reply is only tool calls
     tool_calls: list[ToolCallOut] | None = None
+    reasoning_content: str | None = None  # the thinking block (--reasoning-format deepseek/auto)
 
 
 class ChatChoice(Struct):
@@ -259,6 +263,7 @@ class ToolCallDeltaOut(Struct, omit_defaults=True):
 class Delta(Struct, omit_defaults=True):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallDeltaOut] | None = None
 
 

@@ -19,6 +19,7 @@ from .config import ServeConfig
 from .errors import bad_request
 from .json_types import JSON, TemplateMessage, TemplateTool
 from .openai_reply import OutputSpec
+from .reasoning import ReasoningFormat, prompt_opens_thinking
 from .runtime import PromptError, Runtime
 from .structured import GrammarCompiler, GrammarError
 from .tool_calls import ToolCallFamily
@@ -233,7 +234,14 @@ def _message_dict(i: int, m: p.ChatMessage) -> TemplateMessage:
         for c in m.tool_calls or ()
     ]
     role = "system" if m.role == "developer" else m.role
-    return template_message(role, content, name=m.name, tool_calls=calls, tool_call_id=m.tool_call_id)
+    return template_message(
+        role,
+        content,
+        name=m.name,
+        tool_calls=calls,
+        tool_call_id=m.tool_call_id,
+        reasoning_content=m.reasoning_content if role == "assistant" else None,
+    )
 
 
 def chat_messages(req: p.ChatCompletionRequest | p.TokenizeRequest | ChatInput) -> list[TemplateMessage]:
@@ -361,7 +369,13 @@ def chat_plan(req: ChatInput, config: ServeConfig, runtime: Runtime, request_id:
         logprobs=logprobs,
         grammar=tool_grammar or json_grammar,
     )
-    spec = replace(spec, n=req.n, logprobs=logprobs, token_bytes=_token_bytes_fn(runtime))
+    spec = replace(
+        spec,
+        n=req.n,
+        logprobs=logprobs,
+        token_bytes=_token_bytes_fn(runtime),
+        **_reasoning_fields(config, runtime, ids),
+    )
     turns = turn_offsets(runtime, messages, tools, ids)
     gen = GenerationRequest(
         prompt_ids=ids, params=params, request_id=request_id, prefix_hint=hint, turn_offsets=turns
@@ -376,6 +390,18 @@ def chat_completion_plan(
     planned = chat_plan(chat_input(req), config, runtime, request_id)
     planned.gen.speculative = req.speculative
     return planned
+
+
+def _reasoning_fields(config: ServeConfig, runtime: Runtime, ids: list[int]) -> dict[str, JSON]:
+    """OutputSpec's reasoning fields: the format (None: --reasoning-format none), whether the
+    prompt opened a <think> block, and the token count of a text (reasoning_tokens)."""
+    if config.reasoning_format is ReasoningFormat.NONE:
+        return {}
+    return {
+        "reasoning": config.reasoning_format,
+        "think_opened": prompt_opens_thinking(runtime.decode(ids[-8:])),
+        "count_tokens": lambda text: len(runtime.encode_text(text)),
+    }
 
 
 def chat_request(

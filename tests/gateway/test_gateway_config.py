@@ -66,6 +66,8 @@ def test_every_option_has_an_env_var_that_parses() -> None:
             env[opt.env] = "fifo"
         if opt.field == "speculative":
             env[opt.env] = "ngram"
+        if opt.field == "reasoning_format":
+            env[opt.env] = "deepseek-legacy"
         if opt.field in ("max_body_bytes", "max_tokens_limit"):
             env[opt.env] = "100000"
         if opt.field == "kv_events_endpoint":

@@ -6,8 +6,9 @@ generated): the most recent earlier occurrence of the history's last n tokens (n
 `NGRAM_MAX` down to `NGRAM_MIN`) and what followed it. Producing one costs a few vectorised
 compares over the history; nothing is kept between calls, so a rewind, restore or preemption
 cannot leave stale draft state behind. An optional `NgramPool` shared by all slots remembers the
-continuations of n-grams from histories the scheduler hands it (finished requests): a slot whose
-own history has no match may still find one there.
+continuations of n-grams from histories the scheduler hands it (each request's slot record when
+it lets the slot go): a slot whose own history has no long match may still find one there (a
+regenerated or resent turn drafts what the last answer said).
 
 Whether a draft is worth its rows is the cost gate's question (`CostModel`, `SpecState`). A
 verification step that carries k draft rows for one slot costs about `row_cost` more (seconds,
@@ -225,9 +226,13 @@ class Drafter:
             limit = k
         got = np.zeros(0, dtype=np.int32)
         if limit > 0:
-            got = ngram_draft(history, limit)
+            # the own history's longest matches first, then the shared pool's (as long), then
+            # the own history's shorter ones
+            got = ngram_draft(history, limit, ngram_min=NGRAM_MAX)
             if got.size == 0 and self.pool is not None:
                 got = self.pool.draft(history, limit)
+            if got.size == 0:
+                got = ngram_draft(history, limit, ngram_max=NGRAM_MAX - 1)
         if got.size == 0:
             state.idle_steps += 1
         return got

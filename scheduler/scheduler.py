@@ -50,7 +50,7 @@ from .checkpoint_store import CaptureRule
 from .config import SchedulerConfig
 from .detok import Detokenizer
 from .disk_loads import DiskLoads
-from .draft import Drafter, SpecState
+from .draft import Drafter, NgramPool, SpecState
 from .finish import Finisher, rejected_stats
 from .handle import RequestHandle
 from .interface import SlotPool
@@ -83,6 +83,9 @@ from .validation import validate_request
 from .worker import EngineWorker
 
 log = logging.getLogger("slotserve.scheduler")
+
+
+_POOL_TOKENS = 1024  # the last tokens of a released slot added to the shared n-gram pool
 
 
 class Scheduler:
@@ -163,7 +166,9 @@ class Scheduler:
         recurrent = pool.restored_min_truncate_len(1) >= 1
         drafting = bool(config.draft_max) and not recurrent
         self._drafter = (
-            Drafter(config.draft_max, gate=config.spec_cost_gate) if drafting and config.draft_max else None
+            Drafter(config.draft_max, gate=config.spec_cost_gate, pool=NgramPool())
+            if drafting and config.draft_max
+            else None
         )
         self._disk_loads = DiskLoads(wake=self._kick)
         self._finisher = Finisher(self._table, self._sink, on_release=self._on_release)
@@ -481,6 +486,9 @@ class Scheduler:
     def _on_release(self, slot: int | None, held: bool) -> None:
         """A request's slot was taken back (`held`; else it held none): a decode chain that may
         be computing the slot's next row has it cut back in the next plan; wake the loop."""
+        if held and slot is not None and self._drafter is not None and self._drafter.pool is not None:
+            # what the request's slot holds (its prompt and answer) drafts for later requests
+            self._drafter.pool.add(self._slots.record(slot)[-_POOL_TOKENS:])
         if held and self._chain is not None and slot in self._chain.slots:
             assert slot is not None
             # the worker may already be computing the next row of this slot (chain.py)

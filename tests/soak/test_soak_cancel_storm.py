@@ -158,14 +158,22 @@ def storm_server(
                 server.proc.wait()
         return
     runtime = {"num_slots": 3, "ctx_len": 1024, "max_queue": 16, "pool_options": POOLS[kind]}
+    if kind == "speculative":  # drafts verified in every step: cancels land between draft and verification
+        runtime.update(draft_max=6, spec_cost_gate=False)
     with fake_server(tmp_path, runtime=runtime, config={"max_tokens_limit": 64}, step_s=0.002) as server:
         yield server, None
 
 
-POOLS = {"kv": {}, "recurrent": {"recurrent": True}, "qwen35": {"recurrent": True}}
+# speculative: a fake pool whose output copies its prompt (an induction head), drafting on
+POOLS = {
+    "kv": {},
+    "recurrent": {"recurrent": True},
+    "qwen35": {"recurrent": True},
+    "speculative": {"copy_bias": 12.0},
+}
 
 
-@pytest.mark.parametrize("kind", ["kv", "recurrent", "qwen35"])
+@pytest.mark.parametrize("kind", ["kv", "recurrent", "qwen35", "speculative"])
 async def test_cancel_storm_leaves_every_slot_idle_and_gauges_at_zero(
     soak_seconds: float, tmp_path: Path, kind: str, request: pytest.FixtureRequest
 ) -> None:
@@ -201,9 +209,11 @@ async def test_cancel_storm_leaves_every_slot_idle_and_gauges_at_zero(
     assert after['slotserve_requests_total{outcome="error",stage="scheduler"}'] == 0
     assert after['slotserve_requests_total{outcome="error",stage="gateway"}'] == 0
     assert warm == await cold_answer(pool_options, model, tmp_path)  # no slot was left corrupted
+    if kind == "speculative":  # (the cold answer drafted nothing)
+        assert m["slotserve_spec_drafted_tokens_total"] > 0 and m["slotserve_spec_accepted_tokens_total"] > 0
     assert again["choices"][0]["message"]["content"] == warm
     # a resend: rewound (full KV), or restored from the prompt_end checkpoint at L - 1 (recurrent)
     reused = (again["slotserve"]["reuse_source"], again["slotserve"]["prefilled_tokens"])
-    assert reused == (("checkpoint_memory" if pool_options else "rewind"), 1), reused
+    assert reused == (("checkpoint_memory" if pool_options.get("recurrent") else "rewind"), 1), reused
     text = server.log.read_text()
     assert "Traceback" not in text and "ERROR" not in text, text[-3000:]

@@ -566,3 +566,15 @@ cdef class KernelTable:
         cdef float[::1] ov = out
         self.kt.gdn_step(&sv[0, 0], &ov[0], &q[0], &k[0], &v[0], decay, beta, scale, d)
         return new_s, out
+
+    def gdn_gates(self, const float[::1] alpha, const float[::1] beta, const float[::1] dt, const float[::1] a):
+        """The delta rule's gates of n heads (kernels.h gdn_gates). Returns (decay, beta)."""
+        cdef int n = alpha.shape[0]
+        if beta.shape[0] != n or dt.shape[0] != n or a.shape[0] != n:
+            raise ValueError("alpha, beta, dt and a need one value per head")
+        _check_row(n, n)
+        decay = np.array(alpha, dtype=np.float32, copy=True)
+        out_beta = np.array(beta, dtype=np.float32, copy=True)
+        cdef float[::1] dv = decay, bv = out_beta
+        self.kt.gdn_gates(&dv[0], &bv[0], &dt[0], &a[0], n)
+        return decay, out_beta

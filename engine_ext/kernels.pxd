@@ -76,6 +76,7 @@ cdef extern from "kernels.h" nogil:
         void (*l2norm)(float *x, int n, float eps)
         void (*gdn_step)(float *S, float *o, const float *q, const float *k, const float *v, float decay,
                          float beta, float scale, int d)
+        void (*gdn_gates)(float *alpha, float *beta, const float *dt, const float *a, int n)
 
     const kernel_table *kernels_select(const char *name)
     int kernels_avx2_supported()

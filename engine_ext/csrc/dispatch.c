@@ -60,6 +60,7 @@ static const kernel_table generic_table = {
     .ssm_conv = ssm_conv_generic,
     .l2norm = l2norm_generic,
     .gdn_step = gdn_step_generic,
+    .gdn_gates = gdn_gates_generic,
 };
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -80,7 +81,7 @@ static const kernel_table generic_table = {
     .silu_mul = silu_mul_avx2, .gelu_tanh_mul = gelu_tanh_mul_avx2, .exp = exp_avx2,               \
     .f32_to_f16 = f32_to_f16_avx2, .f16_to_f32 = f16_to_f32_avx2,                                  \
     .shortconv = shortconv_avx2, .ssm_conv = ssm_conv_avx2, .l2norm = l2norm_avx2,                 \
-    .gdn_step = gdn_step_avx2
+    .gdn_step = gdn_step_avx2, .gdn_gates = gdn_gates_avx2
 /* The matmul table of an x86 variant: float types on AVX2, block types as given. */
 #define X86_GEMMS(q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K, q2_K, q3_K)                     \
     {                                                                                              \

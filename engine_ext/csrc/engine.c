@@ -60,7 +60,8 @@
  * Gated DeltaNet layers (qwen35) keep no rows at all but a recurrent state per slot, in its own
  * block (engine_state_*: conv tail [taps-1][conv_dim] and head matrices [v_heads][d][d], f32),
  * and walk the attention block's phases as: norm | qkv, z, beta, alpha matmuls | conv (segment x
- * channel block: each channel's tokens in position order through the tail) | delta rule
+ * channel block: each channel's tokens in position order through the tail; the first block's
+ * unit also turns each row's alpha and beta into the decay and beta, gdn_gates) | delta rule
  * (segment x value head: each token in position order: l2-normed q, k, the gated update of the
  * head's matrix, its output rmsnormed and gated by silu(z)) | - | quantize | out matmul | -.
  * Every row's numbers come from the same operations on the same state in the same order, however
@@ -1019,6 +1020,8 @@ static int delta_block(engine *e, const layer_weights *L, int l, int p, int ith,
         float *tail = e->rstate + (size_t)sg->slot * e->rs_floats + e->rs_off[l] + c0;
         for (int j = 0; j < sg->n; j++) {
             const int r = sg->row0 + j, pos = sg->pos0 + j;
+            if (c0 == 0) /* the row's gates: alpha -> the decay exp(g), beta -> sigmoid(beta) */
+                kt->gdn_gates(e->sa + (size_t)r * vh, e->sb + (size_t)r * vh, L->ssm_dt, L->ssm_a, vh);
             if (k && pos >= sg->pos0 + sg->n - k) { /* the state at length pos, before this token */
                 float *keep = state_of(e, sg->slot, pos % k) + e->rs_off[l] + c0;
                 for (int t = 0; t < taps - 1; t++) memcpy(keep + (size_t)t * cd, tail + (size_t)t * cd, sizeof(float) * n);
@@ -1045,11 +1048,9 @@ static int delta_block(engine *e, const layer_weights *L, int l, int p, int ith,
             memcpy(kn, c + e->key_dim + (size_t)kh * d, sizeof(float) * d);
             kt->l2norm(qn, d, m->rms_eps);
             kt->l2norm(kn, d, m->rms_eps);
-            const float beta = 1.0f / (1.0f + expf(-e->sb[(size_t)r * vh + h]));
-            const float a = e->sa[(size_t)r * vh + h] + L->ssm_dt[h];
-            const float g = (a > 20.0f ? a : logf(1.0f + expf(a))) * L->ssm_a[h];
             float *o = e->xb + (size_t)r * e->value_dim + (size_t)h * d;
-            kt->gdn_step(S, o, qn, kn, c + 2 * e->key_dim + (size_t)h * d, expf(g), beta, scale, d);
+            kt->gdn_step(S, o, qn, kn, c + 2 * e->key_dim + (size_t)h * d, e->sa[(size_t)r * vh + h],
+                         e->sb[(size_t)r * vh + h], scale, d);
             kt->rmsnorm(o, o, L->ssm_norm, d, m->rms_eps);
             kt->silu_mul(o, e->sz + (size_t)r * e->value_dim + (size_t)h * d, o, d);
         }

@@ -154,6 +154,10 @@ struct kernel_table {
      * o_j = (S_j . q) scale. Rows are independent; each is read and written in place. */
     void (*gdn_step)(float *S, float *o, const float *q, const float *k, const float *v, float decay, float beta,
                      float scale, int d);
+    /* The delta rule's gates of n heads, in place: alpha[h] <- exp(softplus(alpha[h] + dt[h]) *
+     * a[h]) (the decay; softplus(x) = x above 20, else log(1 + exp(x)), as ggml), beta[h] <-
+     * 1 / (1 + exp(-beta[h])). */
+    void (*gdn_gates)(float *alpha, float *beta, const float *dt, const float *a, int n);
 };
 
 /* dispatch.c: the table called `name` ("generic"/"scalar", "avx2", "avx512vnni") or, for
@@ -195,6 +199,7 @@ void ssm_conv_generic(float *out, float *tail, const float *x, const float *w, i
 void l2norm_generic(float *x, int n, float eps);
 void gdn_step_generic(float *S, float *o, const float *q, const float *k, const float *v, float decay, float beta,
                       float scale, int d);
+void gdn_gates_generic(float *alpha, float *beta, const float *dt, const float *a, int n);
 
 /* AVX2/FMA/F16C kernels (arch/x86_avx2.c); only called when the CPU has them. */
 void quantize_q8a_avx2(int8_t *qs, float *d, float *s, const float *x, int k);
@@ -226,6 +231,7 @@ void ssm_conv_avx2(float *out, float *tail, const float *x, const float *w, int 
 void l2norm_avx2(float *x, int n, float eps);
 void gdn_step_avx2(float *S, float *o, const float *q, const float *k, const float *v, float decay, float beta,
                    float scale, int d);
+void gdn_gates_avx2(float *alpha, float *beta, const float *dt, const float *a, int n);
 
 /* AVX512-VNNI matmuls (arch/x86_vnni.c); only called when the CPU has AVX512F/VL/BW/VNNI. */
 void gemm_q8_0_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);

@@ -25,6 +25,14 @@ void l2norm_generic(float *x, int n, float eps) {
     for (int i = 0; i < n; i++) x[i] *= inv;
 }
 
+void gdn_gates_generic(float *alpha, float *beta, const float *dt, const float *a, int n) {
+    for (int h = 0; h < n; h++) {
+        const float x = alpha[h] + dt[h];
+        alpha[h] = expf((x > 20.0f ? x : logf(1.0f + expf(x))) * a[h]);
+        beta[h] = 1.0f / (1.0f + expf(-beta[h]));
+    }
+}
+
 void gdn_step_generic(float *S, float *o, const float *q, const float *k, const float *v, float decay, float beta,
                       float scale, int d) {
     for (int j = 0; j < d; j++) {

@@ -1,4 +1,4 @@
-"""The Gated DeltaNet kernels (kernels.h ssm_conv, l2norm, gdn_step; recurrent.c and
+"""The Gated DeltaNet kernels (kernels.h ssm_conv, l2norm, gdn_step, gdn_gates; recurrent.c and
 arch/x86_avx2_recurrent.c): the portable reference against NumPy in float64, and AVX2 against
 the reference, at sizes with SIMD tails (odd, below and above 8 lanes)."""
 
@@ -72,3 +72,21 @@ def test_avx2_matches_reference_over_many_tokens(d):
         s_a, o_a = avx2.gdn_step(s_a, q, k, v, decay, beta, d**-0.5)
         np.testing.assert_allclose(o_a, o_g, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(s_a, s_g, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_gdn_gates(kt, n):
+    """decay = exp(softplus(alpha + dt) * a), beta = sigmoid(beta), softplus linear above 20;
+    inputs over the range real files produce and past the softplus switch."""
+    rng = rng_for(n)
+    alpha = rng.uniform(-30.0, 30.0, n).astype(np.float32)
+    beta = rng.uniform(-20.0, 20.0, n).astype(np.float32)
+    dt = rng.uniform(-2.0, 2.0, n).astype(np.float32)
+    a = -np.exp(rng.uniform(-3.0, 1.0, n)).astype(np.float32)
+    decay, out_beta = kt.gdn_gates(alpha, beta, dt, a)
+    x = alpha.astype(np.float64) + dt
+    softplus = np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
+    np.testing.assert_allclose(decay, np.exp(softplus * a), rtol=2e-5, atol=1e-30)
+    np.testing.assert_allclose(
+        out_beta, 1.0 / (1.0 + np.exp(-beta.astype(np.float64))), rtol=2e-6, atol=1e-12
+    )

@@ -91,4 +91,65 @@ void gdn_step_avx2(float *S, float *o, const float *q, const float *k, const flo
     }
 }
 
+/* exp and log for the gates, Cephes' polynomials (as in the public "sse_mathfun" family): exp
+ * by 2^n * exp(r), |r| <= ln2/2; log by the mantissa in [sqrt(1/2), sqrt(2)). About 1-2 ulp. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    const __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+static inline __m256 log8(__m256 x) { /* x > 0 (here 1 + exp(.) >= 1) */
+    const __m256i bits = _mm256_castps_si256(x);
+    __m256 e = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(bits, 23), _mm256_set1_epi32(127)));
+    __m256 m = _mm256_castsi256_ps(
+        _mm256_or_si256(_mm256_and_si256(bits, _mm256_set1_epi32(0x007FFFFF)), _mm256_set1_epi32(0x3F800000)));
+    const __m256 big = _mm256_cmp_ps(m, _mm256_set1_ps(1.41421356237f), _CMP_GT_OQ); /* m in [1, 2) */
+    m = _mm256_blendv_ps(m, _mm256_mul_ps(m, _mm256_set1_ps(0.5f)), big);
+    e = _mm256_add_ps(e, _mm256_and_ps(big, _mm256_set1_ps(1.0f)));
+    const __m256 f = _mm256_sub_ps(m, _mm256_set1_ps(1.0f));
+    __m256 y = _mm256_set1_ps(7.0376836292e-2f);
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(-1.1514610310e-1f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(1.1676998740e-1f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(-1.2420140846e-1f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(1.4249322787e-1f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(-1.6668057665e-1f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(2.0000714765e-1f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(-2.4999993993e-1f));
+    y = _mm256_fmadd_ps(y, f, _mm256_set1_ps(3.3333331174e-1f));
+    const __m256 f2 = _mm256_mul_ps(f, f);
+    y = _mm256_mul_ps(_mm256_mul_ps(y, f), f2);
+    y = _mm256_fmadd_ps(e, _mm256_set1_ps(-2.12194440e-4f), y);
+    y = _mm256_fnmadd_ps(f2, _mm256_set1_ps(0.5f), y);
+    return _mm256_fmadd_ps(e, _mm256_set1_ps(0.693359375f), _mm256_add_ps(f, y));
+}
+
+void gdn_gates_avx2(float *alpha, float *beta, const float *dt, const float *a, int n) {
+    const __m256 one = _mm256_set1_ps(1.0f), twenty = _mm256_set1_ps(20.0f);
+    int h = 0;
+    for (; h + 8 <= n; h += 8) {
+        const __m256 x = _mm256_add_ps(_mm256_loadu_ps(alpha + h), _mm256_loadu_ps(dt + h));
+        const __m256 sp = _mm256_blendv_ps(log8(_mm256_add_ps(one, exp8(x))), x, _mm256_cmp_ps(x, twenty, _CMP_GT_OQ));
+        _mm256_storeu_ps(alpha + h, exp8(_mm256_mul_ps(sp, _mm256_loadu_ps(a + h))));
+        const __m256 nb = _mm256_sub_ps(_mm256_setzero_ps(), _mm256_loadu_ps(beta + h));
+        _mm256_storeu_ps(beta + h, _mm256_div_ps(one, _mm256_add_ps(one, exp8(nb))));
+    }
+    for (; h < n; h++) {
+        const float x = alpha[h] + dt[h];
+        alpha[h] = expf((x > 20.0f ? x : logf(1.0f + expf(x))) * a[h]);
+        beta[h] = 1.0f / (1.0f + expf(-beta[h]));
+    }
+}
+
 #endif

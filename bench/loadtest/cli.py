@@ -19,6 +19,7 @@ WORKLOADS = (
     "shared-prefix",
     "oversubscribed",
     "edit-turn",
+    "code-edit",
     "sessions",
     "trace",
 )

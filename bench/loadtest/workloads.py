@@ -234,7 +234,36 @@ class AgentConversation:
         self._round += 1
 
 
-SYNTHETIC_WORKLOADS = ("multi-turn", "agent", "abort-resend", "shared-prefix", "oversubscribed", "edit-turn")
+SYNTHETIC_WORKLOADS = (
+    "multi-turn",
+    "agent",
+    "abort-resend",
+    "shared-prefix",
+    "oversubscribed",
+    "edit-turn",
+    "code-edit",
+)
+
+
+def source_file(rng: random.Random, num_lines: int) -> tuple[str, list[str]]:
+    """A Python module of about `num_lines` lines (small functions over word-named variables)
+    and the function names in it, for the code-edit workload."""
+    lines = ['"""Generated module."""', "", "import math", ""]
+    names: list[str] = []
+    while len(lines) < num_lines:
+        name = "_".join(rng.sample(_WORDS, 2))
+        a, b, c = rng.sample(_WORDS, 3)
+        names.append(name)
+        lines += [
+            f"def {name}({a}, {b}):",
+            f'    """Return the {c} of {a} and {b}."""',
+            f"    {c} = {a} * {rng.randint(2, 9)} + {b}",
+            f"    if {c} > {rng.randint(10, 99)}:",
+            f"        return math.sqrt({c})",
+            f"    return {c} - {a}",
+            "",
+        ]
+    return "\n".join(lines) + "\n", names
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,6 +314,22 @@ def build_conversations(workload: str, cfg: WorkloadConfig) -> list[Conversation
                     task=f"Task {i}: {_words(rng, cfg.turn_len)}",
                     tool_results=[_words(rng, cfg.tool_result_len) for _ in range(num_rounds)],
                     tool_calls=[(rng.choice(_TOOLS), _words(rng, 3)) for _ in range(num_rounds)],
+                    reply_len=cfg.reply_len,
+                )
+            )
+            continue
+        if workload == "code-edit":
+            # an agent sends a source file (system_len / 2 lines) and asks for it back with a
+            # small change; each later turn asks for one more change to the file it got back
+            source, names = source_file(rng, max(20, cfg.system_len // 2))
+            old = rng.sample(names, min(cfg.num_turns, len(names)))
+            asks = [f"Rename the function `{n}` to `{n}_v2` and send back the whole file." for n in old]
+            asks[0] = f"Here is a file, `module_{i}.py`:\n```python\n{source}```\n{asks[0]}"
+            conversations.append(
+                ChatConversation(
+                    conversation_id=cid,
+                    system="You are a coding assistant. Reply with the whole file in one code block.",
+                    user_turns=asks,
                     reply_len=cfg.reply_len,
                 )
             )

@@ -515,3 +515,19 @@ def test_cli_workload_choices_are_the_workloads_presets_and_trace():
     assert WORKLOADS == (*SYNTHETIC_WORKLOADS, *PRESETS, "trace")
     for preset in PRESETS.values():
         assert preset.workload in SYNTHETIC_WORKLOADS
+
+
+def test_code_edit_sends_a_file_and_asks_for_it_back() -> None:
+    from slotserve.bench.loadtest.workloads import Outcome, WorkloadConfig, build_conversations
+
+    (conv,) = build_conversations("code-edit", WorkloadConfig(num_conversations=1, num_turns=2))
+    first = conv.next_request()
+    assert first is not None and first.messages is not None
+    ask = first.messages[-1]["content"]
+    assert ask.count("\n") > 200 and "```python" in ask and "def " in ask and "Rename the function" in ask
+    conv.record_reply(first, Outcome.OK, "```python\nthe file\n```")
+    second = conv.next_request()
+    assert second is not None and second.messages is not None
+    assert second.messages[-2] == {"role": "assistant", "content": "```python\nthe file\n```"}
+    assert "Rename the function" in second.messages[-1]["content"]
+    assert build_conversations("code-edit", WorkloadConfig(num_conversations=1))[0].next_request() == first

@@ -8,6 +8,7 @@ calls at all (tools offered and tool_choice not "none"), in which syntax, and ho
 `split_output` turns a whole text into blocks, and `BlockAssembler` turns the stream of released
 texts into block events that each front door spells in its own SSE vocabulary:
 
+    BlockStart(i, THINKING)  TextDelta(i, s)...                 BlockStop(i)   (first, if any)
     BlockStart(i, TEXT)  TextDelta(i, s)...                     BlockStop(i)
     BlockStart(i, TOOL_CALL, call_id, name)  ArgsDelta(i, s)... BlockStop(i)
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 
 from .json_types import TemplateMessage, TemplateTool
 from .openai_reply import OutputSpec
+from .reasoning import ReasoningFormat, ReasoningSplitter, split_reasoning
 from .runtime import PromptError, Runtime
 from .tool_calls import ToolCallFamily, parse_tool_calls
 from .tool_stream import StreamingToolParser, ToolCall, ToolCallDelta
@@ -37,6 +39,22 @@ BREAKPOINT_TAIL_SLACK = 8
 class BlockKind(str, enum.Enum):
     TEXT = "text"  # generated prose
     TOOL_CALL = "tool_call"  # a call the model wrote in its template family's syntax
+    THINKING = "thinking"  # the reply's leading <think> block (reasoning.py), before the others
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkSpec:
+    """Whether a request's reply may open with a thinking block, split off into a THINKING block."""
+
+    opened: bool = False  # the prompt ended inside <think>
+
+    @classmethod
+    def from_plan(cls, spec: OutputSpec) -> ThinkSpec | None:
+        """From the chat path's OutputSpec: None when thinking stays in the text (format none or
+        deepseek-legacy)."""
+        if spec.reasoning is None or spec.reasoning is ReasoningFormat.DEEPSEEK_LEGACY:
+            return None
+        return cls(spec.think_opened)
 
 
 @dataclass(slots=True)
@@ -67,8 +85,13 @@ class ToolSpec:
         return cls(spec.tool_family, frozenset(spec.tool_names or ()), new_id, spec.max_calls)
 
 
-def split_output(text: str, tools: ToolSpec | None) -> list[Block]:
-    """A whole generated text as blocks: the text (if any), then each tool call."""
+def split_output(text: str, tools: ToolSpec | None, thinking: ThinkSpec | None = None) -> list[Block]:
+    """A whole generated text as blocks: the thinking (if any), the text (if any), then each tool
+    call."""
+    if thinking is not None:
+        got = split_reasoning(text, opened=thinking.opened)
+        if got.reasoning is not None:
+            return [Block(BlockKind.THINKING, got.reasoning), *split_output(got.content, tools)]
     if tools is None:
         return [Block(BlockKind.TEXT, text)] if text else []
     parsed = parse_tool_calls(text, tools.family, tool_names=tools.names, new_id=tools.new_id)
@@ -122,23 +145,55 @@ class BlockAssembler:
     """
 
     tools: ToolSpec | None
+    thinking: ThinkSpec | None = None
     blocks: list[Block] = field(default_factory=list)
     _open: bool = False  # the last block in `blocks` is still open
     _held: str = ""  # whitespace not yet streamed (see `_text`)
     _parser: StreamingToolParser | None = None
+    _thinker: ReasoningSplitter | None = None
 
     def __post_init__(self) -> None:
         if self.tools is not None:
             self._parser = StreamingToolParser(self.tools.family, self.tools.names, self.tools.new_id)
+        if self.thinking is not None:
+            self._thinker = ReasoningSplitter(opened=self.thinking.opened)
+
+    @property
+    def thinking_text(self) -> str:
+        """The thinking block as generated, tags included ("" when the reply did not think)."""
+        return self._thinker.thinking_text if self._thinker is not None else ""
 
     def feed(self, text: str) -> list[BlockEvent]:
+        out: list[BlockEvent] = []
+        if self._thinker is not None:
+            reasoning, text = self._thinker.feed(text)
+            out += self._think(reasoning)
+        return out + self._content(text)
+
+    def _content(self, text: str) -> list[BlockEvent]:
         if self._parser is None:
             return self._text(text)
         content, deltas = self._parser.feed(text)
         return self._text(content) + self._calls(deltas)
 
+    def _think(self, reasoning: str) -> list[BlockEvent]:
+        if not reasoning:
+            return []
+        out: list[BlockEvent] = []
+        if not (self._open and self.blocks[-1].kind is BlockKind.THINKING):
+            out += self._close()
+            self.blocks.append(Block(BlockKind.THINKING))
+            self._open = True
+            out.append(BlockStart(len(self.blocks) - 1, BlockKind.THINKING))
+        self.blocks[-1].text += reasoning
+        out.append(TextDelta(len(self.blocks) - 1, reasoning))
+        return out
+
     def finish(self, text: str) -> list[BlockEvent]:
         out = self.feed(text) if text else []
+        if self._thinker is not None:
+            reasoning, rest = self._thinker.finish()
+            out += self._think(reasoning) + self._content(rest)
         if self._parser is not None:
             content, deltas = self._parser.finish()
             out += self._text(content) + self._calls(deltas)
@@ -160,6 +215,8 @@ class BlockAssembler:
         # text's parse strips it; a call or the end drops what is held
         if self.tools is not None and not text.strip():
             self._held += text
+            return []
+        if not text:
             return []
         text, self._held = self._held + text, ""
         out: list[BlockEvent] = []

@@ -43,6 +43,7 @@ from .agent_output import (
     BlockStart,
     BlockStop,
     TextDelta,
+    ThinkSpec,
     ToolSpec,
     breakpoint_offset,
     split_output,
@@ -55,6 +56,7 @@ from .anthropic_protocol import (
     Message,
     MessagesRequest,
     TextBlockOut,
+    ThinkingBlockOut,
     ToolUseBlockOut,
     Usage,
 )
@@ -135,13 +137,16 @@ def _tool_input(arguments: str) -> JSONObject:
     return value if isinstance(value, dict) else {}
 
 
-def content_blocks(blocks: list[Block]) -> list[TextBlockOut | ToolUseBlockOut]:
-    return [
-        TextBlockOut(b.text)
-        if b.kind is BlockKind.TEXT
-        else ToolUseBlockOut(b.call_id, b.name, _tool_input(b.text))
-        for b in blocks
-    ]
+def content_blocks(blocks: list[Block]) -> list[TextBlockOut | ToolUseBlockOut | ThinkingBlockOut]:
+    out: list[TextBlockOut | ToolUseBlockOut | ThinkingBlockOut] = []
+    for b in blocks:
+        if b.kind is BlockKind.TEXT:
+            out.append(TextBlockOut(b.text))
+        elif b.kind is BlockKind.THINKING:
+            out.append(ThinkingBlockOut(b.text))
+        else:
+            out.append(ToolUseBlockOut(b.call_id, b.name, _tool_input(b.text)))
+    return out
 
 
 class MessagesStream(StreamFormat):
@@ -150,13 +155,19 @@ class MessagesStream(StreamFormat):
     terminator = b""  # message_stop ends it
 
     def __init__(
-        self, message_id: str, model: str, prompt_tokens: int, tools: ToolSpec | None, hint: int | None
+        self,
+        message_id: str,
+        model: str,
+        prompt_tokens: int,
+        tools: ToolSpec | None,
+        hint: int | None,
+        thinking: ThinkSpec | None = None,
     ):
         self.message_id = message_id
         self.model = model
         self.prompt_tokens = prompt_tokens
         self.hint = hint
-        self.blocks = BlockAssembler(tools)
+        self.blocks = BlockAssembler(tools, thinking)
 
     @staticmethod
     def _event(name: str, body: dict[str, object]) -> bytes:
@@ -179,12 +190,17 @@ class MessagesStream(StreamFormat):
         out = []
         for ev in events:
             if isinstance(ev, BlockStart):
-                block: JSONObject = (
-                    {"type": "text", "text": ""}
-                    if ev.kind is BlockKind.TEXT
-                    else {"type": "tool_use", "id": ev.call_id, "name": ev.name, "input": {}}
-                )
+                block: JSONObject
+                if ev.kind is BlockKind.TEXT:
+                    block = {"type": "text", "text": ""}
+                elif ev.kind is BlockKind.THINKING:
+                    block = {"type": "thinking", "thinking": "", "signature": ""}
+                else:
+                    block = {"type": "tool_use", "id": ev.call_id, "name": ev.name, "input": {}}
                 out.append(self._event("content_block_start", {"index": ev.index, "content_block": block}))
+            elif isinstance(ev, TextDelta) and self.blocks.blocks[ev.index].kind is BlockKind.THINKING:
+                delta = {"type": "thinking_delta", "thinking": ev.text}
+                out.append(self._event("content_block_delta", {"index": ev.index, "delta": delta}))
             elif isinstance(ev, TextDelta):
                 delta = {"type": "text_delta", "text": ev.text}
                 out.append(self._event("content_block_delta", {"index": ev.index, "delta": delta}))
@@ -238,6 +254,7 @@ class MessagesGeneration(Generation):
         tools: ToolSpec | None,
         hint: int | None,
         ctx_len: int,
+        thinking: ThinkSpec | None = None,
     ):
         super().__init__([gen], {"X-Request-Id": message_id, "request-id": message_id})
         self.gen = gen
@@ -246,6 +263,7 @@ class MessagesGeneration(Generation):
         self.model = model
         self.tools = tools
         self.hint = hint
+        self.thinking = thinking
 
     def refused(self, err: APIError) -> APIError:
         if err.code == "context_length_exceeded":  # Anthropic's spelling, which agents act on
@@ -257,11 +275,13 @@ class MessagesGeneration(Generation):
         return err
 
     def stream_format(self) -> StreamFormat:
-        return MessagesStream(self.message_id, self.model, len(self.gen.prompt_ids), self.tools, self.hint)
+        return MessagesStream(
+            self.message_id, self.model, len(self.gen.prompt_ids), self.tools, self.hint, self.thinking
+        )
 
     def answer(self, choices: list[Collected]) -> object:
         (got,) = choices
-        blocks = split_output(got.text, self.tools)
+        blocks = split_output(got.text, self.tools, self.thinking)
         has_calls = any(b.kind is BlockKind.TOOL_CALL for b in blocks)
         return Message(
             id=self.message_id,
@@ -288,7 +308,8 @@ def plan_message(gw: Gateway, req: MessagesRequest, model: str) -> MessagesGener
         if hint is not None:
             gen.prefix_hint = hint
     tools = ToolSpec.from_plan(planned.spec, new_tool_use_id)
-    return MessagesGeneration(gen, rid, model, tools, hint, gw.runtime.ctx_len)
+    thinking = ThinkSpec.from_plan(planned.spec)
+    return MessagesGeneration(gen, rid, model, tools, hint, gw.runtime.ctx_len, thinking)
 
 
 MESSAGES = FrontDoor("create_message", MessagesRequest, "messages", plan_message)

@@ -40,8 +40,8 @@ from .json_types import JSON, TemplateMessage
 _REFUSED_BLOCKS = {
     "image": "images are not supported by this server",
     "document": "documents are not supported by this server",
-    "thinking": "thinking blocks are not supported by this server (its models do not think)",
-    "redacted_thinking": "thinking blocks are not supported by this server (its models do not think)",
+    "thinking": "thinking blocks are accepted only in assistant turns",
+    "redacted_thinking": "redacted thinking blocks are not supported by this server (it cannot decrypt them)",
     "server_tool_use": "server tools are not supported by this server",
     "web_search_tool_result": "server tools are not supported by this server",
     "search_result": "search result blocks are not supported by this server",
@@ -102,11 +102,15 @@ class _Builder:
         if marked and self._cut_at is None:
             self._cut_at = len(self.SEP.join(self._texts))
 
-    def flush(self, role: str, tool_calls: list[dict[str, JSON]] | None = None) -> None:
+    def flush(
+        self, role: str, tool_calls: list[dict[str, JSON]] | None = None, reasoning_content: str | None = None
+    ) -> None:
         """End the message being built (emitted when it has text or tool calls)."""
         content = self.SEP.join(self._texts)
         if self._texts or tool_calls:
-            self.messages.append(template_message(role, content, tool_calls=tool_calls))
+            self.messages.append(
+                template_message(role, content, tool_calls=tool_calls, reasoning_content=reasoning_content)
+            )
             if self._cut_at is not None:
                 end = self._cut_at >= len(content) and not tool_calls
                 self._mark(Breakpoint(len(self.messages) - 1, None if end else self._cut_at))
@@ -148,10 +152,13 @@ def _add_user(b: _Builder, i: int, content: list[ContentBlock]) -> None:
 def _add_assistant(b: _Builder, i: int, content: list[ContentBlock]) -> None:
     calls: list[dict[str, JSON]] = []
     marked_call = False
+    thinking: list[str] = []
     for j, block in enumerate(content):
         where = f"messages[{i}].content[{j}]"
         if block.type == "text":
             b.text(_block_text(block, where), block.cache_control is not None)
+        elif block.type == "thinking":  # replayed: the template renders it where it wants it
+            thinking.append(block.thinking or "")
         elif block.type == "tool_use":
             if not block.id or not block.name:
                 raise bad_request(f"{where}: a tool_use block needs `id` and `name`", param=where)
@@ -162,12 +169,13 @@ def _add_assistant(b: _Builder, i: int, content: list[ContentBlock]) -> None:
             marked_call = marked_call or block.cache_control is not None
         else:
             raise _refuse_block(block, where)
+    reasoning = "\n".join(thinking) if thinking else None
     if calls:
-        b.flush("assistant", calls)
+        b.flush("assistant", calls, reasoning)
         if marked_call:
             b.mark_last()
     else:
-        b.flush("assistant")
+        b.flush("assistant", reasoning_content=reasoning)
 
 
 def _tool_choice(req: CountTokensRequest) -> ToolChoice:
@@ -193,10 +201,9 @@ def _tool_choice(req: CountTokensRequest) -> ToolChoice:
 
 def to_chat(req: CountTokensRequest) -> ChatPlan:
     """The chat request a Messages request stands for (400 for what is not served)."""
-    if req.thinking is not None and req.thinking.type != "disabled":
+    if req.thinking is not None and req.thinking.type not in ("enabled", "disabled", "adaptive"):
         raise bad_request(
-            "extended thinking is not supported by this server; omit `thinking` or set its type to 'disabled'",
-            param="thinking",
+            f"thinking type must be enabled or disabled; got {req.thinking.type!r}", param="thinking"
         )
     if req.mcp_servers:
         raise bad_request("MCP servers (server tools) are not supported by this server", param="mcp_servers")

@@ -25,8 +25,9 @@ class CacheControl(Struct, kw_only=True):
 class ContentBlock(Struct, kw_only=True):
     """Any request content block; `type` decides which fields count (checked in `to_chat`)."""
 
-    type: str  # text | tool_use | tool_result (others are refused)
+    type: str  # text | tool_use | tool_result | thinking (assistant turns; others are refused)
     text: str | None = None  # text
+    thinking: str | None = None  # thinking (its `signature` is ignored)
     id: str | None = None  # tool_use
     name: str | None = None  # tool_use
     input: JSON = None  # tool_use: the arguments object
@@ -57,7 +58,7 @@ class ToolChoiceParam(Struct, kw_only=True):
 
 
 class ThinkingParam(Struct, kw_only=True):
-    type: str  # only "disabled" is served
+    type: str  # enabled | disabled (a thinking model thinks either way; the budget is not enforced)
     budget_tokens: int | None = None
 
 
@@ -113,6 +114,11 @@ class TextBlockOut(Struct, tag="text", tag_field="type"):
     text: str
 
 
+class ThinkingBlockOut(Struct, tag="thinking", tag_field="type"):
+    thinking: str
+    signature: str = ""  # nothing to verify: the thinking is replayed as the client sends it
+
+
 class ToolUseBlockOut(Struct, tag="tool_use", tag_field="type"):
     id: str
     name: str
@@ -122,7 +128,7 @@ class ToolUseBlockOut(Struct, tag="tool_use", tag_field="type"):
 class Message(Struct, kw_only=True):
     id: str
     model: str
-    content: list[TextBlockOut | ToolUseBlockOut]
+    content: list[TextBlockOut | ToolUseBlockOut | ThinkingBlockOut]
     stop_reason: str | None  # end_turn | max_tokens | stop_sequence | tool_use (None in message_start)
     stop_sequence: str | None
     usage: Usage

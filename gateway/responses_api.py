@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -40,12 +41,14 @@ from .agent_output import (
     BlockStart,
     BlockStop,
     TextDelta,
+    ThinkSpec,
     ToolSpec,
     split_output,
 )
 from .endpoint import FrontDoor, Generation
 from .errors import APIError
 from .json_types import TemplateMessage
+from .reasoning import split_reasoning
 from .response_store import ResponseStore
 from .responses_chat import ChatPlan, assistant_message, to_chat
 from .responses_protocol import (
@@ -57,6 +60,8 @@ from .responses_protocol import (
     OutputItem,
     OutputText,
     OutputTokensDetails,
+    ReasoningItem,
+    ReasoningText,
     ResponseObject,
     ResponsesRequest,
     ResponseUsage,
@@ -71,13 +76,13 @@ _encode = msgspec.json.Encoder().encode
 # ------------------------------------------------------------------ answers
 
 
-def usage(finish: FinishEvent) -> ResponseUsage:
+def usage(finish: FinishEvent, reasoning_tokens: int = 0) -> ResponseUsage:
     cached = finish.reuse.reused_tokens if finish.reuse is not None else 0
     return ResponseUsage(
         input_tokens=finish.prompt_tokens,
         input_tokens_details=InputTokensDetails(cached),
         output_tokens=finish.completion_tokens,
-        output_tokens_details=OutputTokensDetails(),
+        output_tokens_details=OutputTokensDetails(min(reasoning_tokens, finish.completion_tokens)),
         total_tokens=finish.prompt_tokens + finish.completion_tokens,
     )
 
@@ -97,6 +102,9 @@ def output_items(blocks: list[Block], status: str, ids: dict[int, str] | None = 
         if b.kind is BlockKind.TEXT:
             item_id = ids[i] if ids else _item_id("msg")
             out.append(MessageItem(id=item_id, status=status, content=[OutputText(text=b.text)]))
+        elif b.kind is BlockKind.THINKING:
+            item_id = ids[i] if ids else _item_id("rs")
+            out.append(ReasoningItem(id=item_id, summary=[], content=[ReasoningText(b.text)], status=status))
         else:
             item_id = ids[i] if ids else _item_id("fc")
             out.append(
@@ -123,6 +131,7 @@ class _Answer:
     model: str
     created_at: int
     store: ResponseStore
+    count_tokens: Callable[[str], int] = len  # text -> tokens (reasoning_tokens)
 
     def response(
         self,
@@ -166,9 +175,9 @@ class ResponsesStream(StreamFormat):
 
     terminator = b""  # response.completed (or .incomplete / .failed) ends it
 
-    def __init__(self, answer: _Answer, tools: ToolSpec | None):
+    def __init__(self, answer: _Answer, tools: ToolSpec | None, thinking: ThinkSpec | None = None):
         self.answer = answer
-        self.blocks = BlockAssembler(tools)
+        self.blocks = BlockAssembler(tools, thinking)
         self.seq = 0
         self.item_ids: dict[int, str] = {}
 
@@ -188,7 +197,14 @@ class ResponsesStream(StreamFormat):
         out = []
         for ev in events:
             i = ev.index
-            if isinstance(ev, BlockStart):
+            if isinstance(ev, BlockStart) and ev.kind is BlockKind.THINKING:
+                self.item_ids[i] = _item_id("rs")
+                thinking = ReasoningItem(id=self.item_ids[i], summary=[], content=[], status="in_progress")
+                out.append(self._event("response.output_item.added", {"output_index": i, "item": thinking}))
+            elif isinstance(ev, TextDelta) and self.blocks.blocks[i].kind is BlockKind.THINKING:
+                where = {"item_id": self.item_ids[i], "output_index": i, "content_index": 0}
+                out.append(self._event("response.reasoning_text.delta", {**where, "delta": ev.text}))
+            elif isinstance(ev, BlockStart):
                 if ev.kind is BlockKind.TEXT:
                     self.item_ids[i] = _item_id("msg")
                     item: MessageItem | FunctionCallItem = MessageItem(
@@ -233,7 +249,10 @@ class ResponsesStream(StreamFormat):
                 assert isinstance(ev, BlockStop)
                 block = self.blocks.blocks[i]
                 item_id = self.item_ids[i]
-                if block.kind is BlockKind.TEXT:
+                if block.kind is BlockKind.THINKING:
+                    where = {"item_id": item_id, "output_index": i, "content_index": 0}
+                    out.append(self._event("response.reasoning_text.done", {**where, "text": block.text}))
+                elif block.kind is BlockKind.TEXT:
                     where = {"item_id": item_id, "output_index": i, "content_index": 0}
                     out.append(
                         self._event(
@@ -255,6 +274,10 @@ class ResponsesStream(StreamFormat):
     def delta(self, text: str) -> bytes:
         return self._spell(self.blocks.feed(text))
 
+    def _usage(self, finish: FinishEvent) -> ResponseUsage:
+        thought = self.blocks.thinking_text
+        return usage(finish, self.answer.count_tokens(thought) if thought else 0)
+
     def closing(self, finish: FinishEvent, text: str) -> list[bytes]:
         err = openai_reply.failure(finish)
         status, incomplete = status_of(finish) if err is None else ("failed", None)
@@ -264,11 +287,11 @@ class ResponsesStream(StreamFormat):
         )
         if err is not None:
             info = ErrorInfo(err.code or "server_error", err.message)
-            failed = self.answer.response("failed", output, usage(finish), error=info)
+            failed = self.answer.response("failed", output, self._usage(finish), error=info)
             out.append(self._event("response.failed", {"response": failed}))
         else:
             self.answer.keep(self.blocks.blocks)
-            final = self.answer.response(status, output, usage(finish), incomplete=incomplete)
+            final = self.answer.response(status, output, self._usage(finish), incomplete=incomplete)
             out.append(self._event(f"response.{status}", {"response": final}))
         return [b for b in out if b]
 
@@ -279,21 +302,32 @@ class ResponsesStream(StreamFormat):
 class ResponsesGeneration(Generation):
     """A Responses request, planned: one choice, answered as a response object or its stream."""
 
-    def __init__(self, gen: GenerationRequest, answer: _Answer, tools: ToolSpec | None):
+    def __init__(
+        self,
+        gen: GenerationRequest,
+        answer: _Answer,
+        tools: ToolSpec | None,
+        thinking: ThinkSpec | None = None,
+    ):
         super().__init__([gen], {"X-Request-Id": answer.response_id})
         self.answer_of = answer
         self.tools = tools
+        self.thinking = thinking
 
     def stream_format(self) -> StreamFormat:
-        return ResponsesStream(self.answer_of, self.tools)
+        return ResponsesStream(self.answer_of, self.tools, self.thinking)
 
     def answer(self, choices: list[Collected]) -> object:
         (got,) = choices
-        blocks = split_output(got.text, self.tools)
+        blocks = split_output(got.text, self.tools, self.thinking)
         status, incomplete = status_of(got.finish)
         self.answer_of.keep(blocks)
+        thought = (
+            split_reasoning(got.text, opened=self.thinking.opened).thinking_text if self.thinking else ""
+        )
+        reasoning_tokens = self.answer_of.count_tokens(thought) if thought else 0
         return self.answer_of.response(
-            status, output_items(blocks, status), usage(got.finish), incomplete=incomplete
+            status, output_items(blocks, status), usage(got.finish, reasoning_tokens), incomplete=incomplete
         )
 
 
@@ -319,8 +353,9 @@ def plan_response(
     plan = to_chat(req, history)
     planned = translate.chat_plan(plan.chat, gw.config, gw.runtime, rid)
     tools = ToolSpec.from_plan(planned.spec, new_call_id)
-    answer = _Answer(req, plan, rid, model, int(time.time()), store)
-    return ResponsesGeneration(planned.gen, answer, tools)
+    count = planned.spec.count_tokens or len
+    answer = _Answer(req, plan, rid, model, int(time.time()), store, count)
+    return ResponsesGeneration(planned.gen, answer, tools, ThinkSpec.from_plan(planned.spec))
 
 
 def routes(gw: Gateway) -> list[Route]:

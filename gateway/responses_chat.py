@@ -65,6 +65,17 @@ def _text_of(content: str | list[InputContent] | None, where: str) -> str:
     return "".join(parts)
 
 
+def _attach(message: TemplateMessage, pending: list[str]) -> None:
+    """Give the reasoning items read so far to `message` if it is the assistant's."""
+    if pending and message["role"] == "assistant":
+        text = "\n".join(t for t in pending if t)
+        if text:
+            message["reasoning_content"] = text
+        pending.clear()
+    elif message["role"] != "assistant":
+        pending.clear()  # reasoning with no answer of its own: nothing to render it with
+
+
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
 
@@ -73,6 +84,7 @@ def input_messages(items: str | list[InputItem]) -> list[TemplateMessage]:
     if isinstance(items, str):
         return [template_message("user", items)]
     out: list[TemplateMessage] = []
+    pending: list[str] = []  # reasoning items not yet given to an assistant message
     for i, item in enumerate(items):
         where = f"input[{i}]"
         kind = item.type or ("message" if item.role is not None else None)
@@ -84,6 +96,7 @@ def input_messages(items: str | list[InputItem]) -> list[TemplateMessage]:
                     param=f"{where}.role",
                 )
             out.append(template_message(role, _text_of(item.content, f"{where}.content")))
+            _attach(out[-1], pending)
         elif kind == "function_call":
             if not item.call_id or not item.name:
                 raise bad_request(f"{where}: a function_call needs call_id and name", param=where)
@@ -93,6 +106,7 @@ def input_messages(items: str | list[InputItem]) -> list[TemplateMessage]:
                 last.setdefault("tool_calls", []).append(call)
             else:
                 out.append(template_message("assistant", "", tool_calls=[call]))
+            _attach(out[-1], pending)
         elif kind == "function_call_output":
             if not item.call_id:
                 raise bad_request(f"{where}: a function_call_output needs call_id", param=f"{where}.call_id")
@@ -100,9 +114,12 @@ def input_messages(items: str | list[InputItem]) -> list[TemplateMessage]:
                 template_message("tool", _text_of(item.output, f"{where}.output"), tool_call_id=item.call_id)
             )
         elif kind == "reasoning":
-            raise bad_request(
-                f"{where}: reasoning items are not supported by this server", param=f"{where}.type"
-            )
+            # NOTE: Codex CLI replays its reasoning items every turn: their text goes to the
+            # assistant message they precede (`reasoning_content`, for templates that render it)
+            parts = item.content if isinstance(item.content, list) else []
+            texts = [c.text or "" for c in parts if c.type == "reasoning_text"]
+            texts = texts or [c.text or "" for c in item.summary or [] if c.type == "summary_text"]
+            pending.append("\n".join(texts))
         else:
             raise bad_request(
                 f"{where}: items of type {kind!r} are not supported; send messages, function_call "
@@ -194,4 +211,5 @@ def assistant_message(blocks: list[Block]) -> TemplateMessage:
         for b in blocks
         if b.kind is BlockKind.TOOL_CALL
     ]
-    return template_message("assistant", text, tool_calls=calls)
+    thinking = "".join(b.text for b in blocks if b.kind is BlockKind.THINKING)
+    return template_message("assistant", text, tool_calls=calls, reasoning_content=thinking or None)

@@ -34,6 +34,8 @@ class InputItem(Struct, kw_only=True):
     output: str | list[InputContent] | None = None  # function_call_output
     id: str | None = None
     status: str | None = None
+    summary: list[InputContent] | None = None  # reasoning: summary_text parts
+    encrypted_content: str | None = None  # reasoning (not decrypted here: ignored)
 
 
 class FunctionTool(Struct, kw_only=True):
@@ -103,7 +105,18 @@ class FunctionCallItem(Struct, tag="function_call", tag_field="type", kw_only=Tr
     status: str
 
 
-OutputItem = MessageItem | FunctionCallItem
+class ReasoningText(Struct, tag="reasoning_text", tag_field="type"):
+    text: str
+
+
+class ReasoningItem(Struct, tag="reasoning", tag_field="type", kw_only=True):
+    id: str
+    summary: list[JSONObject]  # no summaries are written: []
+    content: list[ReasoningText]  # the thinking as generated
+    status: str
+
+
+OutputItem = MessageItem | FunctionCallItem | ReasoningItem
 
 
 class InputTokensDetails(Struct):

@@ -128,6 +128,8 @@ def hermes_shim(
             out.append({"role": "tool", "content": f"<tool_response>\n{content}\n</tool_response>"})
         else:
             out.append({"role": role, "content": content})
+        if role == "assistant" and m.get("reasoning_content") is not None:
+            out[-1]["reasoning_content"] = m["reasoning_content"]  # for templates that render it
     if tools:
         listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
         system = HERMES_SYSTEM.format(tools=listing)

@@ -370,3 +370,28 @@ def test_openai_responses_tool_round_trip_on_the_real_model(real_live: LiveServe
     )
     assert second.output_text
     assert second.usage is not None and second.usage.input_tokens_details.cached_tokens > 0
+
+
+THINKING_REPLY = Reply(_pieces("<think>\nFrance's capital is Paris.\n</think>\n\nParis.", 4))
+
+
+@pytest.mark.parametrize("scripted_live", [(THINKING_REPLY,) * 3], indirect=True)
+def test_sdk_accumulators_rebuild_thinking(scripted_live: tuple[LiveServer, Any]) -> None:
+    """A thinking reply streamed to each SDK: Anthropic's accumulator builds a thinking block,
+    the Responses one a reasoning item, the chat one keeps `reasoning_content` apart."""
+    server, _ = scripted_live
+    user = [{"role": "user", "content": "Capital of France?"}]
+    with anthropic_client(server).messages.stream(model=MODEL, max_tokens=64, messages=user) as stream:
+        message = stream.get_final_message()
+    assert [b.type for b in message.content] == ["thinking", "text"]
+    assert message.content[0].thinking.strip() == "France's capital is Paris."  # type: ignore[union-attr]
+    with openai_client(server).responses.stream(model=MODEL, input="Capital of France?") as rstream:
+        response = rstream.get_final_response()
+    assert [o.type for o in response.output] == ["reasoning", "message"] and response.output_text == "Paris."
+    assert response.usage is not None and response.usage.output_tokens_details.reasoning_tokens > 0
+    chunks = list(openai_client(server).chat.completions.create(model=MODEL, messages=user, stream=True))
+    reasoning = "".join(
+        (c.choices[0].delta.model_extra or {}).get("reasoning_content") or "" for c in chunks if c.choices
+    )
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert (reasoning.strip(), content) == ("France's capital is Paris.", "Paris.")

@@ -436,10 +436,14 @@ async def test_count_tokens_counts_the_prompt_the_route_would_prefill() -> None:
         ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "images"),
         ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, "documents"),
         (
-            {"messages": [{"role": "assistant", "content": [{"type": "thinking", "thinking": "hm"}]}]},
-            "thinking",
+            {"messages": [{"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"}]}]},
+            "redacted thinking",
         ),
-        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "thinking", "thinking": "hm"}]}]},
+            "assistant turns",
+        ),
+        ({"thinking": {"type": "sometimes"}}, "thinking"),
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "server tools"),
         ({"messages": [{"role": "system", "content": "x"}]}, "role"),
         ({"temperature": 1.5}, "temperature"),

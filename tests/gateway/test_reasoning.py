@@ -13,6 +13,7 @@ from gateway_support import (
     MODEL,
     ByteTokenizer,
     Reply,
+    named_sse_events,
     running_app,
     scripted_runtime,
     serve_config,
@@ -195,3 +196,108 @@ async def test_thinking_of_the_current_turn_renders_back_earlier_turns_drop_it(t
     first, second = (runtime.decode(g.prompt_ids) for g in sched.submitted)
     assert "<think>\nIt is Paris.\n</think>" in first
     assert "<think>" not in second and "Paris.<|im_end|>" in second
+
+
+# ------------------------------------------------------------------ /v1/messages
+
+
+async def _messages(runtime: Any, **body: Any) -> Any:
+    payload = {
+        "model": MODEL,
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "Capital of France?"}],
+    }
+    async with running_app(create_app(runtime, serve_config())) as client:
+        return await client.post("/v1/messages", json={**payload, **body})
+
+
+async def test_messages_thinking_blocks_whole_and_streamed(tmp_path: Path) -> None:
+    reply = Reply(_pieces(THOUGHT + "Paris."))
+    runtime, _ = _runtime(QWEN3_STYLE, reply, reply, tmp_path=tmp_path)
+    whole = (await _messages(runtime, thinking={"type": "enabled", "budget_tokens": 1024})).json()
+    thinking, text = whole["content"]
+    assert thinking == {
+        "type": "thinking",
+        "thinking": split_reasoning(THOUGHT, opened=False).reasoning,
+        "signature": "",
+    }
+    assert text == {"type": "text", "text": "Paris."}
+    events = named_sse_events((await _messages(runtime, stream=True)).text)
+    starts = [e["content_block"]["type"] for n, e in events if n == "content_block_start"]
+    assert starts == ["thinking", "text"]
+    deltas = [e["delta"] for n, e in events if n == "content_block_delta"]
+    assert (
+        "".join(d.get("thinking", "") for d in deltas if d["type"] == "thinking_delta")
+        == thinking["thinking"]
+    )
+    assert "".join(d.get("text", "") for d in deltas if d["type"] == "text_delta") == "Paris."
+    first_text = next(i for i, d in enumerate(deltas) if d["type"] == "text_delta")
+    assert all(d["type"] == "text_delta" for d in deltas[first_text:])
+
+
+async def test_messages_replayed_thinking_reaches_the_template(tmp_path: Path) -> None:
+    runtime, sched = _runtime(QWEN3_STYLE, Reply(("ok",)), tmp_path=tmp_path)
+    turns = [
+        {"role": "user", "content": "Capital of France?"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "It is Paris.", "signature": "sig"},
+                {"type": "text", "text": "Paris."},
+            ],
+        },
+    ]
+    r = await _messages(runtime, messages=turns)
+    assert r.status_code == 200, r.text
+    assert "<think>\nIt is Paris.\n</think>" in runtime.decode(sched.submitted[0].prompt_ids)
+
+
+# ------------------------------------------------------------------ /v1/responses
+
+
+async def _responses(runtime: Any, **body: Any) -> Any:
+    async with running_app(create_app(runtime, serve_config())) as client:
+        return await client.post(
+            "/v1/responses", json={"model": MODEL, "input": "Capital of France?", **body}
+        )
+
+
+async def test_responses_reasoning_item_whole_and_streamed(tmp_path: Path) -> None:
+    reply = Reply(_pieces(THOUGHT + "Paris.", 1))
+    runtime, _ = _runtime(QWEN3_STYLE, reply, reply, tmp_path=tmp_path)
+    whole = (await _responses(runtime)).json()
+    reasoning, message = whole["output"]
+    thought = split_reasoning(THOUGHT, opened=False).reasoning
+    assert reasoning["type"] == "reasoning" and reasoning["id"].startswith("rs_")
+    assert (
+        reasoning["content"] == [{"type": "reasoning_text", "text": thought}] and reasoning["summary"] == []
+    )
+    assert message["type"] == "message" and message["content"][0]["text"] == "Paris."
+    thinking_tokens = len(ByteTokenizer().encode(THOUGHT.rstrip()))
+    assert whole["usage"]["output_tokens_details"] == {"reasoning_tokens": thinking_tokens}
+    events = named_sse_events((await _responses(runtime, stream=True)).text)
+    names = [n for n, _ in events]
+    assert "".join(e["delta"] for n, e in events if n == "response.reasoning_text.delta") == thought
+    assert names.index("response.reasoning_text.done") < names.index("response.output_text.delta")
+    final = events[-1][1]["response"]
+    assert [o["type"] for o in final["output"]] == ["reasoning", "message"]
+    assert final["usage"]["output_tokens_details"] == {"reasoning_tokens": thinking_tokens}
+
+
+async def test_responses_accepts_replayed_reasoning_items(tmp_path: Path) -> None:
+    """Codex CLI's replay: each turn resends its reasoning items before the calls they led to."""
+    runtime, sched = _runtime(QWEN3_STYLE, Reply(("It is sunny.",)), tmp_path=tmp_path)
+    items = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "type": "reasoning",
+            "id": "rs_1",
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": "Call it."}],
+        },
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+    ]
+    r = await _responses(runtime, input=items)
+    assert r.status_code == 200, r.text
+    assert "<think>\nCall it.\n</think>" in runtime.decode(sched.submitted[0].prompt_ids)

@@ -34,7 +34,9 @@ from .captures import plan_capture
 from .checkpoint_policy import CheckpointPolicy
 from .checkpoint_store import CaptureRule, RestoredFloor
 from .config import SchedulerConfig, reuse_log_from_env
+from .divergence import Divergence, Evicted, explain
 from .policy import (
+    Affinity,
     Capabilities,
     CheckpointMatch,
     CheckpointTier,
@@ -64,6 +66,12 @@ class Admitted:
     preempted: list[Sequence] = field(default_factory=list)  # put back in the queue
     # disk checkpoints to load for queued requests (each marked `loading` already)
     disk_loads: list[tuple[Sequence, CheckpointMatch]] = field(default_factory=list)
+
+
+def _affinity(request_key: str | None, slot_key: str | None) -> Affinity:
+    if request_key is None or slot_key is None:
+        return Affinity.NONE
+    return Affinity.SAME if request_key == slot_key else Affinity.OTHER
 
 
 class Admission:
@@ -170,6 +178,7 @@ class Admission:
                     idle_s=0.0 if owner is not None else max(0.0, now - self._slots.last_used[s]),
                     prefill_target=target,
                     min_truncate_len=self._slots.floors[s],
+                    affinity=_affinity(seq.req.session_key, self._slots.session_keys[s]),
                 )
             )
         return route(
@@ -217,6 +226,8 @@ class Admission:
     def _assign(self, seq: Sequence, d: RouteDecision, plan: StepPlan, now: float, out: Admitted) -> None:
         dest, n = d.dest, d.reuse_len
         assert dest is not None and self._table.lookup(dest) is None
+        if d.lost_tokens > 0:  # what a later prompt may miss: divergence.py
+            self._ckpt.evictions.add(Evicted.SLOT, self._slots.record(dest))
         if d.evicts and d.lost_tokens >= self._config.min_checkpoint_tokens:
             plan_capture(plan, self._slots, self._ckpt, dest, self._slots.lens[dest], CaptureRule.EVICT)
         source = d.action.reuse_source
@@ -261,7 +272,9 @@ class Admission:
         self._table.assign(seq, dest)
         seq.num_computed = n
         seq.num_errors = 0
-        seq.reuse = ReuseInfo(source, n, seq.prompt_len - n, dest)
+        seq.reuse = ReuseInfo(source, n, seq.prompt_len - n, dest, self._divergence(seq, d))
+        self._slots.last_divergence[dest] = seq.reuse.divergence
+        self._slots.session_keys[dest] = seq.req.session_key
         if seq.assigned_at is None:
             seq.assigned_at = now
         if n > 0:
@@ -294,3 +307,14 @@ class Admission:
                 seq.prompt_len - n,
                 seq.request_id,
             )
+
+    def _divergence(self, seq: Sequence, d: RouteDecision) -> Divergence:
+        missed = d.reuse_len < seq.prompt_len - 1 and self._config.reuse_enabled
+        return explain(
+            prompt_len=seq.prompt_len,
+            reused_len=d.reuse_len,
+            shared_len=d.shared_len,
+            refused_by=d.refused_by,
+            evicted=self._ckpt.evictions.longest(seq.prompt) if missed else (0, None),
+            reuse_enabled=self._config.reuse_enabled,
+        )

@@ -51,6 +51,7 @@ from .checkpoint_store import (
 )
 from .config import SchedulerConfig
 from .disk_store import DiskCheckpointStore
+from .divergence import Evicted, EvictionLog
 from .policy import CheckpointMatch, CheckpointTier, RouteAction, RouteDecision
 from .prefix import common_prefix_len
 from .stats import CheckpointEventKind
@@ -127,6 +128,9 @@ class CheckpointPolicy:
         self._emit = emit
         self._live = live_records  # every slot's record and min_truncate_len, as planned
         self._last_unmatched: np.ndarray | None = None  # last prompt that found no live slot
+        # prefixes the server let go: evicted or refused captures here, overwritten slots by
+        # admission (divergence.py tells a user's miss from them)
+        self.evictions = EvictionLog()
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -237,12 +241,15 @@ class CheckpointPolicy:
             return False
         if self.memory.can_fit(self._snapshot_nbytes(n), rule, tokens=tokens, live=self._live()):
             return True
-        return (
+        if (
             self.disk is not None
             and self.disk.is_usable
             and rule not in _MEMORY_ONLY
             and rule not in _SPILL_ONLY
-        )
+        ):
+            return True
+        self.evictions.add(Evicted.NOT_TAKEN, tokens)
+        return False
 
     def keep(self, tokens: np.ndarray, data: bytes, rule: CaptureRule) -> None:
         """File a snapshot taken for `tokens` under `rule`."""
@@ -260,6 +267,8 @@ class CheckpointPolicy:
                 )
                 if self.disk is not None and e.rule not in _MEMORY_ONLY:
                     self.disk.put(e.tokens, e.data, e.rule.value)
+                else:
+                    self.evictions.add(Evicted.CHECKPOINT, e.tokens)
         if self.disk is not None and rule not in _MEMORY_ONLY and rule not in _SPILL_ONLY:
             # Write-through for shared or evicted content, so it survives a restart.
             self.disk.put(tokens, data, rule.value)

@@ -15,7 +15,13 @@ property-testable. Two choices are made separately:
    same conversation). Every other destination loses its whole record. Losses are discounted by
    how long the slot has been idle (half-life), so a stale conversation yields to a fresh one.
    Equal discounted losses prefer, in order: more reused tokens, a rewind (no copy), fewer raw
-   tokens lost, the longest idle slot, the lowest slot number.
+   tokens lost, the request's own session's slot, the longest idle slot, the lowest slot number.
+
+Session affinity: clients name their conversation (`prompt_cache_key`, `metadata.user_id`,
+session headers; the gateway hashes them). It is a tie-breaker and an eviction weight, never a
+reason to reuse less: among sources supplying equally many tokens the session's own slot wins,
+and overwriting a slot that holds another session's conversation counts OTHER_SESSION_WEIGHT
+times its discounted loss, so named conversations outlive anonymous traffic.
 
 A request whose prefix is still being prefilled by another request waits for it
 (`RouteAction.WAIT_SHARED`) instead of computing the same rows twice.
@@ -41,6 +47,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .divergence import MissReason
 from .prefix import common_prefix_len
 from .request import ReuseSource
 
@@ -82,6 +89,17 @@ class CheckpointTier(str, enum.Enum):
     DISK = "disk"  # opt-in disk tier
 
 
+class Affinity(enum.Enum):
+    """A slot's session against the request's (the clients' session keys, hashed by the gateway)."""
+
+    NONE = "none"  # either has no session key
+    SAME = "same"  # the slot's last request had the request's key
+    OTHER = "other"  # the slot holds another session's conversation
+
+
+OTHER_SESSION_WEIGHT = 2.0  # an overwrite of another session's conversation counts this much more
+
+
 @dataclass(frozen=True, slots=True)
 class SlotCandidate:
     slot: int
@@ -90,6 +108,7 @@ class SlotCandidate:
     idle_s: float  # seconds since the slot was last used (0 while busy)
     prefill_target: np.ndarray | None = None  # int32 [m] prompt a running prefill computes toward
     min_truncate_len: int = 0  # shortest length the slot can be cut back to (pool's ring reach)
+    affinity: Affinity = Affinity.NONE  # tie-breaker and eviction weight only (module docstring)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +140,10 @@ class RouteDecision:
     window_refused: bool = False  # a live slot shared more than its ring could be cut back to
     window_lost_tokens: int = 0  # prompt tokens a live slot shared but no source could supply
     restore_reason: RestoreReason | None = None  # for RESTORE_*: why not a live slot
+    shared_len: int = 0  # longest raw common prefix with any slot or checkpoint match (divergence.py)
+    refused_by: MissReason | None = (
+        None  # WINDOW / RECURRENT / BUSY: a live slot shared more than it supplied
+    )
 
 
 class SourceRank(enum.IntEnum):
@@ -142,10 +165,12 @@ class _Source:
     checkpoint: CheckpointMatch | None = None  # or the checkpoint to restore
     match_index: int = 0  # position among the checkpoint matches (tie order)
 
-    def sort_key(self) -> tuple[int, SourceRank, int]:
-        """Most tokens first, then the cheaper kind, then the lower slot or earlier match."""
+    def sort_key(self) -> tuple[int, SourceRank, bool, int]:
+        """Most tokens first, then the cheaper kind, then the request's own session's slot, then
+        the lower slot or earlier match."""
         tie = self.slot.slot if self.slot is not None else self.match_index
-        return (-self.reuse_len, self.rank, tie)
+        other = self.slot is None or self.slot.affinity is not Affinity.SAME
+        return (-self.reuse_len, self.rank, other, tie)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,14 +185,16 @@ class _Option:
     counts: bool  # the loss counts (not a discarded tail no longer than what is kept)
     effective_loss: float  # lost, discounted by dest's idle time; 0 when it does not count
 
-    def sort_key(self) -> tuple[float, int, bool, int, float, int]:
-        """Least discounted loss; then more reuse, a rewind, fewer raw tokens lost, the longest
-        idle slot, the lowest slot number (the module docstring states the same order)."""
+    def sort_key(self) -> tuple[float, int, bool, int, bool, float, int]:
+        """Least discounted loss; then more reuse, a rewind, fewer raw tokens lost, the request's
+        own session's slot, the longest idle slot, the lowest slot number (the module docstring
+        states the same order)."""
         return (
             self.effective_loss,
             -self.reuse_len,
             self.kept == 0,  # False (a rewind) sorts first
             self.lost,
+            self.dest.affinity is not Affinity.SAME,
             -self.dest.idle_s,
             self.dest.slot,
         )
@@ -180,6 +207,30 @@ def _usable(common: int, held: int, prompt_len: int, floor: int) -> int:
     if u < held and u < floor:
         return 0  # would need cutting the source deeper than its state allows
     return max(u, 0)
+
+
+def _refusal(
+    prompt: np.ndarray,
+    slots: Sequence[SlotCandidate],
+    commons: dict[int, int],
+    caps: Capabilities,
+    best_u: int,
+) -> MissReason | None:
+    """Why a live slot that shares more than the best source supplied could not supply it: its
+    state cannot be cut back that far (a ring: WINDOW; recurrent state, whose floor is its
+    length: RECURRENT), or it is busy and this pool cannot copy (BUSY). None if none did."""
+    L = int(prompt.shape[0])
+    reason: MissReason | None = None
+    for s in slots:
+        raw = min(commons[s.slot], L - 1)
+        if raw <= best_u:
+            continue
+        held = int(s.tokens.shape[0])
+        if not s.is_free and not caps.can_copy:
+            reason = reason or MissReason.BUSY
+        elif _usable(commons[s.slot], held, L, s.min_truncate_len) < raw:
+            return MissReason.RECURRENT if s.min_truncate_len >= held else MissReason.WINDOW
+    return reason
 
 
 def route(
@@ -221,6 +272,8 @@ def route(
     best_u = max([sources[0].reuse_len if sources else 0, *rewind_u.values()])
     refused = live_raw > live_ok  # a ring kept a live slot from supplying all it shares
     window_lost = max(0, live_raw - best_u)  # ... and no other source made up for it
+    shared = max([0, *commons.values(), *(m.common for m in checkpoints)]) if reuse_enabled else 0
+    refused_by = _refusal(prompt, slots, commons, caps, best_u)
 
     # In-flight sharing: a running prefill will hold more of this prompt than anything now.
     if reuse_enabled and caps.can_copy:
@@ -256,6 +309,8 @@ def route(
         lost = held - kept
         counts = lost > 0 and not (kept > 0 and lost <= kept)
         effective = lost * 0.5 ** (d.idle_s / idle_half_life_s) if counts else 0.0
+        if d.affinity is Affinity.OTHER:
+            effective *= OTHER_SESSION_WEIGHT
         return _Option(d, saved, source, kept, lost, counts, effective)
 
     best = min((option(d) for d in free), key=_Option.sort_key)
@@ -272,6 +327,8 @@ def route(
             evicts=best.counts,
             window_refused=refused,
             window_lost_tokens=window_lost,
+            shared_len=shared,
+            refused_by=refused_by,
         )
     src = best.source
     if src is None:
@@ -285,6 +342,8 @@ def route(
             evicts=best.counts,
             window_refused=refused,
             window_lost_tokens=window_lost,
+            shared_len=shared,
+            refused_by=refused_by,
         )
     if src.slot is not None:
         return RouteDecision(
@@ -298,6 +357,8 @@ def route(
             evicts=best.counts,
             window_refused=refused,
             window_lost_tokens=window_lost,
+            shared_len=shared,
+            refused_by=refused_by,
         )
     ck = src.checkpoint
     assert ck is not None
@@ -313,5 +374,7 @@ def route(
         evicts=best.counts,
         window_refused=refused,
         window_lost_tokens=window_lost,
+        shared_len=shared,
+        refused_by=refused_by,
         restore_reason=RestoreReason.WINDOW if live_raw >= best.reuse_len else RestoreReason.EVICTED,
     )

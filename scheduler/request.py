@@ -21,6 +21,8 @@ from typing import Protocol
 
 import numpy as np
 
+from .divergence import Divergence
+
 
 class FinishReason(str, enum.Enum):
     STOP = "stop"  # eos token, stop token id or stop string
@@ -99,6 +101,7 @@ class GenerationRequest:
     timeout_s: float | None = None
     priority: int = 0  # higher preempts lower between prefill segments
     speculative: bool = True  # False: never draft for this request (scheduler's --speculative aside)
+    session_key: str | None = None  # the client's conversation id, hashed (policy.Affinity)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,7 @@ class ReuseInfo:
     reused_tokens: int  # prompt tokens not computed for this request
     prefilled_tokens: int  # prompt tokens computed for this request
     slot: int
+    divergence: Divergence | None = None  # where the prompt left what was held, why less was reused
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,3 +183,4 @@ class SlotView:
     request_id: str | None  # the request holding the slot
     num_reuse_hits: int  # requests served here that reused at least one token
     num_reused_tokens: int  # prompt tokens those requests did not compute
+    last_divergence: Divergence | None = None  # the last request routed here (divergence.py)

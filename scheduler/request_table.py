@@ -84,6 +84,7 @@ class RequestTable:
                     request_id=seq.request_id if seq is not None else None,
                     num_reuse_hits=slots.num_reuse_hits[s],
                     num_reused_tokens=slots.num_reused_tokens[s],
+                    last_divergence=slots.last_divergence[s],
                 )
             )
         return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .divergence import Divergence
 from .interface import SlotPool
 
 
@@ -26,6 +27,9 @@ class SlotTable:
         self.last_used = [0.0] * num_slots  # monotonic time a request last released the slot
         self.num_reuse_hits = [0] * num_slots
         self.num_reused_tokens = [0] * num_slots
+        # where the last request routed here left what the server held (GET /slots)
+        self.last_divergence: list[Divergence | None] = [None] * num_slots
+        self.session_keys: list[str | None] = [None] * num_slots  # the last routed request's
 
     def record(self, slot: int) -> np.ndarray:
         """Read-only view of the slot's record: int32 [len]."""

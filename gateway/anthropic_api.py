@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import dataclass, replace
 
 import msgspec
+from msgspec import UNSET
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -51,6 +53,7 @@ from .agent_output import (
 from .anthropic_chat import to_chat
 from .anthropic_protocol import (
     CountTokensRequest,
+    DiagnosticsOut,
     ErrorBody,
     ErrorEnvelope,
     Message,
@@ -60,9 +63,12 @@ from .anthropic_protocol import (
     ToolUseBlockOut,
     Usage,
 )
+from .cache_diagnostics import CacheMissReason, Fingerprint, FingerprintStore, diagnose, fingerprint
+from .client_quirks import NORMALIZED_HEADER, Normalization, normalize_messages
 from .endpoint import FrontDoor, Generation
 from .errors import APIError, json_response
 from .json_types import JSONObject
+from .prompt_parts import PromptSource
 from .state import Gateway
 from .streaming import Collected, StreamFormat, progress_object, sse_event
 
@@ -162,11 +168,13 @@ class MessagesStream(StreamFormat):
         tools: ToolSpec | None,
         hint: int | None,
         thinking: ThinkSpec | None = None,
+        watch: DiagnosticsWatch | None = None,
     ):
         self.message_id = message_id
         self.model = model
         self.prompt_tokens = prompt_tokens
         self.hint = hint
+        self.watch = watch
         self.blocks = BlockAssembler(tools, thinking)
 
     @staticmethod
@@ -183,6 +191,7 @@ class MessagesStream(StreamFormat):
             stop_reason=None,
             stop_sequence=None,
             usage=Usage(self.prompt_tokens, 0, 0, 0),
+            diagnostics=self.watch.out() if self.watch is not None else UNSET,
         )
         return [self._event("message_start", {"message": start}), self._event("ping", {})]
 
@@ -224,6 +233,8 @@ class MessagesStream(StreamFormat):
 
     def closing(self, finish: FinishEvent, text: str) -> list[bytes]:
         err = openai_reply.failure(finish)
+        if err is None and self.watch is not None:
+            self.watch.done(finish)
         closed = self._spell(self.blocks.finish(text))
         if err is not None:
             _, body = anthropic_error(err)
@@ -243,6 +254,42 @@ class MessagesStream(StreamFormat):
 # ------------------------------------------------------------------ routes
 
 
+@dataclass
+class DiagnosticsWatch:
+    """A request that carried `diagnostics`: its diagnosis, and its fingerprint to keep under its
+    message id once it is answered (cache_diagnostics.py)."""
+
+    store: FingerprintStore
+    message_id: str
+    fingerprint: Fingerprint
+    reason: CacheMissReason | None
+
+    def out(self) -> DiagnosticsOut:
+        return DiagnosticsOut(self.reason.to_json() if self.reason is not None else None)
+
+    def done(self, finish: FinishEvent) -> None:
+        self.store.put(self.message_id, replace(self.fingerprint, output_tokens=finish.completion_tokens))
+
+
+def watch_diagnostics(
+    req: MessagesRequest, model: str, prompt_ids: list[int], message_id: str, store: FingerprintStore
+) -> DiagnosticsWatch | None:
+    """The diagnosis of a request that opted in with `diagnostics` (None if it did not)."""
+    if req.diagnostics is None:
+        return None
+    fp = fingerprint(
+        model=model,
+        system=req.system,
+        tools=req.tools,
+        messages=req.messages,
+        other=(req.tool_choice, req.thinking, req.output_config),
+        prompt_ids=prompt_ids,
+    )
+    prev_id = req.diagnostics.previous_message_id
+    reason = diagnose(store.get(prev_id), fp) if prev_id is not None else None
+    return DiagnosticsWatch(store, message_id, fp, reason)
+
+
 class MessagesGeneration(Generation):
     """A Messages request, planned: one choice, answered as a `message` or Anthropic's stream."""
 
@@ -255,8 +302,11 @@ class MessagesGeneration(Generation):
         hint: int | None,
         ctx_len: int,
         thinking: ThinkSpec | None = None,
+        parts: PromptSource | None = None,
+        watch: DiagnosticsWatch | None = None,
     ):
-        super().__init__([gen], {"X-Request-Id": message_id, "request-id": message_id})
+        super().__init__([gen], {"X-Request-Id": message_id, "request-id": message_id}, parts)
+        self.watch = watch
         self.gen = gen
         self.ctx_len = ctx_len  # tokens per slot (named by the refusal of a long prompt)
         self.message_id = message_id
@@ -276,13 +326,21 @@ class MessagesGeneration(Generation):
 
     def stream_format(self) -> StreamFormat:
         return MessagesStream(
-            self.message_id, self.model, len(self.gen.prompt_ids), self.tools, self.hint, self.thinking
+            self.message_id,
+            self.model,
+            len(self.gen.prompt_ids),
+            self.tools,
+            self.hint,
+            self.thinking,
+            self.watch,
         )
 
     def answer(self, choices: list[Collected]) -> object:
         (got,) = choices
         blocks = split_output(got.text, self.tools, self.thinking)
         has_calls = any(b.kind is BlockKind.TOOL_CALL for b in blocks)
+        if self.watch is not None:
+            self.watch.done(got.finish)
         return Message(
             id=self.message_id,
             model=self.model,
@@ -290,12 +348,19 @@ class MessagesGeneration(Generation):
             stop_reason=stop_reason(got.finish, has_calls),
             stop_sequence=got.finish.stop_sequence,
             usage=usage(got.finish, self.hint),
+            diagnostics=self.watch.out() if self.watch is not None else UNSET,
         )
 
 
-def plan_message(gw: Gateway, req: MessagesRequest, model: str) -> MessagesGeneration:
+def plan_message(
+    gw: Gateway, req: MessagesRequest, model: str, store: FingerprintStore | None = None
+) -> MessagesGeneration:
     """The generation request, tool-call parsing and cache_control hint of a Messages request."""
     rid = f"msg_{uuid.uuid4().hex}"
+    active = frozenset(Normalization(n) for n in gw.config.normalize)
+    normalized, applied = normalize_messages(req, active)
+    assert isinstance(normalized, MessagesRequest)
+    req = normalized
     plan = to_chat(req)
     planned = translate.chat_plan(plan.chat, gw.config, gw.runtime, rid)
     gen = planned.gen
@@ -309,10 +374,13 @@ def plan_message(gw: Gateway, req: MessagesRequest, model: str) -> MessagesGener
             gen.prefix_hint = hint
     tools = ToolSpec.from_plan(planned.spec, new_tool_use_id)
     thinking = ThinkSpec.from_plan(planned.spec)
-    return MessagesGeneration(gen, rid, model, tools, hint, gw.runtime.ctx_len, thinking)
-
-
-MESSAGES = FrontDoor("create_message", MessagesRequest, "messages", plan_message)
+    watch = watch_diagnostics(req, model, gen.prompt_ids, rid, store) if store is not None else None
+    out = MessagesGeneration(
+        gen, rid, model, tools, hint, gw.runtime.ctx_len, thinking, planned.spec.parts, watch
+    )
+    if applied:
+        out.headers[NORMALIZED_HEADER] = ", ".join(applied)
+    return out
 
 
 async def count_tokens(gw: Gateway, request: Request) -> Response:
@@ -324,7 +392,13 @@ async def count_tokens(gw: Gateway, request: Request) -> Response:
 
 def routes(gw: Gateway) -> list[Route]:
     """POST /v1/messages and /v1/messages/count_tokens, with Anthropic's error shape."""
+    store = FingerprintStore()  # diagnostics.previous_message_id
+
+    def plan(gw: Gateway, req: MessagesRequest, model: str) -> MessagesGeneration:
+        return plan_message(gw, req, model, store)
+
+    door = FrontDoor("create_message", MessagesRequest, "messages", plan)
     return [
-        gw.route("/v1/messages", endpoint.handler(MESSAGES), ["POST"], render_error=error_response),
+        gw.route("/v1/messages", endpoint.handler(door), ["POST"], render_error=error_response),
         gw.route("/v1/messages/count_tokens", count_tokens, ["POST"], render_error=error_response),
     ]

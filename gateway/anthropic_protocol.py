@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from msgspec import Meta, Struct
+from msgspec import UNSET, Meta, Struct, UnsetType
 
 from . import protocol as p
 from .json_types import JSON, JSONObject
@@ -86,6 +86,12 @@ class CountTokensRequest(Struct, kw_only=True):
     mcp_servers: JSON = None  # refused when given
 
 
+class DiagnosticsParam(Struct, kw_only=True):
+    """`diagnostics`: the id of this client's previous message (null on a first turn: opt in)."""
+
+    previous_message_id: str | None = None
+
+
 class MessagesRequest(CountTokensRequest, kw_only=True):
     max_tokens: p.PositiveInt  # required, as Anthropic requires it
     stop_sequences: p.StopList | None = None
@@ -96,7 +102,8 @@ class MessagesRequest(CountTokensRequest, kw_only=True):
     temperature: p.Probability | None = None
     top_p: p.TopP | None = None
     top_k: Annotated[int, Meta(ge=0)] | None = None
-    metadata: JSONObject | None = None  # accepted (user_id), not used
+    metadata: JSONObject | None = None  # metadata.user_id: a session key (endpoint.session_key)
+    diagnostics: DiagnosticsParam | None = None  # cache diagnostics (gateway/cache_diagnostics.py)
     container: JSON = None  # refused when given
 
 
@@ -125,6 +132,12 @@ class ToolUseBlockOut(Struct, tag="tool_use", tag_field="type"):
     input: JSONObject
 
 
+class DiagnosticsOut(Struct):
+    """Why this request missed the previous one's cache; cache_miss_reason null: it did not."""
+
+    cache_miss_reason: JSONObject | None
+
+
 class Message(Struct, kw_only=True):
     id: str
     model: str
@@ -134,6 +147,8 @@ class Message(Struct, kw_only=True):
     usage: Usage
     type: str = "message"
     role: str = "assistant"
+    # present only when the request carried `diagnostics` (UNSET fields are not encoded)
+    diagnostics: DiagnosticsOut | UnsetType = UNSET
 
 
 class ErrorBody(Struct):

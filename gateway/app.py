@@ -79,7 +79,9 @@ class OpenAIGeneration(Generation):
     def __init__(
         self, answers: OpenAIAnswers, planned: translate.Planned, request_id: str, model: str, usage: bool
     ):
-        super().__init__(translate.choice_requests(planned), {"X-Request-Id": planned.gen.request_id})
+        super().__init__(
+            translate.choice_requests(planned), {"X-Request-Id": planned.gen.request_id}, planned.spec.parts
+        )
         self.answers = answers
         self.planned = planned
         self.request_id = request_id

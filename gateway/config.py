@@ -21,6 +21,7 @@ from typing import Any
 
 from ..scheduler.config import parse_bool
 from ..scheduler.prefill_order import PrefillOrder
+from .client_quirks import Normalization
 from .kv_events import KVEventsConfig
 from .reasoning import ReasoningFormat
 
@@ -98,6 +99,7 @@ class ServeConfig:
     kv_events_block_size: int = 16  # tokens per virtual block; must equal the router's
     # -- connection hardening (gateway/transport.py, gateway/http_guard.py)
     cors_allow_origin: tuple[str, ...] = ()  # browser origins allowed (CORS); () = CORS off
+    normalize: tuple[str, ...] = ()  # client quirks removed before rendering (client_quirks.py)
     header_timeout_s: float = 10.0  # a request head must arrive within this; else 408 + close
     body_timeout_s: float = 60.0  # a request body must arrive within this after its head; else 408
     keep_alive_timeout_s: float = 5.0  # idle keep-alive connections are closed after this
@@ -200,6 +202,9 @@ class ServeConfig:
             f"--kv-events-block-size must be in 1..4096, got {self.kv_events_block_size}",
         )
         self.kv_events_config()  # a malformed endpoint raises ValueError naming --kv-events-endpoint
+        known = [n.value for n in Normalization]
+        for name in self.normalize:
+            need(name in known, f"--normalize: {name!r} is not one of {', '.join(known)}")
         for origin in self.cors_allow_origin:
             need(
                 origin == "*" or _ORIGIN.fullmatch(origin) is not None,
@@ -502,6 +507,15 @@ OPTIONS: tuple[Option, ...] = (
         int,
         "tokens per KV-event block (default 16)",
         metavar="B",
+    ),
+    Option(
+        "normalize",
+        ("--normalize",),
+        _parse_names,
+        "client quirks to undo before rendering, so prefixes stay reusable (docs/caching.md): "
+        "claude-code; default: none; env: comma-separated",
+        kind="names",
+        metavar="CLIENT",
     ),
     Option(
         "cors_allow_origin",

@@ -15,9 +15,11 @@ from typing import Generic, TypeVar
 
 import msgspec
 
+from ..scheduler.divergence import MissReason
 from ..scheduler.request import FinishEvent, FinishReason, PrefillProgress, TokenEvent, TokenLogprob
 from . import protocol as p
 from .errors import APIError
+from .prompt_parts import PartKind, PromptSource
 from .reasoning import ReasoningFormat, ReasoningSplitter, SplitReply, split_reasoning
 from .streaming import Collected, StreamFormat, progress_object, sse_data
 from .tool_calls import ParsedOutput, ToolCallFamily, parse_tool_calls
@@ -36,6 +38,7 @@ class OutputSpec:
     max_calls: int | None = None  # parallel_tool_calls=false: 1
     logprobs: int | None = None  # None: off; k: top k per token
     token_bytes: Callable[[int], bytes] | None = None  # id -> bytes, for logprobs
+    parts: PromptSource | None = None  # a chat prompt's parts, to place a divergence (None: raw prompt)
     reasoning: ReasoningFormat | None = None  # split a leading <think> block (None: off)
     think_opened: bool = False  # the prompt ends inside <think>: the reply starts thinking
     count_tokens: Callable[[str], int] | None = None  # text -> tokens, for reasoning_tokens
@@ -92,7 +95,7 @@ def usage_of(finishes: list[FinishEvent], reasoning_tokens: int | None = None) -
     )
 
 
-def slotserve_info(finish: FinishEvent) -> p.SlotserveInfo:
+def slotserve_info(finish: FinishEvent, spec: OutputSpec | None = None) -> p.SlotserveInfo:
     r = finish.reuse
     return p.SlotserveInfo(
         reuse_source=r.source.value if r is not None else "none",
@@ -100,7 +103,23 @@ def slotserve_info(finish: FinishEvent) -> p.SlotserveInfo:
         prefilled_tokens=r.prefilled_tokens if r is not None else 0,
         slot=r.slot if r is not None else None,
         timings=dict(finish.timings),
+        divergence=divergence_info(finish, spec.parts if spec is not None else None),
     )
+
+
+def divergence_info(finish: FinishEvent, parts: PromptSource | None) -> p.DivergenceOut | None:
+    """Where the prompt diverged and why, for a request that reused less than all of its prompt
+    but the last token; None otherwise (and for a request that never reached a slot)."""
+    d = finish.reuse.divergence if finish.reuse is not None else None
+    if d is None or d.reason is MissReason.NONE:
+        return None
+    if parts is not None:
+        part = parts.part_at(d.shared_len)
+        where = p.PromptPartOut(part.kind.value, part.index, part.role)
+        before, after = part.before, part.after
+    else:
+        where, before, after = p.PromptPartOut(PartKind.PROMPT.value), "", ""
+    return p.DivergenceOut(d.shared_len, d.reason.value, where, before, after, d.evicted_len)
 
 
 def failure(finish: FinishEvent) -> APIError | None:
@@ -214,7 +233,7 @@ def chat_completion(
             [c.finish for c in choices],
             spec.reasoning_tokens([t.thinking_text if t is not None else "" for t in thoughts]),
         ),
-        slotserve=slotserve_info(choices[0].finish),
+        slotserve=slotserve_info(choices[0].finish, spec),
     )
 
 
@@ -236,7 +255,7 @@ def completion(
             for i, got in enumerate(choices)
         ],
         usage=usage_of([c.finish for c in choices]),
-        slotserve=slotserve_info(choices[0].finish),
+        slotserve=slotserve_info(choices[0].finish, spec),
     )
 
 
@@ -296,7 +315,7 @@ class _OpenAIStream(StreamFormat, Generic[Choice]):
         if err is not None:
             return [_error_chunk(err)]
         out = self._text_chunks(index, finish.text, (), True)
-        out.append(self._finish_chunk(index, self._reason(index, finish), slotserve_info(finish)))
+        out.append(self._finish_chunk(index, self._reason(index, finish), slotserve_info(finish, self.spec)))
         return out
 
     def closing(self, finish: FinishEvent, text: str) -> list[bytes]:

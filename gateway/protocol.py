@@ -105,7 +105,8 @@ class SamplingFields(Struct, frozen=True, kw_only=True):
     n: Annotated[int, Meta(ge=1, le=128)] = 1  # choices; at most the number of slots
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
     response_format: ResponseFormat | None = None
-    user: str | None = None
+    user: str | None = None  # a session key (endpoint.session_key) when prompt_cache_key is absent
+    prompt_cache_key: str | None = None  # keeps the conversation on its slot (policy.Affinity)
     # OpenAI fields this server does not honour: any value but the inert one is a 400 naming it
     # (translate.UNHONOURED); any JSON decodes, so that the 400 says so instead of a type error.
     functions: JSON = None
@@ -184,6 +185,25 @@ class Usage(Struct, omit_defaults=True):
     completion_tokens_details: CompletionTokensDetails | None = None
 
 
+class PromptPartOut(Struct, omit_defaults=True):
+    """A rendered part of the prompt (gateway/prompt_parts.py)."""
+
+    kind: str  # system | tools | message | generation_prompt | prompt
+    index: int | None = None  # the message's index in the request (message, system)
+    role: str | None = None
+
+
+class DivergenceOut(Struct):
+    """Where the prompt left what the server held, and why less was reused (scheduler/divergence.py)."""
+
+    offset: int  # prompt tokens shared with the best source held (the divergence's token offset)
+    reason: str  # none | prompt_changed | cold | window | recurrent | busy | evicted | budget | reuse_off
+    part: PromptPartOut  # the rendered part the offset falls in
+    text_before: str  # the prompt's own text just before the offset
+    text_after: str  # ... and from it on
+    evicted_tokens: int  # evicted | budget: how much of it the server held once
+
+
 class SlotserveInfo(Struct):
     """slotserve's own account of the request: where its prompt prefix came from."""
 
@@ -192,6 +212,7 @@ class SlotserveInfo(Struct):
     prefilled_tokens: int
     slot: int | None
     timings: dict[str, float]
+    divergence: DivergenceOut | None = None  # present when less than the prompt (but 1) was reused
 
 
 class TopLogprob(Struct):

@@ -77,8 +77,10 @@ class ResponsesRequest(Struct, kw_only=True):
     metadata: dict[str, str] | None = None
     background: bool = False  # refused when true
     conversation: JSON = None  # refused when given
-    # accepted and not used: reasoning (no model here reasons), include, truncation, user,
-    # prompt_cache_key, service_tier, ... (unknown fields are ignored)
+    prompt_cache_key: str | None = None  # keeps the conversation on its slot (policy.Affinity)
+    user: str | None = None  # the same, when prompt_cache_key is absent
+    # accepted and not used: reasoning (no model here reasons), include, truncation,
+    # service_tier, ... (unknown fields are ignored)
 
 
 # ------------------------------------------------------------------ response bodies

@@ -59,6 +59,9 @@ class MetricsExporter(Protocol):
     def on_gateway_request(self, outcome: Outcome) -> None:
         """Count a request that ended in the gateway, before the scheduler (http_guard.py)."""
 
+    def on_prefix_divergence(self, part: str, reason: str) -> None:
+        """Count a request whose prompt diverged in a rendered part (gateway/prompt_parts.py)."""
+
 
 class Gateway:
     """Per-app state, owned by the app: the runtime, limits, metrics, and whether it is serving."""

@@ -36,7 +36,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 
@@ -284,10 +284,18 @@ class EventStream:
     started (the client left before the first chunk was asked for).
     """
 
-    def __init__(self, handle: HandleAPI | ChoiceGroup, fmt: StreamFormat, *, progress: bool = False):
+    def __init__(
+        self,
+        handle: HandleAPI | ChoiceGroup,
+        fmt: StreamFormat,
+        *,
+        progress: bool = False,
+        on_first_finish: Callable[[FinishEvent], None] | None = None,
+    ):
         self.handle = as_group(handle)
         self.fmt = fmt
         self.progress = progress  # prefill progress while idle before the first token
+        self.on_first_finish = on_first_finish  # called with choice 0's FinishEvent
         self.is_started = False
         self.is_finished = False  # the FinishEvent was seen: nothing to cancel
         self.has_output = False  # a batch of events arrived (the first token, or the finish)
@@ -328,6 +336,8 @@ class EventStream:
                     else:
                         num_finished += 1
                         out += fmt.on_finish(i, event)
+                        if i == 0 and self.on_first_finish is not None:
+                            self.on_first_finish(event)
                 if num_finished == len(self.handle):
                     self.is_finished = True
                     out += fmt.ending()

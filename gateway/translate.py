@@ -19,6 +19,7 @@ from .config import ServeConfig
 from .errors import bad_request
 from .json_types import JSON, TemplateMessage, TemplateTool
 from .openai_reply import OutputSpec
+from .prompt_parts import PromptSource
 from .reasoning import ReasoningFormat, prompt_opens_thinking
 from .runtime import PromptError, Runtime
 from .structured import GrammarCompiler, GrammarError
@@ -375,6 +376,7 @@ def chat_plan(req: ChatInput, config: ServeConfig, runtime: Runtime, request_id:
         logprobs=logprobs,
         token_bytes=_token_bytes_fn(runtime),
         **_reasoning_fields(config, runtime, ids),
+        parts=PromptSource(runtime, messages, tools, ids),
     )
     turns = turn_offsets(runtime, messages, tools, ids)
     gen = GenerationRequest(

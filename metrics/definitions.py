@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from slotserve.scheduler.divergence import MissReason
 from slotserve.scheduler.stats import (
     CaptureRule,
     CheckpointEventKind,
@@ -63,6 +64,10 @@ class Stage(str, enum.Enum):
 # cancelled = client gone during its body, timeout = body past --body-timeout-s (408),
 # rejected = any other 4xx or a 503, error = another 5xx.
 GATEWAY_OUTCOMES = (Outcome.CANCELLED, Outcome.TIMEOUT, Outcome.REJECTED, Outcome.ERROR)
+
+# The rendered parts a prompt can diverge in: gateway/prompt_parts.PartKind's values (a test keeps
+# them equal; metrics/ does not import the gateway).
+DIVERGENCE_PARTS = ("system", "tools", "message", "generation_prompt", "prompt")
 
 # ---------------------------------------------------------------- buckets (seconds unless noted)
 # Sized for a CPU server: a long cold prefill on a big model takes minutes, a small model's
@@ -137,6 +142,20 @@ class PushedMetrics:
         )
         self.requests = {o: requests.labels(o.value, Stage.SCHEDULER.value) for o in Outcome}
         self.gateway_requests = {o: requests.labels(o.value, Stage.GATEWAY.value) for o in GATEWAY_OUTCOMES}
+        prefix_divergence = counter(
+            "slotserve_prefix_divergence_total",
+            "Requests that reused less than their whole prompt (but the last token), by the "
+            "rendered part their prompt diverged in from the best source held (system, tools, "
+            "message, generation_prompt; prompt for raw completions) and why (divergence.py).",
+            ("part", "reason"),
+        )
+        # every series exists from the start (rates read 0, not absent)
+        self.prefix_divergence = {
+            (part, r.value): prefix_divergence.labels(part, r.value)
+            for part in DIVERGENCE_PARTS
+            for r in MissReason
+            if r is not MissReason.NONE
+        }
         reuse_requests = counter(
             "slotserve_reuse_requests_total",
             "Requests that reached a slot, by where their reused prefix came from "

@@ -85,6 +85,14 @@ class ServerMetrics:
             )
         counter.inc()
 
+    def on_prefix_divergence(self, part: str, reason: str) -> None:
+        """Count a request whose prompt diverged in rendered `part` for `reason` (the gateway
+        knows the parts; gateway/prompt_parts.py)."""
+        counter = self.pushed.prefix_divergence.get((part, reason))
+        if counter is None:
+            raise ValueError(f"prefix divergence ({part!r}, {reason!r}) is not a known part and reason")
+        counter.inc()
+
     def bind(self, source: StatsSource | None) -> None:
         """Read levels from `source()` (normally `sched.stats`) at each scrape; None unbinds."""
         self._levels.bind(source)

@@ -74,6 +74,8 @@ def test_every_option_has_an_env_var_that_parses() -> None:
             env[opt.env] = "tcp://127.0.0.1:5557"
         if opt.field == "cors_allow_origin":
             env[opt.env] = "http://a.example, https://b.example:8443"
+        if opt.field == "normalize":
+            env[opt.env] = "claude-code"
         if opt.field in ("ssl_certfile", "ssl_keyfile"):
             env.update({"SLOTSERVE_SSL_CERTFILE": "c.pem", "SLOTSERVE_SSL_KEYFILE": "k.pem"})
         c = config_from_args(None, environ=env)
@@ -230,3 +232,11 @@ def test_max_batch_tokens_sizes_the_engine_step_and_the_rings(arch_model_factory
     assert small.ring_len >= 16 + 16 - 1
     full = opened(max_batch_tokens=16, swa_full=True).bundle.pool
     assert full.ring_len == 0 and full.kv_bytes == opened(swa_full=True).bundle.pool.kv_bytes
+
+
+def test_normalize_names_only_known_clients() -> None:
+    assert config_from_args(None, environ={"SLOTSERVE_NORMALIZE": "claude-code"}).normalize == (
+        "claude-code",
+    )
+    with pytest.raises(ValueError, match="--normalize: 'aider' is not one of claude-code"):
+        config_from_args(None, environ={"SLOTSERVE_NORMALIZE": "aider"})

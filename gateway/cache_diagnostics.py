@@ -31,10 +31,11 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 import numpy as np
+
+from .json_types import JSON, JSONObject
 
 MAX_FINGERPRINTS = 4096  # previous requests kept for diagnostics.previous_message_id
 BLOCK_TOKENS = 32  # prompt tokens per chained block hash (the shared-prefix count's granularity)
@@ -79,8 +80,8 @@ class CacheMissReason:
     type: MissType
     cache_missed_input_tokens: int | None  # None for previous_message_not_found and unavailable
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": self.type.value}
+    def to_json(self) -> JSONObject:
+        out: JSONObject = {"type": self.type.value}
         if self.cache_missed_input_tokens is not None:
             out["cache_missed_input_tokens"] = self.cache_missed_input_tokens
         return out
@@ -89,7 +90,7 @@ class CacheMissReason:
 _enc = msgspec.json.Encoder(order="sorted")
 
 
-def _strip_cache_control(value: Any) -> Any:
+def _strip_cache_control(value: JSON) -> JSON:
     if isinstance(value, dict):
         return {k: _strip_cache_control(v) for k, v in value.items() if k != "cache_control"}
     if isinstance(value, list):
@@ -97,7 +98,7 @@ def _strip_cache_control(value: Any) -> Any:
     return value
 
 
-def _hash(value: Any) -> str:
+def _hash(value: object) -> str:
     data = _enc.encode(_strip_cache_control(msgspec.to_builtins(value)))
     return hashlib.blake2b(data, digest_size=12).hexdigest()
 
@@ -117,10 +118,10 @@ def block_hashes(prompt_ids: Sequence[int]) -> tuple[bytes, ...]:
 def fingerprint(
     *,
     model: str,
-    system: Any,
-    tools: Any,
-    messages: list[Any],
-    other: Any,
+    system: object,
+    tools: object,
+    messages: Sequence[object],
+    other: object,
     prompt_ids: Sequence[int],
 ) -> Fingerprint:
     """The fingerprint of one request (the parts as the API received them, after any

@@ -20,8 +20,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from .json_types import TemplateMessage, TemplateTool
 from .runtime import Runtime
 
 CONTEXT_CHARS = 40  # text shown on each side of the divergence
@@ -53,8 +53,8 @@ class PromptSource:
     def __init__(
         self,
         runtime: Runtime,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
+        messages: list[TemplateMessage],
+        tools: list[TemplateTool] | None,
         prompt_ids: Sequence[int],
     ) -> None:
         self.runtime = runtime
@@ -76,7 +76,9 @@ def _byte_offset(token_bytes: Sequence[bytes], ids: Sequence[int], n: int) -> in
     return sum(len(token_bytes[int(t)]) for t in ids[:n])
 
 
-def _render(runtime: Runtime, messages: list[dict[str, Any]], tools: Any) -> str | None:
+def _render(
+    runtime: Runtime, messages: list[TemplateMessage], tools: list[TemplateTool] | None
+) -> str | None:
     assert runtime.chat is not None
     try:
         return runtime.chat.render(messages, add_generation_prompt=False, tools=tools)
@@ -86,8 +88,8 @@ def _render(runtime: Runtime, messages: list[dict[str, Any]], tools: Any) -> str
 
 def locate(
     runtime: Runtime,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
+    messages: list[TemplateMessage],
+    tools: list[TemplateTool] | None,
     prompt_ids: Sequence[int],
     offset: int,
 ) -> PromptPart:
@@ -127,7 +129,7 @@ def locate(
     return PromptPart(kind, lo, role, before, after)
 
 
-def _in_tools(runtime: Runtime, messages: list[dict[str, Any]], tools: list[dict[str, Any]], at: int) -> bool:
+def _in_tools(runtime: Runtime, messages: list[TemplateMessage], tools: list[TemplateTool], at: int) -> bool:
     """Whether byte `at` is inside the tool declarations: the span where the first message
     rendered with and without tools differs (templates declare tools in one block)."""
     plain = _render(runtime, messages[:1], None)

@@ -144,30 +144,60 @@ def _match_start(s: str, i: int, markers: tuple[str, ...]) -> _Start | int:
     return _Start(i, obj, j, closers, marker not in ("", FENCE))
 
 
+_IN_STRING = re.compile(r'["\\]')
+_STRUCTURE = re.compile(r'["{}\[\]]')
+
+
+@dataclass(slots=True)
+class _JsonEnd:
+    """Where the JSON value (object, array or string) opening at `start` ends, found
+    incrementally: each `advance` reads only the text added since the last (a long argument
+    streamed token by token costs linear time). Only brackets and strings are tracked: the value
+    is decoded afterwards."""
+
+    start: int
+    pos: int = -1
+    depth: int = 0
+    in_str: bool = False
+    esc: bool = False
+    end: int | None = None
+
+    def advance(self, s: str) -> int | None:
+        """Index just past the value in `s` (the same text, grown), or None if it ends first."""
+        j, n = max(self.pos, self.start), len(s)
+        while self.end is None and j < n:
+            if self.esc:
+                self.esc, j = False, j + 1
+            elif self.in_str:
+                m = _IN_STRING.search(s, j)
+                if m is None:
+                    j = n
+                elif s[m.start()] == "\\":
+                    self.esc, j = True, m.start() + 1
+                else:
+                    self.in_str, j = False, m.start() + 1
+                    if self.depth == 0:
+                        self.end = j
+            else:
+                m = _STRUCTURE.search(s, j)
+                if m is None:
+                    j = n
+                    break
+                c, j = s[m.start()], m.start() + 1
+                if c == '"':
+                    self.in_str = True
+                elif c in "{[":
+                    self.depth += 1
+                else:
+                    self.depth -= 1
+                    if self.depth <= 0:
+                        self.end = j
+        self.pos = j
+        return self.end
+
+
 def _json_end(s: str, i: int) -> int | None:
-    """Index just past the JSON value (object, array or string) opening at s[i]; None if s ends
-    first. Only brackets and strings are tracked: the value is decoded afterwards."""
-    depth, in_str, esc = 0, False, False
-    for j in range(i, len(s)):
-        c = s[j]
-        if in_str:
-            if esc:
-                esc = False
-            elif c == "\\":
-                esc = True
-            elif c == '"':
-                in_str = False
-                if depth == 0:
-                    return j + 1
-        elif c == '"':
-            in_str = True
-        elif c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-            if depth <= 0:
-                return j + 1
-    return None
+    return _JsonEnd(i).advance(s)
 
 
 # ------------------------------------------------------------------ the scanner
@@ -181,6 +211,8 @@ class _Call:
     index: int | None = None  # committed: the delta index (its header went out)
     id: str = ""
     sent: int = 0  # argument characters streamed
+    obj_end: _JsonEnd | None = None  # the call object's extent, scanned as text arrives
+    args_end: _JsonEnd | None = None  # the arguments value's
 
 
 @dataclass(slots=True)
@@ -347,10 +379,14 @@ class StreamingToolParser:
             call.index, call.id = len(self.tool_calls), self.new_id()
             self.tool_calls.append(ToolCall(call.id, call.name or "", ""))  # filled in by _record
             deltas.append(ToolCallDelta(call.index, call.id, call.name, ""))
-        end = _json_end(buf, call.start.obj)
+        if call.obj_end is None:
+            call.obj_end = _JsonEnd(call.start.obj)
+        end = call.obj_end.advance(buf)
         if call.index is not None:
             assert call.args_at is not None
-            args_end = _json_end(buf, call.args_at)
+            if call.args_end is None:
+                call.args_end = _JsonEnd(call.args_at)
+            args_end = call.args_end.advance(buf)
             deltas += self._fragment(call, args_end if args_end is not None else len(buf))
             if end is None:
                 return False

@@ -279,3 +279,22 @@ def test_llama3_text_after_the_tag_parses_alike_whole_and_streamed(text):
     streamed = "".join(parser.feed(text[i : i + 4])[0] for i in range(0, len(text), 4)) + parser.finish()[0]
     assert whole.content is None and streamed.strip() == ""
     assert [c.name for c in whole.tool_calls] == [c.name for c in parser.tool_calls] != []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    text=st.text(alphabet='{}[]"\\ab:,', max_size=40),
+    cuts=st.lists(st.integers(1, 6), min_size=1, max_size=4),
+)
+def test_json_extent_found_incrementally_as_in_one_pass(text, cuts):
+    """The scanner reads each call's text once (arguments streamed token by token stay linear):
+    advancing over the text as it grows finds the same end as one pass over the whole."""
+    from slotserve.gateway.tool_stream import _json_end, _JsonEnd
+
+    text = "{" + text
+    scan, i, k, got = _JsonEnd(0), 0, 0, None
+    while i < len(text) and got is None:
+        i += cuts[k % len(cuts)]
+        k += 1
+        got = scan.advance(text[:i])
+    assert got == _json_end(text, 0)

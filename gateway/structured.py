@@ -82,12 +82,21 @@ class GrammarCompiler:
         # NOTE: built from the token bytes, not from a tokenizer.json: the byte meaning of every
         # id is then the engine tokenizer's own, whatever its kind (byte-level BPE, SentencePiece)
         self.tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(vocab))
+        self._special_ids = frozenset(vocab.special_token_ids)
+        self._encode_special = getattr(vocab._tok, "encode", None)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="slotserve-mask")
 
     @classmethod
     def for_tokenizer(cls, tok: Tokenizer) -> GrammarCompiler:
         """From `engine_ext.tokenizer.Tokenizer`: its token bytes, special ids, eos and encoder."""
         return cls(_Vocab(tok))
+
+    def is_special(self, text: str) -> bool:
+        """Is `text` one special token of the vocabulary (which grammar text cannot produce)?"""
+        if self._encode_special is None:
+            return False
+        ids = list(self._encode_special(text, parse_special=True))
+        return len(ids) == 1 and ids[0] in self._special_ids
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -24,6 +24,7 @@ from .reasoning import ReasoningFormat, prompt_opens_thinking
 from .runtime import PromptError, Runtime
 from .structured import GrammarCompiler, GrammarError
 from .tool_calls import ToolCallFamily
+from .tool_stream import HERMES_OPEN
 from .turns import turn_offsets
 
 SEED_MOD = 2**63
@@ -321,12 +322,15 @@ def _tool_plan(req: ChatInput, runtime: Runtime) -> tuple[Grammar | None, Output
 def _lazy_tool_grammar(
     runtime: Runtime, family: ToolCallFamily, tools: list[TemplateTool], parallel: bool
 ) -> Grammar | None:
-    """The lazy call grammar for tool_choice "auto", or None (no llguidance here, or a schema it
-    cannot compile: the reply is then parsed unconstrained, as before)."""
-    if runtime.grammars is None:
+    """The lazy call grammar for tool_choice "auto", or None: no llguidance here, a schema it
+    cannot compile, or a family whose call marker is a special token (Llama 3's <|python_tag|>,
+    Mistral's [TOOL_CALLS], a <tool_call> marked special), which the grammar's free text could not
+    let through. The reply is then parsed unconstrained, as before."""
+    grammars = runtime.grammars
+    if grammars is None or family is not ToolCallFamily.HERMES or grammars.is_special(HERMES_OPEN):
         return None
     try:
-        return runtime.grammars.lazy_tool_calls(tools, parallel=parallel, tag=family is ToolCallFamily.HERMES)
+        return grammars.lazy_tool_calls(tools, parallel=parallel, tag=True)
     except GrammarError:
         return None
 

@@ -165,3 +165,11 @@ def test_lazy_tool_grammar_one_call_when_not_parallel(compiler, tok):
     free = one + " " + '{"name": "get_weather", "arguments": {"city": 1}}'
     assert walk(grammar, tok, free)[0]
     assert not walk(compiler.lazy_tool_calls(TOOLS, parallel=True), tok, free)[0]
+
+
+def test_special_marker_texts_are_recognised(compiler, tok):
+    """A family whose call marker is a special token gets no lazy grammar (its free text could
+    not let the token through): the check the gateway makes before building one."""
+    assert not compiler.is_special("<tool_call>")  # text in this vocabulary
+    eos_text = tok.token_bytes[tok.eos_id].decode()
+    assert compiler.is_special(eos_text)

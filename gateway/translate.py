@@ -20,7 +20,7 @@ from .errors import bad_request
 from .json_types import JSON, TemplateMessage, TemplateTool
 from .openai_reply import OutputSpec
 from .prompt_parts import PromptSource
-from .reasoning import ReasoningFormat, prompt_opens_thinking
+from .reasoning import THINK_OPEN, ReasoningFormat, prompt_opens_thinking
 from .runtime import PromptError, Runtime
 from .structured import GrammarCompiler, GrammarError
 from .tool_calls import ToolCallFamily
@@ -325,9 +325,12 @@ def _lazy_tool_grammar(
     """The lazy call grammar for tool_choice "auto", or None: no llguidance here, a schema it
     cannot compile, or a family whose call marker is a special token (Llama 3's <|python_tag|>,
     Mistral's [TOOL_CALLS], a <tool_call> marked special), which the grammar's free text could not
-    let through. The reply is then parsed unconstrained, as before."""
+    let through, or a thinking model's template (a `{"name": "` written while thinking would
+    start a call there). The reply is then parsed unconstrained, as before."""
     grammars = runtime.grammars
     if grammars is None or family is not ToolCallFamily.HERMES or grammars.is_special(HERMES_OPEN):
+        return None
+    if THINK_OPEN in (getattr(runtime.chat, "source", None) or ""):
         return None
     try:
         return grammars.lazy_tool_calls(tools, parallel=parallel, tag=True)

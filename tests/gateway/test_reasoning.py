@@ -301,3 +301,29 @@ async def test_responses_accepts_replayed_reasoning_items(tmp_path: Path) -> Non
     r = await _responses(runtime, input=items)
     assert r.status_code == 200, r.text
     assert "<think>\nCall it.\n</think>" in runtime.decode(sched.submitted[0].prompt_ids)
+
+
+def test_no_lazy_tool_grammar_for_a_thinking_template_or_a_special_marker():
+    from types import SimpleNamespace
+
+    from slotserve.gateway.tool_calls import ToolCallFamily
+    from slotserve.gateway.translate import _lazy_tool_grammar
+
+    class Grammars:
+        special = False
+
+        def is_special(self, text: str) -> bool:
+            return self.special
+
+        def lazy_tool_calls(self, tools: Any, *, parallel: bool, tag: bool) -> str:
+            return "lazy"
+
+    g = Grammars()
+    plain = SimpleNamespace(grammars=g, chat=SimpleNamespace(source="<|im_start|>{{ m.content }}"))
+    thinking = SimpleNamespace(grammars=g, chat=SimpleNamespace(source=QWEN3_STYLE))
+    H = ToolCallFamily.HERMES
+    assert _lazy_tool_grammar(plain, H, [], True) == "lazy"  # type: ignore[arg-type]
+    assert _lazy_tool_grammar(thinking, H, [], True) is None  # type: ignore[arg-type]
+    assert _lazy_tool_grammar(plain, ToolCallFamily.LLAMA3, [], True) is None  # type: ignore[arg-type]
+    g.special = True
+    assert _lazy_tool_grammar(plain, H, [], True) is None  # type: ignore[arg-type]

@@ -349,6 +349,7 @@ class MessagesGeneration(Generation):
             stop_sequence=got.finish.stop_sequence,
             usage=usage(got.finish, self.hint),
             diagnostics=self.watch.out() if self.watch is not None else UNSET,
+            slotserve=openai_reply.slotserve_info(got.finish, parts=self.parts),
         )
 
 

@@ -95,15 +95,21 @@ def usage_of(finishes: list[FinishEvent], reasoning_tokens: int | None = None) -
     )
 
 
-def slotserve_info(finish: FinishEvent, spec: OutputSpec | None = None) -> p.SlotserveInfo:
+def slotserve_info(
+    finish: FinishEvent, spec: OutputSpec | None = None, parts: PromptSource | None = None
+) -> p.SlotserveInfo:
+    """slotserve's reuse account of a finished request (every route's `slotserve` block); the
+    divergence is placed in `parts`, else in the spec's parts."""
     r = finish.reuse
+    if parts is None and spec is not None:
+        parts = spec.parts
     return p.SlotserveInfo(
         reuse_source=r.source.value if r is not None else "none",
         reused_tokens=r.reused_tokens if r is not None else 0,
         prefilled_tokens=r.prefilled_tokens if r is not None else 0,
         slot=r.slot if r is not None else None,
         timings=dict(finish.timings),
-        divergence=divergence_info(finish, spec.parts if spec is not None else None),
+        divergence=divergence_info(finish, parts),
     )
 
 

@@ -48,6 +48,7 @@ from .agent_output import (
 from .endpoint import FrontDoor, Generation
 from .errors import APIError
 from .json_types import TemplateMessage
+from .prompt_parts import PromptSource
 from .reasoning import split_reasoning
 from .response_store import ResponseStore
 from .responses_chat import ChatPlan, assistant_message, to_chat
@@ -308,8 +309,9 @@ class ResponsesGeneration(Generation):
         answer: _Answer,
         tools: ToolSpec | None,
         thinking: ThinkSpec | None = None,
+        parts: PromptSource | None = None,
     ):
-        super().__init__([gen], {"X-Request-Id": answer.response_id})
+        super().__init__([gen], {"X-Request-Id": answer.response_id}, parts)
         self.answer_of = answer
         self.tools = tools
         self.thinking = thinking
@@ -326,8 +328,11 @@ class ResponsesGeneration(Generation):
             split_reasoning(got.text, opened=self.thinking.opened).thinking_text if self.thinking else ""
         )
         reasoning_tokens = self.answer_of.count_tokens(thought) if thought else 0
-        return self.answer_of.response(
+        out = self.answer_of.response(
             status, output_items(blocks, status), usage(got.finish, reasoning_tokens), incomplete=incomplete
+        )
+        return msgspec.structs.replace(
+            out, slotserve=openai_reply.slotserve_info(got.finish, parts=self.parts)
         )
 
 
@@ -355,7 +360,9 @@ def plan_response(
     tools = ToolSpec.from_plan(planned.spec, new_call_id)
     count = planned.spec.count_tokens or len
     answer = _Answer(req, plan, rid, model, int(time.time()), store, count)
-    return ResponsesGeneration(planned.gen, answer, tools, ThinkSpec.from_plan(planned.spec))
+    return ResponsesGeneration(
+        planned.gen, answer, tools, ThinkSpec.from_plan(planned.spec), planned.spec.parts
+    )
 
 
 def routes(gw: Gateway) -> list[Route]:

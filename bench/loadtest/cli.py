@@ -20,6 +20,8 @@ WORKLOADS = (
     "oversubscribed",
     "edit-turn",
     "code-edit",
+    "claude-code",
+    "codex",
     "sessions",
     "trace",
 )

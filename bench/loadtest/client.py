@@ -76,6 +76,7 @@ def request_body(spec: RequestSpec, params: SendParams) -> dict[str, Any]:
         body["seed"] = params.seed
     if params.ignore_eos:
         body["ignore_eos"] = True
+    body.update(spec.extra_body)
     return body
 
 
@@ -133,7 +134,8 @@ class _StreamError(Exception):
 
 async def _stream(client: httpx.AsyncClient, base_url: str, ex: Exchange, params: SendParams) -> None:
     spec = ex.spec
-    async with client.stream("POST", base_url + endpoint(spec), json=request_body(spec, params)) as resp:
+    url, body = base_url + endpoint(spec), request_body(spec, params)
+    async with client.stream("POST", url, json=body, headers=dict(spec.headers)) as resp:
         ex.http_status = resp.status_code
         if resp.status_code != 200:
             ex.error = f"HTTP {resp.status_code}: {_error_message(await resp.aread())}"

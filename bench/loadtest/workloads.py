@@ -64,6 +64,8 @@ class RequestSpec:
     attempt: int = 0  # 0 = first send; 1 = the resend after an abort
     abort_after_tokens: int | None = None  # disconnect after this many streamed tokens
     offset_s: float | None = None  # trace replay: send time relative to the run's start
+    headers: tuple[tuple[str, str], ...] = ()  # extra HTTP headers (a client's session id)
+    extra_body: tuple[tuple[str, str], ...] = ()  # extra top-level string fields (prompt_cache_key)
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
@@ -139,6 +141,7 @@ class ChatConversation:
     reply_len: int
     abort_after: int | None = None
     edited_first: str | None = None
+    extra_body: tuple[tuple[str, str], ...] = ()  # sent with every request (codex: prompt_cache_key)
     _history: list[Message] = field(default_factory=list)  # system + completed turns
     _turn: int = 0
     _attempt: int = 0
@@ -169,6 +172,7 @@ class ChatConversation:
             messages=tuple(self._history + [user]),
             attempt=self._attempt,
             abort_after_tokens=self.abort_after if is_abort else None,
+            extra_body=self.extra_body,
         )
 
     def record_reply(self, spec: RequestSpec, outcome: Outcome, text: str) -> None:
@@ -234,6 +238,60 @@ class AgentConversation:
         self._round += 1
 
 
+BILLING_HEADER = "x-anthropic-billing-header: cc_version=2.0.14; cc_entrypoint=cli; cch={nonce};"
+
+
+@dataclass
+class ClaudeCodeConversation:
+    """Claude Code 2.x's request shape, sent as chat: a system prompt whose first line is the
+    per-request billing nonce (Claude Code sends it as the first system block), every user turn
+    followed by a trailing `<system-reminder>` (its mid-conversation system text, which stays in
+    place in later turns), each reply replayed verbatim, and the `X-Claude-Code-Session-Id`
+    header. The nonce differs on every send, so a server reuses at most the nonce's line start."""
+
+    conversation_id: str
+    system: str
+    user_turns: list[str]
+    reply_len: int
+    session_id: str
+    nonce_seed: str
+    _replies: list[str] = field(default_factory=list)
+    _sends: int = 0
+    _is_over: bool = False
+
+    def messages(self, turn: int, nonce: str) -> tuple[Message, ...]:
+        out: list[Message] = [
+            {"role": "system", "content": BILLING_HEADER.format(nonce=nonce) + "\n" + self.system}
+        ]
+        for k in range(turn + 1):
+            left = 90 - 7 * k
+            reminder = f"<system-reminder>Context left until auto-compact: {left}%</system-reminder>"
+            out.append({"role": "user", "content": f"{self.user_turns[k]}\n{reminder}"})
+            if k < turn:
+                out.append({"role": "assistant", "content": self._replies[k]})
+        return tuple(out)
+
+    def next_request(self) -> RequestSpec | None:
+        turn = len(self._replies)
+        if self._is_over or turn >= len(self.user_turns):
+            return None
+        nonce = random.Random(f"{self.nonce_seed}/{self._sends}").getrandbits(20)
+        self._sends += 1
+        return RequestSpec(
+            conversation_id=self.conversation_id,
+            turn_index=turn,
+            max_tokens=self.reply_len,
+            messages=self.messages(turn, f"{nonce:05x}"),
+            headers=(("X-Claude-Code-Session-Id", self.session_id),),
+        )
+
+    def record_reply(self, spec: RequestSpec, outcome: Outcome, text: str) -> None:
+        if outcome is not Outcome.OK:
+            self._is_over = True
+            return
+        self._replies.append(text)
+
+
 SYNTHETIC_WORKLOADS = (
     "multi-turn",
     "agent",
@@ -242,6 +300,8 @@ SYNTHETIC_WORKLOADS = (
     "oversubscribed",
     "edit-turn",
     "code-edit",
+    "claude-code",
+    "codex",
 )
 
 
@@ -315,6 +375,33 @@ def build_conversations(workload: str, cfg: WorkloadConfig) -> list[Conversation
                     tool_results=[_words(rng, cfg.tool_result_len) for _ in range(num_rounds)],
                     tool_calls=[(rng.choice(_TOOLS), _words(rng, 3)) for _ in range(num_rounds)],
                     reply_len=cfg.reply_len,
+                )
+            )
+            continue
+        if workload == "claude-code":
+            conversations.append(
+                ClaudeCodeConversation(
+                    conversation_id=cid,
+                    system=_system_prompt(
+                        rng, cfg.system_len, "You are Claude Code, a CLI coding agent. Notes:"
+                    ),
+                    user_turns=[f"Task {t}: {_words(rng, cfg.turn_len)}" for t in range(cfg.num_turns)],
+                    reply_len=cfg.reply_len,
+                    session_id=f"{rng.getrandbits(64):016x}",
+                    nonce_seed=f"{cfg.seed}/{workload}/{i}/nonce",
+                )
+            )
+            continue
+        if workload == "codex":
+            # Codex CLI (Responses, store false) replays the whole conversation every turn with a
+            # prompt_cache_key naming it: as chat, the instructions become the system prompt
+            conversations.append(
+                ChatConversation(
+                    conversation_id=cid,
+                    system=_system_prompt(rng, cfg.system_len, "You are Codex, a coding agent. Notes:"),
+                    user_turns=[f"Task {t}: {_words(rng, cfg.turn_len)}" for t in range(cfg.num_turns)],
+                    reply_len=cfg.reply_len,
+                    extra_body=(("prompt_cache_key", f"{rng.getrandbits(64):016x}"),),
                 )
             )
             continue

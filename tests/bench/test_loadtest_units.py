@@ -531,3 +531,41 @@ def test_code_edit_sends_a_file_and_asks_for_it_back() -> None:
     assert second.messages[-2] == {"role": "assistant", "content": "```python\nthe file\n```"}
     assert "Rename the function" in second.messages[-1]["content"]
     assert build_conversations("code-edit", WorkloadConfig(num_conversations=1))[0].next_request() == first
+
+
+def test_claude_code_sends_a_fresh_nonce_trailing_reminders_and_its_session_header() -> None:
+    from slotserve.bench.loadtest.workloads import Outcome, WorkloadConfig, build_conversations
+
+    a, b = build_conversations("claude-code", WorkloadConfig(num_conversations=2, num_turns=2))
+    first = a.next_request()
+    assert first is not None and first.messages is not None
+    system = first.messages[0]["content"]
+    assert system.startswith("x-anthropic-billing-header: cc_version=") and "; cch=" in system
+    assert first.messages[-1]["content"].endswith("%</system-reminder>")
+    a.record_reply(first, Outcome.OK, "a reply")
+    second = a.next_request()
+    assert second is not None and second.messages is not None
+    assert second.messages[0]["content"] != system  # a new nonce on every request
+    assert second.messages[0]["content"].split("\n", 1)[1] == system.split("\n", 1)[1]
+    assert second.messages[1:3] == (first.messages[1], {"role": "assistant", "content": "a reply"})
+    assert dict(first.headers) == dict(second.headers)  # one session id per conversation
+    other = b.next_request()
+    assert other is not None and dict(other.headers) != dict(first.headers)
+    assert "X-Claude-Code-Session-Id" in dict(first.headers)
+    again = build_conversations("claude-code", WorkloadConfig(num_conversations=1, num_turns=2))[0]
+    assert again.next_request() == first  # seeded
+
+
+def test_codex_replays_everything_with_a_prompt_cache_key() -> None:
+    from slotserve.bench.loadtest.client import SendParams, request_body
+    from slotserve.bench.loadtest.workloads import Outcome, WorkloadConfig, build_conversations
+
+    (conv,) = build_conversations("codex", WorkloadConfig(num_conversations=1, num_turns=2))
+    first = conv.next_request()
+    assert first is not None
+    conv.record_reply(first, Outcome.OK, "done")
+    second = conv.next_request()
+    assert second is not None and second.messages is not None and first.messages is not None
+    assert second.messages[: len(first.messages)] == first.messages  # the whole conversation again
+    body = request_body(second, SendParams(model="m"))
+    assert body["prompt_cache_key"] == dict(first.extra_body)["prompt_cache_key"] != ""

@@ -52,3 +52,27 @@ async def test_usage_reports_draft_tokens_and_opt_out_turns_them_off() -> None:
         )
         assert text_of(spec) == text_of(plain) == text_of(got["spec", True][i])
         assert spec["usage"]["completion_tokens"] == plain["usage"]["completion_tokens"]
+
+
+async def test_n_choices_with_speculation_equal_plain() -> None:
+    """n = 3 sampled choices (seeded) fork one prefill by copy, then each drafts on its own
+    slot: the choices equal those of a server without speculation."""
+    text = "x = [1, 2, 3]\nfor v in x:\n    print(v * 2)\n" * 5
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 80,
+        "temperature": 0.7,
+        "seed": 11,
+        "n": 3,
+    }
+    got = []
+    for kw in ({}, {"draft_max": 6, "spec_cost_gate": False}):
+        runtime, _ = make_runtime(num_slots=3, pool_options={"copy_bias": 12.0}, ctx_len=1024, **kw)
+        got.append(await _post(runtime, "/v1/chat/completions", body))
+    plain, spec = got
+    assert [c["message"]["content"] for c in plain["choices"]] == [
+        c["message"]["content"] for c in spec["choices"]
+    ]
+    assert len({c["message"]["content"] for c in spec["choices"]}) > 1  # the choices differ
+    assert spec["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0

@@ -140,6 +140,48 @@ def build_app(
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    async def anthropic_messages(request: Request) -> StreamingResponse | JSONResponse:
+        """Anthropic's /v1/messages, streamed: blocks joined by newlines into ChatML messages,
+        usage in message_start and (cumulative, with cache_read_input_tokens) message_delta."""
+        body = await request.json()
+        if body.get("max_tokens", 16) > MAX_TOKENS_LIMIT:
+            return error(400, f"max_tokens must be <= {MAX_TOKENS_LIMIT}")
+        messages = [{"role": "system", "content": "\n".join(b["text"] for b in body["system"])}]
+        messages += [
+            {"role": m["role"], "content": "\n".join(b["text"] for b in m["content"])}
+            for m in body["messages"]
+        ]
+        ids = llm.encode(llm.render(messages))
+        cached = llm.cached_len(ids)
+        llm.seen.append(ids)
+        llm.num_requests += 1
+        pieces = llm.reply_pieces(ids, body["max_tokens"])
+
+        def event(kind: str, data: dict) -> str:
+            return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
+
+        async def events():
+            start = {"usage": {"input_tokens": len(ids), "output_tokens": 0}}
+            yield event("message_start", {"message": start})
+            generated: list[int] = []
+            for piece in pieces:
+                await asyncio.sleep(llm.token_delay_s)
+                generated += llm.encode(piece)
+                yield event(
+                    "content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": piece}}
+                )
+            llm.seen.append(ids + generated)
+            usage = {
+                "input_tokens": len(ids) - cached,
+                "output_tokens": len(pieces),
+                "cache_read_input_tokens": cached,
+                "cache_creation_input_tokens": 0,
+            }
+            yield event("message_delta", {"delta": {"stop_reason": "max_tokens"}, "usage": usage})
+            yield event("message_stop", {})
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
     async def tokenize(request: Request) -> JSONResponse:
         if not has_tokenize:
             return error(404, "not found")
@@ -172,6 +214,7 @@ def build_app(
         routes=[
             Route("/v1/chat/completions", completions, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/messages", anthropic_messages, methods=["POST"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/apply-template", apply_template, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),

@@ -1,4 +1,5 @@
-"""One streamed request to an OpenAI-compatible endpoint, timed as its user feels it.
+"""One streamed request to an OpenAI-compatible endpoint (or, for a spec with `api` "messages",
+Anthropic's /v1/messages: `messages_body`, `_apply_event`), timed as its user feels it.
 
 Design: `send` posts a `RequestSpec` with `stream: true` and `stream_options.include_usage`,
 reads the server-sent events and stamps the arrival of every chunk that carries text. TTFT is
@@ -81,7 +82,71 @@ def request_body(spec: RequestSpec, params: SendParams) -> dict[str, Any]:
 
 
 def endpoint(spec: RequestSpec) -> str:
+    if spec.api == "messages":
+        return "/v1/messages"
     return "/v1/chat/completions" if spec.messages is not None else "/v1/completions"
+
+
+_BILLING = "x-anthropic-billing-header:"
+_REMINDER = "\n<system-reminder>"
+
+
+def messages_body(spec: RequestSpec, params: SendParams) -> dict[str, Any]:
+    """The Anthropic Messages body of a chat-shaped spec, as Claude Code sends it: a system
+    prompt opening with the billing header becomes two system blocks, a user turn ending in a
+    `<system-reminder>` two text blocks, and the last block carries cache_control. Joined by
+    newlines (the server's rendering), the blocks are the chat messages again."""
+    assert spec.messages is not None
+    system: list[dict[str, Any]] = []
+    messages: list[dict[str, Any]] = []
+    for m in spec.messages:
+        text = str(m["content"])
+        if m["role"] == "system":
+            head, sep, rest = text.partition("\n")
+            parts = [head, rest] if text.startswith(_BILLING) and sep else [text]
+            system += [{"type": "text", "text": t} for t in parts]
+            continue
+        cut = text.find(_REMINDER) if m["role"] == "user" else -1
+        parts = [text[:cut], text[cut + 1 :]] if cut > 0 else [text]
+        messages.append({"role": m["role"], "content": [{"type": "text", "text": t} for t in parts]})
+    if messages:
+        messages[-1]["content"][-1]["cache_control"] = {"type": "ephemeral"}
+    body: dict[str, Any] = {
+        "model": params.model,
+        "max_tokens": spec.max_tokens,
+        "temperature": params.temperature,
+        "stream": True,
+        "messages": messages,
+    }
+    if system:
+        body["system"] = system
+    body.update(spec.extra_body)
+    return body
+
+
+def _apply_event(ex: Exchange, event: Any, now: float) -> None:
+    """Fold one Anthropic stream event into `ex` (usage: message_start's, then message_delta's
+    cumulative counts; prompt tokens = input + cache read + cache creation)."""
+    if not isinstance(event, dict):
+        raise _StreamError(f"malformed stream event: {json.dumps(event)[:200]}")
+    kind = event.get("type")
+    if kind == "error":
+        err = event.get("error")
+        raise _StreamError(err.get("message", str(err)) if isinstance(err, dict) else str(err))
+    usage = event.get("usage") if kind == "message_delta" else (event.get("message") or {}).get("usage")
+    if isinstance(usage, dict) and isinstance(usage.get("input_tokens"), int):
+        cached = usage.get("cache_read_input_tokens") or 0
+        ex.prompt_tokens = usage["input_tokens"] + cached + (usage.get("cache_creation_input_tokens") or 0)
+        ex.cached_tokens = cached
+        ex.completion_tokens = usage.get("output_tokens")
+    delta = event.get("delta")
+    if kind == "content_block_delta" and isinstance(delta, dict):
+        piece = delta.get("text") or delta.get("thinking")
+        if piece:
+            ex.token_times.append(now)
+            ex.text_parts.append(piece)
+    if kind == "message_delta" and isinstance(delta, dict) and delta.get("stop_reason"):
+        ex.finish_reason = delta["stop_reason"]
 
 
 def _error_message(raw: bytes) -> str:
@@ -134,14 +199,16 @@ class _StreamError(Exception):
 
 async def _stream(client: httpx.AsyncClient, base_url: str, ex: Exchange, params: SendParams) -> None:
     spec = ex.spec
-    url, body = base_url + endpoint(spec), request_body(spec, params)
+    url = base_url + endpoint(spec)
+    body = messages_body(spec, params) if spec.api == "messages" else request_body(spec, params)
+    apply = _apply_event if spec.api == "messages" else _apply_chunk
     async with client.stream("POST", url, json=body, headers=dict(spec.headers)) as resp:
         ex.http_status = resp.status_code
         if resp.status_code != 200:
             ex.error = f"HTTP {resp.status_code}: {_error_message(await resp.aread())}"
             return
         async for data in aiter_sse(resp.aiter_lines()):
-            _apply_chunk(ex, json.loads(data), time.perf_counter())
+            apply(ex, json.loads(data), time.perf_counter())
             if spec.abort_after_tokens is not None and len(ex.token_times) >= spec.abort_after_tokens:
                 ex.outcome = Outcome.ABORTED
                 return  # leaving the context closes the connection mid-stream

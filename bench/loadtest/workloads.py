@@ -66,6 +66,7 @@ class RequestSpec:
     offset_s: float | None = None  # trace replay: send time relative to the run's start
     headers: tuple[tuple[str, str], ...] = ()  # extra HTTP headers (a client's session id)
     extra_body: tuple[tuple[str, str], ...] = ()  # extra top-level string fields (prompt_cache_key)
+    api: str = "chat"  # "chat": /v1/chat/completions; "messages": Anthropic's /v1/messages
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
@@ -243,11 +244,12 @@ BILLING_HEADER = "x-anthropic-billing-header: cc_version=2.0.14; cc_entrypoint=c
 
 @dataclass
 class ClaudeCodeConversation:
-    """Claude Code 2.x's request shape, sent as chat: a system prompt whose first line is the
-    per-request billing nonce (Claude Code sends it as the first system block), every user turn
-    followed by a trailing `<system-reminder>` (its mid-conversation system text, which stays in
-    place in later turns), each reply replayed verbatim, and the `X-Claude-Code-Session-Id`
-    header. The nonce differs on every send, so a server reuses at most the nonce's line start."""
+    """Claude Code 2.x's request shape, sent to /v1/messages: the per-request billing nonce as
+    the first system block, every user turn followed by a trailing `<system-reminder>` text block
+    (its mid-conversation system text, which stays in place in later turns), each reply replayed
+    verbatim, cache_control on the last block, and the `X-Claude-Code-Session-Id` header. Kept as
+    chat messages (blocks joined by newlines, as Messages servers render them; the oracle
+    tokenises these); `client.messages_body` splits them back into Claude Code's blocks."""
 
     conversation_id: str
     system: str
@@ -283,6 +285,7 @@ class ClaudeCodeConversation:
             max_tokens=self.reply_len,
             messages=self.messages(turn, f"{nonce:05x}"),
             headers=(("X-Claude-Code-Session-Id", self.session_id),),
+            api="messages",
         )
 
     def record_reply(self, spec: RequestSpec, outcome: Outcome, text: str) -> None:

@@ -569,3 +569,44 @@ def test_codex_replays_everything_with_a_prompt_cache_key() -> None:
     assert second.messages[: len(first.messages)] == first.messages  # the whole conversation again
     body = request_body(second, SendParams(model="m"))
     assert body["prompt_cache_key"] == dict(first.extra_body)["prompt_cache_key"] != ""
+
+
+def test_claude_code_speaks_messages_in_claude_codes_blocks() -> None:
+    import time as _time
+
+    from slotserve.bench.loadtest.client import Exchange, SendParams, _apply_event, endpoint, messages_body
+    from slotserve.bench.loadtest.workloads import Outcome, WorkloadConfig, build_conversations
+
+    (conv,) = build_conversations("claude-code", WorkloadConfig(num_conversations=1, num_turns=2))
+    first = conv.next_request()
+    assert first is not None and first.messages is not None
+    conv.record_reply(first, Outcome.OK, "a reply")
+    spec = conv.next_request()
+    assert spec is not None and spec.messages is not None and endpoint(spec) == "/v1/messages"
+    body = messages_body(spec, SendParams(model="m"))
+    nonce_block, system_block = body["system"]
+    assert nonce_block["text"].startswith("x-anthropic-billing-header:") and "\n" not in nonce_block["text"]
+    assert nonce_block["text"] + "\n" + system_block["text"] == spec.messages[0]["content"]
+    user = body["messages"][0]["content"]
+    assert [b["text"] for b in user][1].startswith("<system-reminder>")
+    assert "\n".join(b["text"] for b in user) == spec.messages[1]["content"]  # the server's join
+    assert body["messages"][1] == {"role": "assistant", "content": [{"type": "text", "text": "a reply"}]}
+    assert body["messages"][-1]["content"][-1]["cache_control"] == {"type": "ephemeral"}
+    assert sum("cache_control" in b for m in body["messages"] for b in m["content"]) == 1
+
+    ex = Exchange(spec=spec, index=0, t_send=_time.perf_counter())
+    _apply_event(
+        ex, {"type": "message_start", "message": {"usage": {"input_tokens": 90, "output_tokens": 0}}}, 1.0
+    )
+    _apply_event(
+        ex, {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}}, 2.0
+    )
+    usage = {
+        "input_tokens": 5,
+        "output_tokens": 1,
+        "cache_read_input_tokens": 80,
+        "cache_creation_input_tokens": 5,
+    }
+    _apply_event(ex, {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": usage}, 3.0)
+    assert (ex.prompt_tokens, ex.cached_tokens, ex.completion_tokens) == (90, 80, 1)
+    assert ex.text == "Hi" and ex.token_times == [2.0] and ex.finish_reason == "end_turn"

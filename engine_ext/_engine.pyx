@@ -72,6 +72,10 @@ cdef const float *_f32_opt(dict tensors, str name, int n) except? NULL:
     return _f32(tensors[name], n)
 
 
+# KV element types (kv_q8.h: KV_F32, KV_F16, KV_Q8_0)
+_KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 2}
+
+
 cdef class Engine:
     """The forward pass and KV memory for `num_slots` slots of `ctx_len` tokens.
 
@@ -87,8 +91,11 @@ cdef class Engine:
     def __cinit__(self, model_file, int num_slots, int ctx_len, int threads, str kv_dtype,
                   int max_batch_tokens, str kernels, bint swa_ring=False, int rollback=0):
         self.e = NULL
-        if kv_dtype not in ("f16", "f32"):
-            raise ValueError(f"kv_dtype must be 'f16' or 'f32', got {kv_dtype!r}")
+        if kv_dtype not in _KV_TYPES:
+            raise ValueError(f"kv_dtype must be one of {sorted(_KV_TYPES)}, got {kv_dtype!r}")
+        if kv_dtype == "q8_0" and model_file.config.head_dim % 32:
+            raise ValueError(f"kv_dtype q8_0 needs a head_dim that is a multiple of 32 "
+                             f"(the model's is {model_file.config.head_dim}); use f16")
         cdef const kernel_table *kt = _select(kernels)
         cfg = model_file.config
         cdef model_desc m
@@ -122,7 +129,7 @@ cdef class Engine:
         if layers == NULL:
             raise MemoryError()
         cdef int status = ENGINE_OK
-        cdef int kv_f16 = kv_dtype == "f16"
+        cdef int kv_type = _KV_TYPES[kv_dtype]
         try:
             for i in range(cfg.n_layers):
                 p = f"blk.{i}."
@@ -163,7 +170,7 @@ cdef class Engine:
                 layers[i].post_ffn_norm = _f32_opt(t, p + "post_ffw_norm.weight", cfg.dim)
             m.layers = layers
             with nogil:
-                self.e = engine_create(&m, kt, num_slots, ctx_len, kv_f16, max_batch_tokens, threads, swa_ring,
+                self.e = engine_create(&m, kt, num_slots, ctx_len, kv_type, max_batch_tokens, threads, swa_ring,
                                        rollback, &status)
         finally:
             free(layers)
@@ -174,7 +181,8 @@ cdef class Engine:
                 row = sum(0 if rec else cfg.dim if conv else 2 * cfg.n_kv_heads * cfg.head_dim
                           for conv, rec in zip(cfg.conv_layers, cfg.recurrent_layers))
                 state = 4 * sum(cfg.recurrent_layers) * (cfg.ssm.state_floats if cfg.ssm is not None else 0)
-                kv_gib = (num_slots * row * (-(-ctx_len // KEY_LANES) * KEY_LANES) * (2 if kv_f16 else 4)
+                elt = {"f32": 4, "f16": 2, "q8_0": 34 / 32}[kv_dtype]
+                kv_gib = (num_slots * row * (-(-ctx_len // KEY_LANES) * KEY_LANES) * elt
                           + num_slots * (1 + rollback) * state) / 2**30
                 raise MemoryError(f"cannot allocate {kv_gib:.1f} GiB of KV and recurrent state for {num_slots} slots "
                                   f"x {ctx_len} tokens (plus weights and step buffers); use fewer slots or a shorter "

@@ -8,11 +8,14 @@ failed step, the snapshot format and the test fault hook. One lock serialises ca
 Snapshot layout (little-endian):
 
     +-------------------- header (HEADER: struct, then the fingerprint) --------------------+
-    | magic b"SSKVSNAP" | layout u32 | kv dtype u32 (1 f16, 2 f32) | n_layers | n_kv_heads |
+    | magic b"SSKVSNAP" | layout u32 | kv dtype u32 (1 f16, 2 f32, 3 q8_0) | n_layers |      |
+    | n_kv_heads |
     | head_dim | n_vocab | n tokens | fingerprint length (all u32) | fingerprint utf-8      |
+    |  (the fingerprint names the KV dtype too: /kv=q8_0 snapshots never restore elsewhere)  |
     +---------------------------------------------------------------------------------------+
     | token ids int32 [n]                                                                   |
     | KV per layer: n_kv_heads k planes (blocked keys), n_kv_heads v planes (rows); engine.h |
+    |  (q8_0: the same planes of 34-byte blocks, half the f16 bytes + 1/16; kv_q8.h)          |
     | recurrent state (qwen35 only): engine_state_bytes, the state at length n; engine.h      |
     | crc32 u32 of everything before it                                                     |
     +---------------------------------------------------------------------------------------+
@@ -27,7 +30,7 @@ is 0). A ring snapshot carries exactly those window - 1 rows per ring layer; the
 names the ring, so ring and full-KV snapshots never cross.
 
 Short convolutions (lfm2): such a layer keeps, instead of keys and values, its conv input (b * x,
-dim values in the KV dtype) per position, in the KV's place in the snapshot (engine.h), so it is
+dim values in the KV dtype; f16 when the KV is q8_0) per position, in the KV's place in the snapshot (engine.h), so it is
 rewound, copied and snapshotted exactly like full KV (min_truncate_len stays 0); the fingerprint
 names the conv length, so snapshots never cross into a layout without it.
 
@@ -63,7 +66,7 @@ from .gguf_file import ModelFile, load_model_file
 LAYOUT_VERSION = 2  # bump whenever the KV layout or the snapshot format changes
 SNAP_MAGIC = b"SSKVSNAP"
 HEADER = struct.Struct("<8s8I")
-KV_DTYPE_CODES = {"f16": 1, "f32": 2}
+KV_DTYPE_CODES = {"f16": 1, "f32": 2, "q8_0": 3}
 KERNELS_ENV = "SLOTSERVE_KERNELS"  # auto | scalar | avx2 | avx512vnni: which kernel variant pools use
 # Variants whose results are bit-identical share one name in the fingerprint (avx512vnni is
 # avx2 with the same integer sums on other instructions; tests/engine/test_kernels.py holds
@@ -120,7 +123,9 @@ class SlotPool:
     """num_slots KV slots of ctx_len tokens on one model (see scheduler/interface.py).
 
     Arguments: model (a ModelFile or a GGUF path), num_slots >= 1, ctx_len >= 1; threads
-    (default: the CPUs this process may use), kv_dtype "f16" (default) or "f32",
+    (default: the CPUs this process may use), kv_dtype "f16" (default), "f32" or
+    "q8_0" (8-bit keys and values with an f16 scale per 32 values: 53% of f16's bytes;
+    head_dim a multiple of 32),
     max_batch_tokens (rows of one internal step; longer forwards run in several steps; the
     results are identical), kernels (None: $SLOTSERVE_KERNELS or auto), swa_full (keep every
     row of sliding-window layers too: every length rewindable, more memory; default: rings),

@@ -45,6 +45,7 @@ LOG_LEVELS = tuple(level.value for level in LogLevel)
 # 40 KiB a row; an 8B model: about 300 KiB), and longer forwards run in several steps anyway.
 MAX_BATCH_TOKENS = 16384
 SPECULATIVE_MODES = ("ngram", "off")
+KV_TYPES = ("f16", "q8_0")  # --kv-type (the engine also has f32, for tests)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class ServeConfig:
     no_reuse: bool = False  # disable every form of prefix reuse (benchmark baseline)
     no_decode_chain: bool = False  # every engine step planned by the event loop (scheduler/chain.py)
     swa_full: bool = False  # sliding-window layers keep every row (no rings): more KV memory
+    kv_type: str = "f16"  # KV element type: f16, or q8_0 (8-bit keys and values, 53% of the bytes)
     max_batch_tokens: int | None = None  # rows of one engine step (and of a ring past the window); None = 512
     speculative: str = (
         "off"  # ngram: speculative drafts from the conversation itself (scheduler/draft.py); off
@@ -117,6 +119,9 @@ class ServeConfig:
         need(self.ctx_size >= 16, f"--ctx-size must be >= 16 tokens, got {self.ctx_size}")
         need(self.threads is None or self.threads >= 1, f"--threads must be >= 1, got {self.threads}")
         need(all(n.strip() for n in self.served_model_name), "--served-model-name: names must be non-empty")
+        need(
+            self.kv_type in KV_TYPES, f"--kv-type must be one of {', '.join(KV_TYPES)}, got {self.kv_type!r}"
+        )
         need(
             self.segment_tokens is None or self.segment_tokens >= 1,
             f"--segment-tokens must be >= 1, got {self.segment_tokens}",
@@ -406,6 +411,14 @@ OPTIONS: tuple[Option, ...] = (
         "sliding-window layers keep every row instead of a ring of the window: every length "
         "rewindable, more KV memory",
         kind="flag",
+    ),
+    Option(
+        "kv_type",
+        ("--kv-type",),
+        str,
+        "KV element type: f16 (default) or q8_0 (keys and values in 8 bits with a scale per 32 "
+        "values: 53% of the KV and checkpoint bytes; head_dim a multiple of 32)",
+        metavar="f16|q8_0",
     ),
     Option(
         "max_batch_tokens",

@@ -82,6 +82,7 @@ class Runtime:
     ctx_len: int  # tokens per slot
     num_slots: int
     kv_bytes: int = 0
+    kv_type: str = "f16"  # KV element type (--kv-type)
     kernel_variant: str = "unknown"
     kv_window: int | None = None  # sliding window kept as a ring (None: full KV on every layer)
     # a slot cannot be cut back to an earlier turn (ring, recurrent state): chat requests carry
@@ -198,6 +199,7 @@ def open_served_model(config: ServeConfig) -> OpenedModel:
         threads=config.threads,
         allow_ctx_over_train=config.allow_ctx_over_train,
         swa_full=config.swa_full,
+        kv_dtype=config.kv_type,
         max_batch_tokens=config.max_batch_tokens,
     )
     pool, closers = with_kv_events(bundle.pool, config)
@@ -243,6 +245,7 @@ def build_runtime(config: ServeConfig, model: OpenedModel, *, stats_sink: StatsS
         ctx_len=config.ctx_size,
         num_slots=config.batched_session,
         kv_bytes=int(model.bundle.pool.kv_bytes),
+        kv_type=str(model.bundle.pool.kv_dtype),
         kernel_variant=str(model.bundle.pool.kernel_variant),
         kv_window=model.bundle.pool.kv_window,
         turn_captures=model.bundle.pool.restored_min_truncate_len(config.ctx_size) > 0,

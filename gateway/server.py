@@ -193,7 +193,7 @@ def summary_line(runtime: Runtime, config: ServeConfig) -> str:
     )
     return (
         f"slotserve: model {runtime.model_name} ({runtime.model_path}) | {runtime.num_slots} slots x "
-        f"{runtime.ctx_len} tokens | KV {kv_mib:.1f} MiB{ring}{checkpoints} | kernels "
+        f"{runtime.ctx_len} tokens | KV {kv_mib:.1f} MiB {runtime.kv_type}{ring}{checkpoints} | kernels "
         f"{runtime.kernel_variant} | reuse {reuse} | chat template {chat} | {config.url}"
     )
 

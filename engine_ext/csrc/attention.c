@@ -10,6 +10,7 @@
 
 #include "fp16.h"
 #include "kernels.h"
+#include "kv_q8.h"
 
 #define ATTN_KEY_BLOCK 32 /* keys per block in the SIMD variants (scratch sizing) */
 
@@ -25,7 +26,9 @@ size_t attn_scratch_floats(int ctx_len, int head_dim) {
 }
 
 static inline void load_row(float *dst, const void *src, int kv_f16, size_t row, int head_dim) {
-    if (kv_f16) {
+    if (kv_f16 == KV_Q8_0) {
+        kv_q8_load_row(dst, src, row, head_dim);
+    } else if (kv_f16) {
         const uint16_t *h = (const uint16_t *)src + row * head_dim;
         for (int i = 0; i < head_dim; i++) dst[i] = fp16_to_f32(h[i]);
     } else {
@@ -34,6 +37,10 @@ static inline void load_row(float *dst, const void *src, int kv_f16, size_t row,
 }
 
 static inline void load_key(float *dst, const void *k, int kv_f16, int t, int head_dim) {
+    if (kv_f16 == KV_Q8_0) {
+        kv_q8_load_key(dst, k, t, head_dim);
+        return;
+    }
     for (int d = 0; d < head_dim; d++) {
         size_t at = key_index(t, d, head_dim);
         dst[d] = kv_f16 ? fp16_to_f32(((const uint16_t *)k)[at]) : ((const float *)k)[at];

@@ -32,6 +32,16 @@
  *
  *   k plane   | block 0: d0[p0..p7] d1[p0..p7] ... | block 1: d0[p8..p15] ... |
  *
+ * q8_0 (kv_type KV_Q8_0, kv_q8.h): a head row is head_dim / 32 blocks of an f16 scale and 32
+ * int8 values (34 bytes, kv_row); v rows are those blocks in order; a k block keeps, per group of
+ * 32 dimensions, the 8 positions' scales and then the group's values dimension-major, so keys
+ * still stream front to back, 8 lanes per load, and a block is KEY_LANES * kv_row bytes:
+ *
+ *   v row p   | d q[0..31] | d q[32..63] | ...
+ *   k block   | group 0: d[p0..p7] | dim0 q[p0..p7] ... dim31 q[p0..p7] | group 1: d[p0..p7] | ...
+ *
+ * Rows are quantized as they are stored (store_kv), never re-quantized after.
+ *
  * ctx_pad = ctx_len rounded up to KEY_LANES. A slot's first n tokens are the first
  * ceil(n / KEY_LANES) blocks of every k plane and the first n rows of every v plane (what
  * truncate, copy and snapshot rely on).
@@ -47,7 +57,7 @@
  *   ring row   0 ....... R-1 | 0 ....... R-1  | 0 ...         ATTN_CHUNK and of KEY_LANES)
  *
  * Short-convolution layers (lfm2) keep no keys or values but the input of their convolution,
- * b * x ([dim] per position, in the KV dtype), as one row per position, so a slot's first n
+ * b * x ([dim] per position, in the KV dtype; f16 when the KV is q8_0), as one row per position, so a slot's first n
  * tokens are the first n rows there too and truncate, copy and snapshot work as on full KV:
  *
  *   kv = [slot][layer: ... | conv layer: [ctx_pad][dim] rows, row p = position p | ...]
@@ -87,6 +97,7 @@
 #include <sys/mman.h>
 #endif
 
+#include "kv_q8.h"
 #include "threadpool.h"
 
 #define MIN_GEMM_CHUNK 16       /* fewest output rows in one dynamic matmul chunk */
@@ -137,10 +148,11 @@ struct engine {
     size_t packed_bytes;
     const kernel_table *kt;
     threadpool *tp;
-    int num_slots, ctx_len, kv_f16, max_tokens;
+    int num_slots, ctx_len, kv_f16, kv_type, max_tokens; /* kv_f16: conv rows in f16 (any 16- or 8-bit KV) */
     int ctx_pad;              /* ctx_len rounded up to KEY_LANES */
     int q_dim, kv_dim, max_k, group;
-    size_t kv_elt;            /* bytes per KV element: 2 (f16) or 4 (f32) */
+    size_t kv_elt;            /* bytes per conv-row element: 2 (f16 or q8_0 KV) or 4 (f32) */
+    size_t kv_row;            /* bytes of one position's head row in a k or v plane (kv_q8.h for q8_0) */
     int ring_len;             /* rows of a sliding-window layer's planes; 0: no rings (see top) */
     int ring_reach;           /* widest window - 1: rows before a position a ring must still hold */
     int *plane_rows;          /* [n_layers] rows per plane: ctx_pad, or ring_len for ring layers */
@@ -391,9 +403,10 @@ static int delta_create(engine *e, const model_desc *m, int max_tokens, int n_th
 }
 
 engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots, int ctx_len,
-                      int kv_f16, int max_tokens, int n_threads, int swa_ring, int rollback, int *status) {
+                      int kv_type, int max_tokens, int n_threads, int swa_ring, int rollback, int *status) {
     *status = ENGINE_EINVAL;
-    if (!m || !kt || num_slots < 1 || ctx_len < 1 || max_tokens < 1 || n_threads < 1 || rollback < 0 || !model_ok(m))
+    if (!m || !kt || num_slots < 1 || ctx_len < 1 || max_tokens < 1 || n_threads < 1 || rollback < 0 || !model_ok(m) ||
+        kv_type < KV_F32 || kv_type > KV_Q8_0 || (kv_type == KV_Q8_0 && m->head_dim % KV_Q8_BLOCK))
         return NULL;
     *status = ENGINE_ENOMEM;
     engine *e = calloc(1, sizeof(*e));
@@ -408,7 +421,8 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
     e->num_slots = num_slots;
     e->ctx_len = ctx_len;
     e->ctx_pad = (ctx_len + KEY_LANES - 1) / KEY_LANES * KEY_LANES;
-    e->kv_f16 = kv_f16 ? 1 : 0;
+    e->kv_type = kv_type;
+    e->kv_f16 = kv_type != KV_F32;
     e->max_tokens = max_tokens;
     e->q_dim = m->n_heads * m->head_dim;
     e->kv_dim = m->n_kv_heads * m->head_dim;
@@ -420,6 +434,7 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
     e->conv_dim = 2 * e->key_dim + e->value_dim;
     if (e->value_dim > e->max_k) e->max_k = e->value_dim;
     e->kv_elt = e->kv_f16 ? 2 : 4;
+    e->kv_row = kv_type == KV_Q8_0 ? kv_q8_row_bytes(m->head_dim) : (size_t)m->head_dim * e->kv_elt;
     int max_window = 0;
     for (int l = 0; l < m->n_layers; l++) max_window = m->layers[l].window > max_window ? m->layers[l].window : max_window;
     if (swa_ring && max_window > 0) {
@@ -438,7 +453,7 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
             e->layer_off[l] = e->slot_bytes;
             if (!is_delta_layer(&m->layers[l]))
                 e->slot_bytes += is_conv_layer(&m->layers[l]) ? (size_t)e->ctx_pad * e->conv_row_bytes
-                                                              : 2 * (size_t)e->kv_dim * e->plane_rows[l] * e->kv_elt;
+                                                              : 2 * (size_t)m->n_kv_heads * e->plane_rows[l] * e->kv_row;
         }
     if (m->conv_len) { /* the kernels read the taps of 8 channels at once: [conv_len][dim] */
         e->conv_taps = xalloc(sizeof(float) * m->n_layers * m->conv_len * m->dim, &ok);
@@ -551,7 +566,7 @@ static inline char *conv_row(const engine *e, int slot, int layer, int pos) {
 }
 
 static inline char *kv_plane(const engine *e, int slot, int layer, int which, int head) {
-    size_t plane = (size_t)e->plane_rows[layer] * e->m.head_dim * e->kv_elt;
+    size_t plane = (size_t)e->plane_rows[layer] * e->kv_row;
     return (char *)e->kv + (size_t)slot * e->slot_bytes + e->layer_off[layer] + ((size_t)which * e->m.n_kv_heads + head) * plane;
 }
 
@@ -560,13 +575,14 @@ static inline int kv_row(const engine *e, int layer, int pos) { return pos % e->
 
 /* Bytes of a slot's first n tokens in one k plane (whole blocks) and one v plane. */
 static inline size_t k_plane_bytes(const engine *e, int n) {
-    return (size_t)(n + KEY_LANES - 1) / KEY_LANES * KEY_LANES * e->m.head_dim * e->kv_elt;
+    return (size_t)(n + KEY_LANES - 1) / KEY_LANES * KEY_LANES * e->kv_row;
 }
 
-static inline size_t v_plane_bytes(const engine *e, int n) { return (size_t)n * e->m.head_dim * e->kv_elt; }
+static inline size_t v_plane_bytes(const engine *e, int n) { return (size_t)n * e->kv_row; }
 
 /* A ring layer's snapshot of n tokens: the rows of positions ring_lo(n) .. n-1, those a next
- * position attends to (its window before it), as [rows][head_dim] keys then values per head. */
+ * position attends to (its window before it), as [rows][head_dim] keys then values per head
+ * (q8_0: rows of kv_row bytes in the v layout, keys too). */
 static inline int ring_lo(const engine *e, int n) { return n - e->ring_reach > 0 ? n - e->ring_reach : 0; }
 
 static inline int is_delta(const engine *e, int layer) { return is_delta_layer(&e->m.layers[layer]); }
@@ -585,12 +601,13 @@ size_t engine_kv_snapshot_bytes(const engine *e, int n) {
  * and a [n - lo][head_dim] key buffer and value buffer. */
 static void ring_rows(const engine *e, int slot, int l, int h, int lo, int n, char *keys, char *values, int to_ring) {
     const int hd = e->m.head_dim;
-    const size_t elt = e->kv_elt, row = (size_t)hd * elt;
+    const size_t elt = e->kv_elt, row = e->kv_row;
     char *kp = kv_plane(e, slot, l, 0, h), *vp = kv_plane(e, slot, l, 1, h);
     for (int p = lo; p < n; p++) {
         const int r = kv_row(e, l, p);
         char *kr = keys + (size_t)(p - lo) * row, *vr = values + (size_t)(p - lo) * row;
-        for (int d = 0; d < hd; d++) {
+        if (e->kv_type == KV_Q8_0) kv_q8_key_row((uint8_t *)kp, (uint8_t *)kr, r, hd, to_ring);
+        else for (int d = 0; d < hd; d++) {
             char *ring_elt = kp + key_index(r, d, hd) * elt;
             if (to_ring) memcpy(ring_elt, kr + d * elt, elt);
             else memcpy(kr + d * elt, ring_elt, elt);
@@ -603,6 +620,15 @@ static void ring_rows(const engine *e, int slot, int l, int h, int lo, int n, ch
 /* Zero the lanes of key positions n.. in the last (partial) block of a k plane copy. */
 static void clear_tail_lanes(const engine *e, char *kplane, int n) {
     if (n % KEY_LANES == 0) return;
+    if (e->kv_type == KV_Q8_0) { /* per group: the lanes' scales, then their values dim by dim */
+        for (int g = 0; g < e->m.head_dim / KV_Q8_BLOCK; g++) {
+            char *grp = kplane + kv_q8_key_group(n, g, e->m.head_dim);
+            memset(grp + 2 * (n % KEY_LANES), 0, 2 * (KEY_LANES - n % KEY_LANES));
+            for (int j = 0; j < KV_Q8_BLOCK; j++)
+                memset(grp + 2 * KEY_LANES + j * KEY_LANES + n % KEY_LANES, 0, KEY_LANES - n % KEY_LANES);
+        }
+        return;
+    }
     char *block = kplane + (size_t)(n / KEY_LANES) * KEY_LANES * e->m.head_dim * e->kv_elt;
     for (int d = 0; d < e->m.head_dim; d++)
         memset(block + ((size_t)d * KEY_LANES + n % KEY_LANES) * e->kv_elt, 0, (KEY_LANES - n % KEY_LANES) * e->kv_elt);
@@ -697,8 +723,13 @@ void engine_state_copy(engine *e, int src, int which, int dst) {
 static void store_kv(engine *e, int slot, int layer, int h, int pos, const float *key, const float *value) {
     const int hd = e->m.head_dim;
     pos = kv_row(e, layer, pos);
-    char *kp = kv_plane(e, slot, layer, 0, h), *vd = kv_plane(e, slot, layer, 1, h) + (size_t)pos * hd * e->kv_elt;
-    if (e->kv_f16) {
+    char *kp = kv_plane(e, slot, layer, 0, h), *vd = kv_plane(e, slot, layer, 1, h) + (size_t)pos * e->kv_row;
+    if (e->kv_type == KV_Q8_0) { /* quantized as written: the key through a row buffer */
+        uint8_t tmp[e->kv_row];
+        kv_q8_quantize_row(tmp, key, hd);
+        kv_q8_key_row((uint8_t *)kp, tmp, pos, hd, 1);
+        kv_q8_quantize_row((uint8_t *)vd, value, hd);
+    } else if (e->kv_f16) {
         uint16_t *kh = (uint16_t *)kp;
         uint16_t tmp[hd];
         e->kt->f32_to_f16(tmp, key, hd);
@@ -795,13 +826,13 @@ static void attention_phase(engine *e, int p, int layer, int ith) {
         const void *k = kv_plane(e, sg->slot, layer, 0, au->kv_head), *v = kv_plane(e, sg->slot, layer, 1, au->kv_head);
         const int ring = is_ring(e, layer) ? e->ring_len : 0;
         if (au->chunk < 0) {
-            attention_rows_ring(e->kt, e->xb + (size_t)row * e->q_dim + col, e->q_dim, q, e->q_dim, k, v, e->kv_f16,
+            attention_rows_ring(e->kt, e->xb + (size_t)row * e->q_dim + col, e->q_dim, q, e->q_dim, k, v, e->kv_type,
                                 sg->pos0 + au->q0, au->n_q, e->group, m->head_dim, scale, window, ring, scratch);
         } else {
             /* a ring: the chunk's keys sit shift positions lower (see top) */
             const int shift = ring ? au->chunk * ATTN_CHUNK / ring * ring : 0;
             float *acc = e->parts + au->part, *ml = acc + (size_t)au->n_q * lda;
-            e->kt->attention_chunk(acc, lda, ml, q, e->q_dim, k, v, e->kv_f16, sg->pos0 + au->q0 - shift, au->n_q,
+            e->kt->attention_chunk(acc, lda, ml, q, e->q_dim, k, v, e->kv_type, sg->pos0 + au->q0 - shift, au->n_q,
                                    e->group, m->head_dim, scale, window, au->chunk - shift / ATTN_CHUNK, scratch);
         }
     }

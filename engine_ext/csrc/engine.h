@@ -110,9 +110,10 @@ typedef struct engine engine;
  * swa_ring != 0: sliding-window layers keep a ring of their window + max_tokens - 1 rows
  * (rounded up to ATTN_CHUNK) instead of ctx_len (engine.c; none if that saves nothing).
  * rollback: recurrent states kept per slot for rewinds (engine_state_bytes; 0 = none).
+ * kv_type: KV_F32, KV_F16 or KV_Q8_0 (kv_q8.h; head_dim a multiple of 32, else ENGINE_EINVAL).
  * *status gets ENGINE_OK or the failure; the model's weights must outlive the engine. */
 engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots, int ctx_len,
-                      int kv_f16, int max_tokens, int n_threads, int swa_ring, int rollback, int *status);
+                      int kv_type, int max_tokens, int n_threads, int swa_ring, int rollback, int *status);
 void engine_destroy(engine *e);
 size_t engine_kv_bytes(const engine *e);
 /* Rows of a ring layer's planes; 0 when the engine keeps full planes on every layer. */

@@ -64,7 +64,8 @@ typedef void (*gemm_fn)(float *y, int ldy, const gemm_weight *w, int o0, int o1,
  *
  *   k[(t / KEY_LANES) * head_dim * KEY_LANES + d * KEY_LANES + t % KEY_LANES] = key t, dim d
  *
- * Elements are f16 (uint16) or f32 (kv_f16). A k buffer spans whole blocks (lanes past the
+ * Elements are f32, f16 (uint16) or q8_0 (kv_f16 = 0, 1, 2: KV_F32, KV_F16, KV_Q8_0; q8_0's
+ * blocked layout is drawn in kv_q8.h). A k buffer spans whole blocks (lanes past the
  * keys in use are never read into a result). */
 #define ATTN_CHUNK 256
 #define KEY_LANES 8

@@ -66,6 +66,8 @@ def test_every_option_has_an_env_var_that_parses() -> None:
             env[opt.env] = "fifo"
         if opt.field == "speculative":
             env[opt.env] = "ngram"
+        if opt.field == "kv_type":
+            env[opt.env] = "q8_0"
         if opt.field == "reasoning_format":
             env[opt.env] = "deepseek-legacy"
         if opt.field in ("max_body_bytes", "max_tokens_limit"):
@@ -232,6 +234,26 @@ def test_max_batch_tokens_sizes_the_engine_step_and_the_rings(arch_model_factory
     assert small.ring_len >= 16 + 16 - 1
     full = opened(max_batch_tokens=16, swa_full=True).bundle.pool
     assert full.ring_len == 0 and full.kv_bytes == opened(swa_full=True).bundle.pool.kv_bytes
+
+
+def test_kv_type_opens_an_8_bit_pool_and_refuses_others(arch_model_factory, tiny_model_factory) -> None:
+    """--kv-type q8_0: the pool's KV is 34/64 of f16's (tiny gemma3: head_dim 64); a model whose
+    head_dim is not a multiple of 32 is refused at start with the reason; other names never parse."""
+    from slotserve.engine_ext.errors import ModelOpenError
+    from slotserve.gateway.runtime import open_served_model
+
+    def opened(path, **kw):
+        return open_served_model(
+            ServeConfig(model=str(path), batched_session=1, ctx_size=256, threads=1, **kw)
+        )
+
+    path = arch_model_factory("gemma3")
+    f16, q8 = opened(path).bundle.pool, opened(path, kv_type="q8_0").bundle.pool
+    assert (f16.kv_dtype, q8.kv_dtype) == ("f16", "q8_0") and q8.kv_bytes * 64 == f16.kv_bytes * 34
+    with pytest.raises(ModelOpenError, match="multiple of 32"):
+        opened(tiny_model_factory("Q8_0"), kv_type="q8_0")  # head_dim 16
+    with pytest.raises(ValueError, match="--kv-type must be one of f16, q8_0"):
+        config_from_args(None, environ={"SLOTSERVE_KV_TYPE": "q4_0"})
 
 
 def test_normalize_names_only_known_clients() -> None:

@@ -451,7 +451,7 @@ static inline __attribute__((always_inline)) void attend_block(
 void attention_chunk_avx2(float *acc, int lda, float *ml, const float *q, int ldq, const void *k,
                           const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim,
                           float scale, int window, int chunk, float *scratch) {
-    if (head_dim % 8 != 0) {
+    if (head_dim % 8 != 0 || kv_f16 == 2 /* q8_0: the portable kernel for now */) {
         attention_chunk_generic(acc, lda, ml, q, ldq, k, v, kv_f16, pos0, n_q, group, head_dim, scale, window,
                                 chunk, scratch);
         return;

@@ -182,6 +182,42 @@ def build_app(
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    async def responses(request: Request) -> StreamingResponse | JSONResponse:
+        """OpenAI's /v1/responses, streamed: instructions then input message items as ChatML;
+        usage (input_tokens_details.cached_tokens) in response.completed."""
+        body = await request.json()
+        if body.get("max_output_tokens", 16) > MAX_TOKENS_LIMIT:
+            return error(400, f"max_output_tokens must be <= {MAX_TOKENS_LIMIT}")
+        messages = [{"role": "system", "content": body["instructions"]}] if body.get("instructions") else []
+        messages += [
+            {"role": it["role"], "content": "".join(c["text"] for c in it["content"])} for it in body["input"]
+        ]
+        ids = llm.encode(llm.render(messages))
+        cached = llm.cached_len(ids)
+        llm.seen.append(ids)
+        llm.num_requests += 1
+        pieces = llm.reply_pieces(ids, body["max_output_tokens"])
+
+        def event(kind: str, data: dict) -> str:
+            return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
+
+        async def events():
+            yield event("response.created", {"response": {"status": "in_progress"}})
+            generated: list[int] = []
+            for piece in pieces:
+                await asyncio.sleep(llm.token_delay_s)
+                generated += llm.encode(piece)
+                yield event("response.output_text.delta", {"delta": piece})
+            llm.seen.append(ids + generated)
+            usage = {
+                "input_tokens": len(ids),
+                "input_tokens_details": {"cached_tokens": cached},
+                "output_tokens": len(pieces),
+            }
+            yield event("response.incomplete", {"response": {"status": "incomplete", "usage": usage}})
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
     async def tokenize(request: Request) -> JSONResponse:
         if not has_tokenize:
             return error(404, "not found")
@@ -215,6 +251,7 @@ def build_app(
             Route("/v1/chat/completions", completions, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/messages", anthropic_messages, methods=["POST"]),
+            Route("/v1/responses", responses, methods=["POST"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/apply-template", apply_template, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),

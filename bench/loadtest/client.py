@@ -1,5 +1,6 @@
 """One streamed request to an OpenAI-compatible endpoint (or, for a spec with `api` "messages",
-Anthropic's /v1/messages: `messages_body`, `_apply_event`), timed as its user feels it.
+Anthropic's /v1/messages: `messages_body`, `_apply_event`; "responses": OpenAI's /v1/responses,
+`responses_body`, `_apply_response_event`), timed as its user feels it.
 
 Design: `send` posts a `RequestSpec` with `stream: true` and `stream_options.include_usage`,
 reads the server-sent events and stamps the arrival of every chunk that carries text. TTFT is
@@ -82,8 +83,8 @@ def request_body(spec: RequestSpec, params: SendParams) -> dict[str, Any]:
 
 
 def endpoint(spec: RequestSpec) -> str:
-    if spec.api == "messages":
-        return "/v1/messages"
+    if spec.api in ("messages", "responses"):
+        return f"/v1/{spec.api}"
     return "/v1/chat/completions" if spec.messages is not None else "/v1/completions"
 
 
@@ -122,6 +123,57 @@ def messages_body(spec: RequestSpec, params: SendParams) -> dict[str, Any]:
         body["system"] = system
     body.update(spec.extra_body)
     return body
+
+
+def responses_body(spec: RequestSpec, params: SendParams) -> dict[str, Any]:
+    """The OpenAI Responses body of a chat-shaped spec, as Codex CLI sends it: the system message
+    as `instructions`, every turn replayed as input message items, `store: false`."""
+    assert spec.messages is not None
+    items: list[dict[str, Any]] = []
+    instructions = None
+    for m in spec.messages:
+        if m["role"] == "system":
+            instructions = str(m["content"])
+            continue
+        kind = "output_text" if m["role"] == "assistant" else "input_text"
+        items.append(
+            {"type": "message", "role": m["role"], "content": [{"type": kind, "text": m["content"]}]}
+        )
+    body: dict[str, Any] = {
+        "model": params.model,
+        "input": items,
+        "store": False,
+        "stream": True,
+        "max_output_tokens": spec.max_tokens,
+        "temperature": params.temperature,
+    }
+    if instructions is not None:
+        body["instructions"] = instructions
+    body.update(spec.extra_body)
+    return body
+
+
+def _apply_response_event(ex: Exchange, event: Any, now: float) -> None:
+    """Fold one Responses stream event into `ex` (usage from the terminal response object)."""
+    if not isinstance(event, dict):
+        raise _StreamError(f"malformed stream event: {json.dumps(event)[:200]}")
+    kind = event.get("type")
+    if kind in ("error", "response.failed"):
+        err = event.get("error") or (event.get("response") or {}).get("error")
+        raise _StreamError(err.get("message", str(err)) if isinstance(err, dict) else str(err))
+    if kind in ("response.output_text.delta", "response.reasoning_text.delta") and event.get("delta"):
+        ex.token_times.append(now)
+        ex.text_parts.append(str(event["delta"]))
+    response = event.get("response")
+    if kind in ("response.completed", "response.incomplete") and isinstance(response, dict):
+        ex.finish_reason = response.get("status")
+        usage = response.get("usage")
+        if isinstance(usage, dict):
+            ex.prompt_tokens = usage.get("input_tokens")
+            ex.completion_tokens = usage.get("output_tokens")
+            details = usage.get("input_tokens_details")
+            if isinstance(details, dict):
+                ex.cached_tokens = details.get("cached_tokens")
 
 
 def _apply_event(ex: Exchange, event: Any, now: float) -> None:
@@ -200,8 +252,9 @@ class _StreamError(Exception):
 async def _stream(client: httpx.AsyncClient, base_url: str, ex: Exchange, params: SendParams) -> None:
     spec = ex.spec
     url = base_url + endpoint(spec)
-    body = messages_body(spec, params) if spec.api == "messages" else request_body(spec, params)
-    apply = _apply_event if spec.api == "messages" else _apply_chunk
+    shapes = {"messages": (messages_body, _apply_event), "responses": (responses_body, _apply_response_event)}
+    make_body, apply = shapes.get(spec.api, (request_body, _apply_chunk))
+    body = make_body(spec, params)
     async with client.stream("POST", url, json=body, headers=dict(spec.headers)) as resp:
         ex.http_status = resp.status_code
         if resp.status_code != 200:

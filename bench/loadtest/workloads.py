@@ -66,7 +66,7 @@ class RequestSpec:
     offset_s: float | None = None  # trace replay: send time relative to the run's start
     headers: tuple[tuple[str, str], ...] = ()  # extra HTTP headers (a client's session id)
     extra_body: tuple[tuple[str, str], ...] = ()  # extra top-level string fields (prompt_cache_key)
-    api: str = "chat"  # "chat": /v1/chat/completions; "messages": Anthropic's /v1/messages
+    api: str = "chat"  # "chat": /v1/chat/completions; "messages": /v1/messages; "responses": /v1/responses
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
@@ -143,6 +143,7 @@ class ChatConversation:
     abort_after: int | None = None
     edited_first: str | None = None
     extra_body: tuple[tuple[str, str], ...] = ()  # sent with every request (codex: prompt_cache_key)
+    api: str = "chat"  # the API its requests speak (codex: "responses")
     _history: list[Message] = field(default_factory=list)  # system + completed turns
     _turn: int = 0
     _attempt: int = 0
@@ -174,6 +175,7 @@ class ChatConversation:
             attempt=self._attempt,
             abort_after_tokens=self.abort_after if is_abort else None,
             extra_body=self.extra_body,
+            api=self.api,
         )
 
     def record_reply(self, spec: RequestSpec, outcome: Outcome, text: str) -> None:
@@ -397,7 +399,8 @@ def build_conversations(workload: str, cfg: WorkloadConfig) -> list[Conversation
             continue
         if workload == "codex":
             # Codex CLI (Responses, store false) replays the whole conversation every turn with a
-            # prompt_cache_key naming it: as chat, the instructions become the system prompt
+            # prompt_cache_key naming it; kept as chat messages (the system message is the
+            # instructions), `client.responses_body` sends them as input items
             conversations.append(
                 ChatConversation(
                     conversation_id=cid,
@@ -405,6 +408,7 @@ def build_conversations(workload: str, cfg: WorkloadConfig) -> list[Conversation
                     user_turns=[f"Task {t}: {_words(rng, cfg.turn_len)}" for t in range(cfg.num_turns)],
                     reply_len=cfg.reply_len,
                     extra_body=(("prompt_cache_key", f"{rng.getrandbits(64):016x}"),),
+                    api="responses",
                 )
             )
             continue

@@ -610,3 +610,40 @@ def test_claude_code_speaks_messages_in_claude_codes_blocks() -> None:
     _apply_event(ex, {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": usage}, 3.0)
     assert (ex.prompt_tokens, ex.cached_tokens, ex.completion_tokens) == (90, 80, 1)
     assert ex.text == "Hi" and ex.token_times == [2.0] and ex.finish_reason == "end_turn"
+
+
+def test_codex_speaks_responses_as_codex_does() -> None:
+    import time as _time
+
+    from slotserve.bench.loadtest.client import (
+        Exchange,
+        SendParams,
+        _apply_response_event,
+        endpoint,
+        responses_body,
+    )
+    from slotserve.bench.loadtest.workloads import Outcome, WorkloadConfig, build_conversations
+
+    (conv,) = build_conversations("codex", WorkloadConfig(num_conversations=1, num_turns=2))
+    first = conv.next_request()
+    assert first is not None and first.messages is not None
+    conv.record_reply(first, Outcome.OK, "done")
+    spec = conv.next_request()
+    assert spec is not None and endpoint(spec) == "/v1/responses"
+    body = responses_body(spec, SendParams(model="m"))
+    assert body["store"] is False and body["instructions"] == first.messages[0]["content"]
+    assert [(i["role"], i["content"][0]["type"]) for i in body["input"]] == [
+        ("user", "input_text"),
+        ("assistant", "output_text"),
+        ("user", "input_text"),
+    ]
+    assert body["input"][1]["content"][0]["text"] == "done" and body["prompt_cache_key"]
+
+    ex = Exchange(spec=spec, index=0, t_send=_time.perf_counter())
+    _apply_response_event(ex, {"type": "response.output_text.delta", "delta": "Hi"}, 2.0)
+    usage = {"input_tokens": 90, "input_tokens_details": {"cached_tokens": 80}, "output_tokens": 1}
+    _apply_response_event(
+        ex, {"type": "response.completed", "response": {"status": "completed", "usage": usage}}, 3.0
+    )
+    assert (ex.prompt_tokens, ex.cached_tokens, ex.completion_tokens) == (90, 80, 1)
+    assert ex.text == "Hi" and ex.finish_reason == "completed"

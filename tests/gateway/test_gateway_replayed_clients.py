@@ -98,13 +98,13 @@ def _claude_code_prompt(turn: int, normalized: bool, session: int = 0) -> str:
     return _chatml(rendered)
 
 
-@pytest.mark.parametrize("normalize", [False, True])
-async def test_claude_code_transcript(normalize: bool) -> None:
+@pytest.mark.parametrize(("normalize", "session_header"), [(False, True), (False, False), (True, True)])
+async def test_claude_code_transcript(normalize: bool, session_header: bool) -> None:
     """Two Claude Code sessions interleaved on two slots. Without normalization every turn leaves
-    the held prefix inside the nonce (system part, offset NONCE_AT) and the session header keeps
-    each session on a slot holding its own turns (the reuse is the same either way); with
-    `--normalize claude-code` each turn reuses the whole previous prompt and diverges at the
-    previous answer (the assistant message)."""
+    the held prefix inside the nonce (system part, offset NONCE_AT): both slots tie, and the
+    `X-Claude-Code-Session-Id` header keeps each session on its own slot (without it they swap
+    slots; the reuse is the same either way); with `--normalize claude-code` each turn reuses the
+    whole previous prompt and diverges at the previous answer (the assistant message)."""
     metrics = ServerMetrics()
     runtime, _ = make_runtime(num_slots=2, ctx_len=2048, metrics=metrics)
     config = serve_config(normalize=("claude-code",) if normalize else ())
@@ -115,7 +115,7 @@ async def test_claude_code_transcript(normalize: bool) -> None:
                 r = await http.post(
                     "/v1/messages",
                     json=_claude_code_body(turn, n),
-                    headers={"X-Claude-Code-Session-Id": session},
+                    headers={"X-Claude-Code-Session-Id": session} if session_header else {},
                 )
                 assert r.status_code == 200, r.text
                 got = r.json()
@@ -152,6 +152,9 @@ async def test_claude_code_transcript(normalize: bool) -> None:
                 assert div["part"] == {"kind": "message", "index": 2 * turn, "role": "assistant"}
                 assert div["text_after"].startswith(ANSWERS[turn - 1][:20])
         text = (await http.get("/metrics")).text
+    if not normalize:  # the tie-breaker engages only with the header
+        kept = slots["s-a"].isdisjoint(slots["s-b"]) and all(len(s) == 1 for s in slots.values())
+        assert kept == session_header, slots
     if normalize:
         assert 'slotserve_prefix_divergence_total{part="message",reason="prompt_changed"} 5.0' in text
     else:

@@ -169,7 +169,9 @@ class MessagesStream(StreamFormat):
         hint: int | None,
         thinking: ThinkSpec | None = None,
         watch: DiagnosticsWatch | None = None,
+        parts: PromptSource | None = None,
     ):
+        self.parts = parts  # to place the divergence of message_delta's slotserve block
         self.message_id = message_id
         self.model = model
         self.prompt_tokens = prompt_tokens
@@ -246,7 +248,12 @@ class MessagesStream(StreamFormat):
             "stop_sequence": finish.stop_sequence,
         }
         out = [closed] if closed else []
-        out.append(self._event("message_delta", {"delta": delta, "usage": usage(finish, self.hint)}))
+        info = openai_reply.slotserve_info(finish, parts=self.parts)
+        out.append(
+            self._event(
+                "message_delta", {"delta": delta, "usage": usage(finish, self.hint), "slotserve": info}
+            )
+        )
         out.append(self._event("message_stop", {}))
         return out
 
@@ -333,6 +340,7 @@ class MessagesGeneration(Generation):
             self.hint,
             self.thinking,
             self.watch,
+            self.parts,
         )
 
     def answer(self, choices: list[Collected]) -> object:

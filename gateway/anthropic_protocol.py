@@ -149,7 +149,7 @@ class Message(Struct, kw_only=True):
     role: str = "assistant"
     # present only when the request carried `diagnostics` (UNSET fields are not encoded)
     diagnostics: DiagnosticsOut | UnsetType = UNSET
-    slotserve: p.SlotserveInfo | UnsetType = UNSET  # the chat route's reuse account (non-streamed)
+    slotserve: p.SlotserveInfo | UnsetType = UNSET  # the reuse account (streamed: in message_delta)
 
 
 class ErrorBody(Struct):

@@ -176,7 +176,14 @@ class ResponsesStream(StreamFormat):
 
     terminator = b""  # response.completed (or .incomplete / .failed) ends it
 
-    def __init__(self, answer: _Answer, tools: ToolSpec | None, thinking: ThinkSpec | None = None):
+    def __init__(
+        self,
+        answer: _Answer,
+        tools: ToolSpec | None,
+        thinking: ThinkSpec | None = None,
+        parts: PromptSource | None = None,
+    ):
+        self.parts = parts  # to place the divergence of the final response's slotserve block
         self.answer = answer
         self.blocks = BlockAssembler(tools, thinking)
         self.seq = 0
@@ -293,6 +300,9 @@ class ResponsesStream(StreamFormat):
         else:
             self.answer.keep(self.blocks.blocks)
             final = self.answer.response(status, output, self._usage(finish), incomplete=incomplete)
+            final = msgspec.structs.replace(
+                final, slotserve=openai_reply.slotserve_info(finish, parts=self.parts)
+            )
             out.append(self._event(f"response.{status}", {"response": final}))
         return [b for b in out if b]
 
@@ -317,7 +327,7 @@ class ResponsesGeneration(Generation):
         self.thinking = thinking
 
     def stream_format(self) -> StreamFormat:
-        return ResponsesStream(self.answer_of, self.tools, self.thinking)
+        return ResponsesStream(self.answer_of, self.tools, self.thinking, self.parts)
 
     def answer(self, choices: list[Collected]) -> object:
         (got,) = choices

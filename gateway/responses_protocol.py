@@ -162,7 +162,7 @@ class ResponseObject(Struct, kw_only=True):
     top_p: float | None = None
     tool_choice: JSON = "auto"
     tools: list[JSON] = msgspec.field(default_factory=list)
-    slotserve: p.SlotserveInfo | msgspec.UnsetType = msgspec.UNSET  # reuse account (non-streamed)
+    slotserve: p.SlotserveInfo | msgspec.UnsetType = msgspec.UNSET  # the reuse account (at the end)
     parallel_tool_calls: bool = True
     text: JSON = None
     store: bool = True

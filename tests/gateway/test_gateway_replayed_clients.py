@@ -309,3 +309,32 @@ async def test_burst_sharing_a_long_prefix_is_prefilled_once_and_survives_the_fi
     for a, conv in zip(answers, convs[1:], strict=True):
         assert a["choices"][0]["finish_reason"] in ("stop", "length")
         assert a["choices"][0]["message"]["content"] == await _cold_answer(conv)
+
+
+async def test_streamed_messages_and_responses_carry_the_divergence() -> None:
+    """Streamed, the Messages answer carries `slotserve` in message_delta and the Responses answer
+    in its final response object: a second turn reports the previous answer as its divergence."""
+
+    def sse_events(body: str) -> list[Any]:  # named events: the data lines' JSON
+        return [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: ")]
+
+    runtime, _ = make_runtime(num_slots=1, ctx_len=2048)
+    async with running_app(create_app(runtime, serve_config(normalize=("claude-code",)))) as http:
+        await http.post("/v1/messages", json=_claude_code_body(0))
+        r = await http.post("/v1/messages", json={**_claude_code_body(1), "stream": True})
+        (delta,) = [e for e in sse_events(r.text) if isinstance(e, dict) and e.get("type") == "message_delta"]
+        info = delta["slotserve"]
+        assert info["reused_tokens"] == delta["usage"]["cache_read_input_tokens"] > 0
+        assert info["divergence"]["part"] == {"kind": "message", "index": 2, "role": "assistant"}
+        assert info["divergence"]["offset"] == _tokens(_claude_code_prompt(0, True)) + _tokens(
+            "<|im_start|>assistant\n"
+        )
+
+        await http.post("/v1/responses", json=_codex_body(0))
+        r = await http.post("/v1/responses", json={**_codex_body(1), "stream": True})
+        events = [e for e in sse_events(r.text) if isinstance(e, dict)]
+        final = events[-1]["response"]
+        assert events[-1]["type"] in ("response.completed", "response.incomplete")
+        info = final["slotserve"]
+        assert info["reused_tokens"] == final["usage"]["input_tokens_details"]["cached_tokens"] > 0
+        assert info["divergence"]["part"] == {"kind": "message", "index": 2, "role": "assistant"}

@@ -190,7 +190,10 @@ def _apply_event(ex: Exchange, event: Any, now: float) -> None:
         cached = usage.get("cache_read_input_tokens") or 0
         ex.prompt_tokens = usage["input_tokens"] + cached + (usage.get("cache_creation_input_tokens") or 0)
         ex.cached_tokens = cached
-        ex.completion_tokens = usage.get("output_tokens")
+    if isinstance(usage, dict) and isinstance(usage.get("output_tokens"), int):
+        # NOTE: llama.cpp's server sends only output_tokens in message_delta: the prompt counts
+        # stay message_start's (it knows its cache when it sends it)
+        ex.completion_tokens = usage["output_tokens"]
     delta = event.get("delta")
     if kind == "content_block_delta" and isinstance(delta, dict):
         piece = delta.get("text") or delta.get("thinking")

@@ -610,6 +610,12 @@ def test_claude_code_speaks_messages_in_claude_codes_blocks() -> None:
     _apply_event(ex, {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": usage}, 3.0)
     assert (ex.prompt_tokens, ex.cached_tokens, ex.completion_tokens) == (90, 80, 1)
     assert ex.text == "Hi" and ex.token_times == [2.0] and ex.finish_reason == "end_turn"
+    # llama.cpp's server: the cache in message_start, only output_tokens in message_delta
+    ex = Exchange(spec=spec, index=0, t_send=_time.perf_counter())
+    start = {"usage": {"input_tokens": 10, "cache_read_input_tokens": 80, "output_tokens": 0}}
+    _apply_event(ex, {"type": "message_start", "message": start}, 1.0)
+    _apply_event(ex, {"type": "message_delta", "delta": {}, "usage": {"output_tokens": 7}}, 3.0)
+    assert (ex.prompt_tokens, ex.cached_tokens, ex.completion_tokens) == (90, 80, 7)
 
 
 def test_codex_speaks_responses_as_codex_does() -> None:

@@ -17,6 +17,7 @@
 
 #include "../fp16.h"
 #include "../kernels.h"
+#include "../kv_q8.h"
 
 #define GEMM_TILE 4        /* activation rows per micro-kernel call */
 #define MAX_BLOCKS (MAX_ROW_LEN / QK) /* blocks of the longest row (kernels.h) */
@@ -347,6 +348,22 @@ static inline __attribute__((always_inline)) void block_scores(
     const uint16_t *kh = (const uint16_t *)kblock;
     const float *kf = (const float *)kblock;
     const float *q0 = qh[0], *q1 = NH > 1 ? qh[1] : qh[0], *q2 = NH > 2 ? qh[2] : qh[0], *q3 = NH > 3 ? qh[3] : qh[0];
+    if (F16 == KV_Q8_0) { /* per group of 32 dims: 8 lanes' scales, then int8 lanes dim by dim (kv_q8.h) */
+        const uint8_t *kq = (const uint8_t *)kblock;
+        for (int g = 0; g < hd / KV_Q8_BLOCK; g++) {
+            const __m256 dsc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)kq));
+            kq += 2 * KEY_LANES;
+            for (int d = 0; d < KV_Q8_BLOCK; d += U, kq += U * KEY_LANES, q0 += U, q1 += U, q2 += U, q3 += U)
+                for (int u = 0; u < U; u++) {
+                    const __m256i k8 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(kq + u * KEY_LANES)));
+                    const __m256 kt = _mm256_mul_ps(_mm256_cvtepi32_ps(k8), dsc);
+                    part[0][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q0 + u), kt, part[0][u]);
+                    if (NH > 1) part[1][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q1 + u), kt, part[1][u]);
+                    if (NH > 2) part[2][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q2 + u), kt, part[2][u]);
+                    if (NH > 3) part[3][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q3 + u), kt, part[3][u]);
+                }
+        }
+    } else
     for (int d = 0; d < hd; d += U, kh += U * KEY_LANES, kf += U * KEY_LANES, q0 += U, q1 += U, q2 += U, q3 += U)
         for (int u = 0; u < U; u++) {
             const __m256 kt = F16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kh + u * KEY_LANES)))
@@ -372,6 +389,27 @@ static inline __attribute__((always_inline)) void block_values(
     const uint16_t *vh = (const uint16_t *)v + (size_t)t0 * hd + 8 * c0;
     const float *vf = (const float *)v + (size_t)t0 * hd + 8 * c0;
     const float *p0 = p, *p1 = p + p_stride, *p2 = p + 2 * p_stride, *p3 = p + 3 * p_stride;
+    if (F16 == KV_Q8_0) { /* rows of blocks [d][q x 32]: chunk c is 8 values of block c / 4 */
+        const size_t rb = kv_q8_row_bytes(hd);
+        const uint8_t *vq = (const uint8_t *)v + (size_t)t0 * rb;
+        for (int j = 0; j < nv; j++, vq += rb) {
+            const __m256 pj0 = _mm256_broadcast_ss(p0 + j);
+            const __m256 pj1 = NH > 1 ? _mm256_broadcast_ss(p1 + j) : pj0;
+            const __m256 pj2 = NH > 2 ? _mm256_broadcast_ss(p2 + j) : pj0;
+            const __m256 pj3 = NH > 3 ? _mm256_broadcast_ss(p3 + j) : pj0;
+            for (int c = 0; c < NC; c++) {
+                const uint8_t *blk = vq + (size_t)((c0 + c) / 4) * KV_Q8_BLOCK_BYTES;
+                uint16_t dh;
+                memcpy(&dh, blk, 2);
+                const __m256i v8 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * ((c0 + c) % 4))));
+                const __m256 vc = _mm256_mul_ps(_mm256_cvtepi32_ps(v8), _mm256_set1_ps(_cvtsh_ss(dh)));
+                a[0][c] = _mm256_fmadd_ps(pj0, vc, a[0][c]);
+                if (NH > 1) a[1][c] = _mm256_fmadd_ps(pj1, vc, a[1][c]);
+                if (NH > 2) a[2][c] = _mm256_fmadd_ps(pj2, vc, a[2][c]);
+                if (NH > 3) a[3][c] = _mm256_fmadd_ps(pj3, vc, a[3][c]);
+            }
+        }
+    } else
     for (int j = 0; j < nv; j++, vh += hd, vf += hd) {
         const __m256 pj0 = _mm256_broadcast_ss(p0 + j);
         const __m256 pj1 = NH > 1 ? _mm256_broadcast_ss(p1 + j) : pj0;
@@ -400,7 +438,9 @@ static inline __attribute__((always_inline)) void attend_block(
     for (int h = 0; h < NH; h++) vmax[h] = _mm256_set1_ps(-INFINITY);
     for (int j = 0; j < nv; j += KEY_LANES) {
         __m256 s[HEAD_BATCH];
-        block_scores(NH, F16, s, qh, (const char *)k + key_index(t0 + j, 0, hd) * (F16 ? 2 : 4), hd);
+        const size_t kb_off = F16 == KV_Q8_0 ? (size_t)(t0 + j) / KEY_LANES * KEY_LANES * kv_q8_row_bytes(hd)
+                                             : key_index(t0 + j, 0, hd) * (F16 ? 2 : 4);
+        block_scores(NH, F16, s, qh, (const char *)k + kb_off, hd);
         const __m256 valid = lane_range(lo - j, nv - j);
         for (int h = 0; h < NH; h++) {
             s[h] = _mm256_mul_ps(s[h], vscale);
@@ -451,7 +491,7 @@ static inline __attribute__((always_inline)) void attend_block(
 void attention_chunk_avx2(float *acc, int lda, float *ml, const float *q, int ldq, const void *k,
                           const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim,
                           float scale, int window, int chunk, float *scratch) {
-    if (head_dim % 8 != 0 || kv_f16 == 2 /* q8_0: the portable kernel for now */) {
+    if (head_dim % 8 != 0 || (kv_f16 == KV_Q8_0 && head_dim % KV_Q8_BLOCK != 0)) {
         attention_chunk_generic(acc, lda, ml, q, ldq, k, v, kv_f16, pos0, n_q, group, head_dim, scale, window,
                                 chunk, scratch);
         return;
@@ -485,7 +525,12 @@ void attention_chunk_avx2(float *acc, int lda, float *ml, const float *q, int ld
                     ah[h] = acc + (size_t)i * lda + (size_t)(h0 + h) * hd;
                     st[h] = ml + 2 * (i * group + h0 + h);
                 }
-                if (kv_f16) {
+                if (kv_f16 == KV_Q8_0) {
+                    if (nh == 4) attend_block(4, KV_Q8_0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
+                    else if (nh == 3) attend_block(3, KV_Q8_0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
+                    else if (nh == 2) attend_block(2, KV_Q8_0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
+                    else attend_block(1, KV_Q8_0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
+                } else if (kv_f16) {
                     if (nh == 4) attend_block(4, 1, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
                     else if (nh == 3) attend_block(3, 1, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
                     else if (nh == 2) attend_block(2, 1, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);

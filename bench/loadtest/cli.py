@@ -7,24 +7,14 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from .names import SYNTHETIC_WORKLOADS
+
 if TYPE_CHECKING:
     from .driver import DriveConfig
 
 API_KEY_ENV = "SLOTSERVE_LOADTEST_API_KEY"  # the --api-key default
-# workloads.SYNTHETIC_WORKLOADS, then workloads.PRESETS, then trace (not imported: fast --help)
-WORKLOADS = (
-    "multi-turn",
-    "agent",
-    "abort-resend",
-    "shared-prefix",
-    "oversubscribed",
-    "edit-turn",
-    "code-edit",
-    "claude-code",
-    "codex",
-    "sessions",
-    "trace",
-)
+# the synthetic workloads, then workloads.PRESETS, then trace (workloads.py not imported: fast --help)
+WORKLOADS = (*SYNTHETIC_WORKLOADS, "sessions", "trace")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

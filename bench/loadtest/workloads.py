@@ -22,6 +22,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .names import SYNTHETIC_WORKLOADS
+
 Message = dict[str, Any]  # OpenAI chat message: {"role": ..., "content": ..., ...}
 
 # ~1 token each in SmolLM2's vocabulary (with the leading space).
@@ -295,19 +297,6 @@ class ClaudeCodeConversation:
             self._is_over = True
             return
         self._replies.append(text)
-
-
-SYNTHETIC_WORKLOADS = (
-    "multi-turn",
-    "agent",
-    "abort-resend",
-    "shared-prefix",
-    "oversubscribed",
-    "edit-turn",
-    "code-edit",
-    "claude-code",
-    "codex",
-)
 
 
 def source_file(rng: random.Random, num_lines: int) -> tuple[str, list[str]]:

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 import pytest
-from sched_support import CountingPool, collect, make_config, make_request
-from slotserve.scheduler.request import FinishReason, ReuseSource, TokenEvent
+from real_sched_support import cold_run, pool_opener, real_scheduler
+from real_sched_support import random_ids as ids
+from sched_support import collect, make_request
+from slotserve.scheduler.request import ReuseSource, TokenEvent
 from slotserve.scheduler.scheduler import Scheduler
 
 
@@ -22,31 +23,17 @@ def lfm2_path(arch_model_factory):
 
 @pytest.fixture
 def open_pool(lfm2_path):
-    from slotserve.engine_ext.loader import open_model
-
-    def make(num_slots: int, ctx_len: int = 512):
-        bundle = open_model(lfm2_path, num_slots=num_slots, ctx_len=ctx_len, threads=1)
-        assert bundle.pool.fingerprint.endswith("/conv_rows=3")  # the convolution layout is in use
-        return CountingPool(bundle.pool), bundle.tokenizer
-
-    return make
+    # the convolution layout is in use
+    return pool_opener(lfm2_path, check=lambda pool: pool.fingerprint.endswith("/conv_rows=3"))
 
 
 def sched_for(pool, tok, **kw) -> Scheduler:
     kw.setdefault("segment_tokens", 32)
-    return Scheduler(pool, make_config(**kw), token_bytes=tok.token_bytes, eos_token_ids=tok.eos_token_ids)
-
-
-def ids(seed: int, n: int, n_vocab: int = 299) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(3, n_vocab, n)]
+    return real_scheduler(pool, tok, **kw)
 
 
 async def cold(open_pool, prompt, max_tokens) -> list[int]:
-    pool, tok = open_pool(1)
-    async with sched_for(pool, tok) as sched:
-        out = await collect(sched.submit(make_request(prompt, max_tokens)))
-    assert out.finish.reuse.reused_tokens == 0 and out.finish.reason is FinishReason.LENGTH
-    return out.tokens
+    return (await cold_run(open_pool, sched_for, prompt, max_tokens)).tokens
 
 
 async def test_multi_turn_and_identical_repeat(open_pool):

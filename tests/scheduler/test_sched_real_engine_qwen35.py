@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 import pytest
-from sched_support import CountingPool, StepGate, collect, make_config, make_request
+from real_sched_support import cold_run, real_scheduler
+from real_sched_support import random_ids as ids
+from sched_support import CountingPool, StepGate, collect, make_request
 from slotserve.scheduler.request import ReuseSource
 from slotserve.scheduler.scheduler import Scheduler
 
@@ -44,11 +45,7 @@ def sched_for(pool, tok, **kw) -> Scheduler:
     kw.setdefault("step_token_budget", SEG)
     kw.setdefault("checkpoint_memory_mb", 8)
     kw.setdefault("checkpoint_interval_tokens", 0)
-    return Scheduler(pool, make_config(**kw), token_bytes=tok.token_bytes, eos_token_ids=tok.eos_token_ids)
-
-
-def ids(seed: int, n: int, n_vocab: int = 299) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(3, n_vocab, n)]
+    return real_scheduler(pool, tok, **kw)
 
 
 def reuse(out) -> tuple[ReuseSource, int]:
@@ -61,9 +58,7 @@ _COLD: dict[tuple, list[int]] = {}
 async def cold(open_pool, prompt, max_tokens) -> list[int]:
     key = (tuple(prompt), max_tokens)
     if key not in _COLD:
-        pool, tok = open_pool(1)
-        async with sched_for(pool, tok, checkpoint_memory_mb=0) as sched:
-            out = await collect(sched.submit(make_request(prompt, max_tokens)))
+        out = await cold_run(open_pool, sched_for, prompt, max_tokens, checkpoint_memory_mb=0)
         assert reuse(out) == (ReuseSource.NONE, 0) and len(out.tokens) == max_tokens
         _COLD[key] = out.tokens
     return _COLD[key]

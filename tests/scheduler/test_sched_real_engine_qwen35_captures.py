@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sched_support import CountingPool, collect, make_config, make_request
+from real_sched_support import cold_run, pool_opener, real_scheduler
+from real_sched_support import random_ids as ids
+from sched_support import collect, make_config, make_request
 from slotserve.scheduler.prefix import common_prefix_len as _lcp
-from slotserve.scheduler.request import FinishReason, ReuseSource, TokenEvent
+from slotserve.scheduler.request import ReuseSource, TokenEvent
 from slotserve.scheduler.scheduler import Scheduler
 
 
@@ -26,29 +28,19 @@ def qwen35_path(qwen35_model_factory):
 
 @pytest.fixture
 def open_pool(qwen35_path):
-    from slotserve.engine_ext.loader import open_model
-
-    def make(num_slots: int, ctx_len: int = 512):
-        bundle = open_model(qwen35_path, num_slots=num_slots, ctx_len=ctx_len, threads=1)
-        assert "/recurrent=" in bundle.pool.fingerprint  # the recurrent layout is in use
-        return CountingPool(bundle.pool), bundle.tokenizer
-
-    return make
+    # the recurrent layout is in use
+    return pool_opener(qwen35_path, check=lambda pool: "/recurrent=" in pool.fingerprint)
 
 
 def sched_for(pool, tok, **kw) -> Scheduler:
     kw.setdefault("segment_tokens", 32)
     kw.setdefault("checkpoint_memory_mb", 16)
     kw.setdefault("checkpoint_interval_tokens", 0)
-    return Scheduler(pool, make_config(**kw), token_bytes=tok.token_bytes, eos_token_ids=tok.eos_token_ids)
+    return real_scheduler(pool, tok, **kw)
 
 
 def common_prefix_len(a, b) -> int:
     return _lcp(np.asarray(a, np.int32), np.asarray(b, np.int32))
-
-
-def ids(seed: int, n: int, n_vocab: int = 299) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(3, n_vocab, n)]
 
 
 def reuse(out) -> tuple[ReuseSource, int]:
@@ -56,11 +48,7 @@ def reuse(out) -> tuple[ReuseSource, int]:
 
 
 async def cold(open_pool, prompt, max_tokens) -> list[int]:
-    pool, tok = open_pool(1)
-    async with sched_for(pool, tok, checkpoint_memory_mb=0) as sched:
-        out = await collect(sched.submit(make_request(prompt, max_tokens)))
-    assert out.finish.reuse.reused_tokens == 0 and out.finish.reason is FinishReason.LENGTH
-    return out.tokens
+    return (await cold_run(open_pool, sched_for, prompt, max_tokens, checkpoint_memory_mb=0)).tokens
 
 
 async def test_an_edited_early_turn_restores_the_turn_start(open_pool):

@@ -1,17 +1,18 @@
 """Set-up shared by the scheduler tests on the real C engine (tests/scheduler/
 test_sched_real_engine*.py): a pool opener over a fixture file, a scheduler over a pool with its
 tokenizer's bytes and EOS ids, seeded random prompts, and the cold run a warm answer is
-compared with."""
+compared with; and the scenarios that hold alike on more than one model."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from sched_support import CountingPool, collect, make_config, make_request
-from slotserve.scheduler.request import FinishReason
+from slotserve.scheduler.request import FinishReason, ReuseSource
 from slotserve.scheduler.scheduler import Scheduler
 
 
@@ -57,3 +58,52 @@ async def cold_run(
         out = await collect(sched.submit(make_request(prompt, max_tokens)))
     assert out.finish.reuse.reused_tokens == 0 and out.finish.reason is FinishReason.LENGTH
     return out
+
+
+# Scenarios whose rules hold alike on full KV and on lfm2's per-position conv rows (a slot cut
+# back to any length): each test file runs them on its own model.
+
+
+Cold = Callable[
+    [Callable[..., Any], list[int], int], Awaitable[list[int]]
+]  # a test file's cold(open_pool, prompt, n)
+
+
+async def multi_turn_and_identical_repeat(
+    open_pool: Callable[..., Any], sched_for: Callable[..., Scheduler], cold: Cold
+) -> None:
+    """Turn 2 rewinds to turn 1's prompt and reply (all but the last reply token, 150 + 7);
+    an identical resend reuses all but one token; warm == cold for both."""
+    pool, tok = open_pool(2)
+    turn1 = random_ids(1, 150)
+    async with sched_for(pool, tok) as sched:
+        a = await collect(sched.submit(make_request(turn1, 8)))
+        turn2 = turn1 + a.tokens + random_ids(2, 40)
+        before = pool.num_computed_tokens
+        b = await collect(sched.submit(make_request(turn2, 8)))
+        assert b.finish.reuse.source is ReuseSource.REWIND
+        assert b.finish.reuse.reused_tokens == 150 + 7
+        assert pool.num_computed_tokens - before == len(turn2) - 157 + 7
+        before = pool.num_computed_tokens
+        c = await collect(sched.submit(make_request(turn2, 8)))
+        assert (c.finish.reuse.reused_tokens, c.finish.reuse.prefilled_tokens) == (len(turn2) - 1, 1)
+        assert pool.num_computed_tokens - before == 1 + 7
+        await sched.check_integrity()
+    assert a.tokens == await cold(open_pool, turn1, 8)
+    assert b.tokens == c.tokens == await cold(open_pool, turn2, 8)
+
+
+async def n_choices_fork_the_prompt_once(
+    open_pool: Callable[..., Any], sched_for: Callable[..., Scheduler], cold: Cold
+) -> None:
+    """Three choices of one 120-token prompt on three slots: the prompt is computed once and
+    forked (119 reused twice), and every choice equals the cold run."""
+    pool, tok = open_pool(3)
+    prompt = random_ids(60, 120)
+    async with sched_for(pool, tok) as sched:
+        outs = await asyncio.gather(*(collect(sched.submit(make_request(prompt, 6))) for _ in range(3)))
+        await sched.check_integrity()
+    assert sorted(o.finish.reuse.reused_tokens for o in outs) == [0, 119, 119]
+    assert pool.num_computed_tokens == 120 + 2 * 1 + 3 * 5
+    want = await cold(open_pool, prompt, 6)
+    assert [o.tokens for o in outs] == [want] * 3

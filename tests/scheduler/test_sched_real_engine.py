@@ -6,7 +6,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from real_sched_support import cold_run, pool_opener, real_scheduler
+from real_sched_support import (
+    cold_run,
+    multi_turn_and_identical_repeat,
+    pool_opener,
+    real_scheduler,
+)
 from real_sched_support import random_ids as ids
 from sched_support import collect, make_request
 from slotserve.scheduler.request import FinishReason, ReuseSource, TokenEvent
@@ -28,23 +33,7 @@ async def cold(open_pool, prompt, max_tokens) -> list[int]:
 
 
 async def test_multi_turn_and_identical_repeat_on_the_real_engine(open_pool):
-    pool, tok = open_pool(2)
-    turn1 = ids(1, 150)
-    async with sched_for(pool, tok) as sched:
-        a = await collect(sched.submit(make_request(turn1, 8)))
-        turn2 = turn1 + a.tokens + ids(2, 40)
-        before = pool.num_computed_tokens
-        b = await collect(sched.submit(make_request(turn2, 8)))
-        assert b.finish.reuse.source is ReuseSource.REWIND
-        assert b.finish.reuse.reused_tokens == 150 + 7
-        assert pool.num_computed_tokens - before == len(turn2) - 157 + 7
-        before = pool.num_computed_tokens
-        c = await collect(sched.submit(make_request(turn2, 8)))
-        assert (c.finish.reuse.reused_tokens, c.finish.reuse.prefilled_tokens) == (len(turn2) - 1, 1)
-        assert pool.num_computed_tokens - before == 1 + 7
-        await sched.check_integrity()
-    assert a.tokens == await cold(open_pool, turn1, 8)
-    assert b.tokens == c.tokens == await cold(open_pool, turn2, 8)
+    await multi_turn_and_identical_repeat(open_pool, sched_for, cold)
 
 
 async def test_shared_system_prompt_is_copied_on_the_real_engine(open_pool):

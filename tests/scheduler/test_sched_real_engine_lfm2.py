@@ -9,7 +9,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from real_sched_support import cold_run, pool_opener, real_scheduler
+from real_sched_support import (
+    cold_run,
+    multi_turn_and_identical_repeat,
+    n_choices_fork_the_prompt_once,
+    pool_opener,
+    real_scheduler,
+)
 from real_sched_support import random_ids as ids
 from sched_support import collect, make_request
 from slotserve.scheduler.request import ReuseSource, TokenEvent
@@ -37,23 +43,7 @@ async def cold(open_pool, prompt, max_tokens) -> list[int]:
 
 
 async def test_multi_turn_and_identical_repeat(open_pool):
-    pool, tok = open_pool(2)
-    turn1 = ids(1, 150)
-    async with sched_for(pool, tok) as sched:
-        a = await collect(sched.submit(make_request(turn1, 8)))
-        turn2 = turn1 + a.tokens + ids(2, 40)
-        before = pool.num_computed_tokens
-        b = await collect(sched.submit(make_request(turn2, 8)))
-        assert b.finish.reuse.source is ReuseSource.REWIND
-        assert b.finish.reuse.reused_tokens == 150 + 7
-        assert pool.num_computed_tokens - before == len(turn2) - 157 + 7
-        before = pool.num_computed_tokens
-        c = await collect(sched.submit(make_request(turn2, 8)))
-        assert (c.finish.reuse.reused_tokens, c.finish.reuse.prefilled_tokens) == (len(turn2) - 1, 1)
-        assert pool.num_computed_tokens - before == 1 + 7
-        await sched.check_integrity()
-    assert a.tokens == await cold(open_pool, turn1, 8)
-    assert b.tokens == c.tokens == await cold(open_pool, turn2, 8)
+    await multi_turn_and_identical_repeat(open_pool, sched_for, cold)
 
 
 @pytest.mark.parametrize("edit_at", [1, 2, 3, 57])
@@ -116,15 +106,7 @@ async def test_checkpoint_restore_and_abort_resend(open_pool):
 
 
 async def test_n_choices_fork_the_prompt_once(open_pool):
-    pool, tok = open_pool(3)
-    prompt = ids(60, 120)
-    async with sched_for(pool, tok) as sched:
-        outs = await asyncio.gather(*(collect(sched.submit(make_request(prompt, 6))) for _ in range(3)))
-        await sched.check_integrity()
-    assert sorted(o.finish.reuse.reused_tokens for o in outs) == [0, 119, 119]
-    assert pool.num_computed_tokens == 120 + 2 * 1 + 3 * 5
-    want = await cold(open_pool, prompt, 6)
-    assert [o.tokens for o in outs] == [want] * 3
+    await n_choices_fork_the_prompt_once(open_pool, sched_for, cold)
 
 
 async def test_an_evicted_conversation_is_restored_from_disk_after_a_restart(open_pool, tmp_path):

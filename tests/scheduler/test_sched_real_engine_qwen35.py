@@ -10,7 +10,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from real_sched_support import cold_run, real_scheduler
+from real_sched_support import (
+    cold_run,
+    n_choices_fork_the_prompt_once,
+    real_scheduler,
+)
 from real_sched_support import random_ids as ids
 from sched_support import CountingPool, StepGate, collect, make_request
 from slotserve.scheduler.request import ReuseSource
@@ -104,15 +108,7 @@ async def test_abort_during_prefill_then_resend_extends_what_was_computed(open_p
 
 
 async def test_n_choices_fork_the_prompt_once(open_pool):
-    pool, tok = open_pool(3)
-    prompt = ids(60, 120)
-    async with sched_for(pool, tok) as sched:
-        outs = await asyncio.gather(*(collect(sched.submit(make_request(prompt, 6))) for _ in range(3)))
-        await sched.check_integrity()
-    assert sorted(o.finish.reuse.reused_tokens for o in outs) == [0, 119, 119]
-    assert pool.num_computed_tokens == 120 + 2 * 1 + 3 * 5
-    want = await cold(open_pool, prompt, 6)
-    assert [o.tokens for o in outs] == [want] * 3
+    await n_choices_fork_the_prompt_once(open_pool, sched_for, cold)
 
 
 async def test_a_system_prompt_shared_by_slots_is_restored_from_its_hint_capture(open_pool):

@@ -13,7 +13,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from real_sched_support import cold_run, pool_opener, real_scheduler
+from real_sched_support import (
+    cold_run,
+    pool_opener,
+    real_scheduler,
+)
 from real_sched_support import random_ids as ids
 from sched_support import collect, make_config, make_request
 from slotserve.scheduler.prefix import common_prefix_len as _lcp

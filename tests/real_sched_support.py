@@ -107,3 +107,28 @@ async def n_choices_fork_the_prompt_once(
     assert pool.num_computed_tokens == 120 + 2 * 1 + 3 * 5
     want = await cold(open_pool, prompt, 6)
     assert [o.tokens for o in outs] == [want] * 3
+
+
+async def evicted_conversation_restored_from_disk(
+    open_pool: Callable[..., Any], sched_for: Callable[..., Scheduler], cold: Cold, disk_dir: Path
+) -> None:
+    """A conversation captured to disk when a second prompt overwrites its only slot comes back
+    in a new pool (a restart) at its full length: nothing computed before the request, the rest
+    of the follow-up and the reply computed, warm == cold."""
+    conv = random_ids(6, 150)
+    kw = {"kv_disk_dir": str(disk_dir), "kv_disk_space_mb": 64, "capture_prompt_end": False}
+    pool, tok = open_pool(1)
+    async with sched_for(pool, tok, **kw) as sched:
+        a = await collect(sched.submit(make_request(conv, 6)))
+        await collect(sched.submit(make_request(random_ids(7, 90), 2)))  # overwrites it: captured on evict
+    held = len(conv) + 5
+    follow = conv + a.tokens + random_ids(8, 30)
+    restarted, tok = open_pool(1)
+    async with sched_for(restarted, tok, **kw) as sched:
+        await sched.wait_ready()
+        out = await collect(sched.submit(make_request(follow, 6)))
+        await sched.check_integrity()
+    assert out.finish.reuse.source is ReuseSource.CHECKPOINT_DISK
+    assert out.finish.reuse.reused_tokens == held
+    assert restarted.num_computed_tokens == len(follow) - held + 5
+    assert out.tokens == await cold(open_pool, follow, 6)

@@ -11,6 +11,7 @@ import asyncio
 import pytest
 from real_sched_support import (
     cold_run,
+    evicted_conversation_restored_from_disk,
     multi_turn_and_identical_repeat,
     n_choices_fork_the_prompt_once,
     pool_opener,
@@ -112,21 +113,4 @@ async def test_n_choices_fork_the_prompt_once(open_pool):
 async def test_an_evicted_conversation_is_restored_from_disk_after_a_restart(open_pool, tmp_path):
     """The snapshot on disk carries the conv rows with the attention KV: a new pool (a restart)
     continues the conversation from it exactly."""
-    conv = ids(6, 150)
-    kw = {"kv_disk_dir": str(tmp_path), "kv_disk_space_mb": 64, "capture_prompt_end": False}
-    pool, tok = open_pool(1)
-    async with sched_for(pool, tok, **kw) as sched:
-        a = await collect(sched.submit(make_request(conv, 6)))
-        await collect(sched.submit(make_request(ids(7, 90), 2)))  # overwrites it: captured on evict
-    held = len(conv) + 5
-    follow = conv + a.tokens + ids(8, 30)
-    restarted, tok = open_pool(1)
-    async with sched_for(restarted, tok, **kw) as sched:
-        await sched.wait_ready()
-        before = restarted.num_computed_tokens
-        out = await collect(sched.submit(make_request(follow, 6)))
-        await sched.check_integrity()
-    assert out.finish.reuse.source is ReuseSource.CHECKPOINT_DISK
-    assert out.finish.reuse.reused_tokens == held
-    assert restarted.num_computed_tokens - before == len(follow) - held + 5
-    assert out.tokens == await cold(open_pool, follow, 6)
+    await evicted_conversation_restored_from_disk(open_pool, sched_for, cold, tmp_path)

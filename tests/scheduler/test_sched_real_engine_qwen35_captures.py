@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from real_sched_support import (
     cold_run,
+    evicted_conversation_restored_from_disk,
     pool_opener,
     real_scheduler,
 )
@@ -77,22 +78,7 @@ async def test_an_edited_early_turn_restores_the_turn_start(open_pool):
 
 
 async def test_an_evicted_conversation_is_restored_from_disk_after_a_restart(open_pool, tmp_path):
-    conv = ids(6, 150)
-    kw = {"kv_disk_dir": str(tmp_path), "kv_disk_space_mb": 64, "capture_prompt_end": False}
-    pool, tok = open_pool(1)
-    async with sched_for(pool, tok, **kw) as sched:
-        a = await collect(sched.submit(make_request(conv, 6)))
-        await collect(sched.submit(make_request(ids(7, 90), 2)))  # overwrites it: captured on evict
-    held = len(conv) + 5
-    follow = conv + a.tokens + ids(8, 30)
-    restarted, tok = open_pool(1)
-    async with sched_for(restarted, tok, **kw) as sched:
-        await sched.wait_ready()
-        out = await collect(sched.submit(make_request(follow, 6)))
-        await sched.check_integrity()
-    assert reuse(out) == (ReuseSource.CHECKPOINT_DISK, held)
-    assert restarted.num_computed_tokens == len(follow) - held + 5
-    assert out.tokens == await cold(open_pool, follow, 6)
+    await evicted_conversation_restored_from_disk(open_pool, sched_for, cold, tmp_path)
 
 
 async def test_a_cancel_mid_decode_leaves_the_slot_extendable(open_pool):

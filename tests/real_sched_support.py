@@ -132,3 +132,21 @@ async def evicted_conversation_restored_from_disk(
     assert out.finish.reuse.reused_tokens == held
     assert restarted.num_computed_tokens == len(follow) - held + 5
     assert out.tokens == await cold(open_pool, follow, 6)
+
+
+async def shared_system_prompt_is_copied(
+    open_pool: Callable[..., Any], sched_for: Callable[..., Scheduler], cold: Cold
+) -> None:
+    """Three prompts with one 100-token system prompt on three slots at once: the first computes
+    it, the other two copy it (100 reused each), and every answer equals the cold run."""
+    pool, tok = open_pool(3)
+    system = random_ids(3, 100)
+    prompts = [system + random_ids(10 + i, 12) for i in range(3)]
+    async with sched_for(pool, tok) as sched:
+        outs = await asyncio.gather(*(collect(sched.submit(make_request(p, 6))) for p in prompts))
+        await sched.check_integrity()
+    assert [o.finish.reuse.source for o in outs] == [ReuseSource.NONE] + [ReuseSource.COPY] * 2
+    assert [o.finish.reuse.reused_tokens for o in outs] == [0, 100, 100]
+    assert pool.num_computed_tokens == 112 + 2 * 12 + 3 * 5
+    for p, o in zip(prompts, outs):
+        assert o.tokens == await cold(open_pool, p, 6)

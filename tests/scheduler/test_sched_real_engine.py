@@ -3,14 +3,13 @@ with the reuse source/count and the tokens the engine computed asserted."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from real_sched_support import (
     cold_run,
     multi_turn_and_identical_repeat,
     pool_opener,
     real_scheduler,
+    shared_system_prompt_is_copied,
 )
 from real_sched_support import random_ids as ids
 from sched_support import collect, make_request
@@ -37,17 +36,7 @@ async def test_multi_turn_and_identical_repeat_on_the_real_engine(open_pool):
 
 
 async def test_shared_system_prompt_is_copied_on_the_real_engine(open_pool):
-    pool, tok = open_pool(3)
-    system = ids(3, 100)
-    prompts = [system + ids(10 + i, 12) for i in range(3)]
-    async with sched_for(pool, tok) as sched:
-        outs = await asyncio.gather(*(collect(sched.submit(make_request(p, 6))) for p in prompts))
-        await sched.check_integrity()
-    assert [o.finish.reuse.source for o in outs] == [ReuseSource.NONE] + [ReuseSource.COPY] * 2
-    assert [o.finish.reuse.reused_tokens for o in outs] == [0, 100, 100]
-    assert pool.num_computed_tokens == 112 + 2 * 12 + 3 * 5
-    for p, o in zip(prompts, outs):
-        assert o.tokens == await cold(open_pool, p, 6)
+    await shared_system_prompt_is_copied(open_pool, sched_for, cold)
 
 
 async def test_checkpoint_restore_and_abort_resend_on_the_real_engine(open_pool):

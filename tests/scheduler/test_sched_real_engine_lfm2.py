@@ -6,8 +6,6 @@ for token; the reuse source and count and the tokens the engine computed are ass
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from real_sched_support import (
     cold_run,
@@ -16,6 +14,7 @@ from real_sched_support import (
     n_choices_fork_the_prompt_once,
     pool_opener,
     real_scheduler,
+    shared_system_prompt_is_copied,
 )
 from real_sched_support import random_ids as ids
 from sched_support import collect, make_request
@@ -67,17 +66,7 @@ async def test_an_edited_early_turn_rewinds_to_the_edit(open_pool, edit_at):
 
 
 async def test_shared_system_prompt_is_copied(open_pool):
-    pool, tok = open_pool(3)
-    system = ids(3, 100)
-    prompts = [system + ids(10 + i, 12) for i in range(3)]
-    async with sched_for(pool, tok) as sched:
-        outs = await asyncio.gather(*(collect(sched.submit(make_request(p, 6))) for p in prompts))
-        await sched.check_integrity()
-    assert [o.finish.reuse.source for o in outs] == [ReuseSource.NONE] + [ReuseSource.COPY] * 2
-    assert [o.finish.reuse.reused_tokens for o in outs] == [0, 100, 100]
-    assert pool.num_computed_tokens == 112 + 2 * 12 + 3 * 5
-    for p, o in zip(prompts, outs):
-        assert o.tokens == await cold(open_pool, p, 6)
+    await shared_system_prompt_is_copied(open_pool, sched_for, cold)
 
 
 async def test_checkpoint_restore_and_abort_resend(open_pool):

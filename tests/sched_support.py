@@ -245,3 +245,22 @@ class CountingPool:
             self.forward_hook(batch)
         self.num_computed_tokens += sum(len(it.tokens) for it in batch)
         return self._pool.forward(batch)
+
+
+async def cancel_in_prefill_and_resend(
+    sched: Scheduler, pool, gate: StepGate, prompt, max_tokens: int, held: int
+) -> tuple[Outcome, int]:
+    """Submit `prompt` to a scheduler over a one-slot pool, cancel it while `gate` holds the
+    engine mid-prefill, and resend it. Asserts that the cancel took effect and that slot 0 keeps
+    exactly `held` tokens (the segments done) and can be extended from there (min_truncate_len
+    == slot_len); returns the resend's output and the tokens the engine computed for it."""
+    h = sched.submit(make_request(prompt, max_tokens))
+    await gate.wait_reached()
+    cancel = asyncio.ensure_future(h.cancel())
+    gate.release.set()
+    assert await cancel
+    assert pool.slot_len(0) == held and pool.min_truncate_len(0) == held
+    before = pool.num_computed_tokens
+    out = await run_one(sched, prompt, max_tokens)
+    await sched.check_integrity()
+    return out, pool.num_computed_tokens - before

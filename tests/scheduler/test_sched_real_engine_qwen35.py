@@ -7,8 +7,6 @@ rules: tests/scheduler/test_sched_recurrent.py)."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from real_sched_support import (
     cold_run,
@@ -16,7 +14,7 @@ from real_sched_support import (
     real_scheduler,
 )
 from real_sched_support import random_ids as ids
-from sched_support import CountingPool, StepGate, collect, make_request
+from sched_support import CountingPool, StepGate, cancel_in_prefill_and_resend, collect, make_request
 from slotserve.scheduler.request import ReuseSource
 from slotserve.scheduler.scheduler import Scheduler
 
@@ -91,19 +89,11 @@ async def test_abort_during_prefill_then_resend_extends_what_was_computed(open_p
     pool, tok = open_pool(1)
     prompt = ids(20, 200)
     gate = StepGate(pool, pause_at=6)  # 5 segments of 16 tokens done, the 6th in flight
+    held = 6 * SEG
     async with sched_for(pool, tok, checkpoint_memory_mb=0) as sched:
-        h = sched.submit(make_request(prompt, 6))
-        await gate.wait_reached()
-        cancel = asyncio.ensure_future(h.cancel())
-        gate.release.set()
-        assert await cancel
-        held = pool.slot_len(0)
-        assert held == 6 * SEG and pool.min_truncate_len(0) == held
-        before = pool.num_computed_tokens
-        out = await collect(sched.submit(make_request(prompt, 6)))
-        await sched.check_integrity()
+        out, computed = await cancel_in_prefill_and_resend(sched, pool, gate, prompt, 6, held)
     assert reuse(out) == (ReuseSource.REWIND, held)
-    assert pool.num_computed_tokens - before == (200 - held) + 5
+    assert computed == (200 - held) + 5
     assert out.tokens == await cold(open_pool, prompt, 6)
 
 

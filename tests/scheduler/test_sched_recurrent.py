@@ -20,6 +20,7 @@ from sched_support import (
     N_VOCAB,
     RecordingSink,
     StepGate,
+    cancel_in_prefill_and_resend,
     collect,
     make_config,
     make_request,
@@ -116,19 +117,11 @@ async def test_abort_and_resend_during_prefill_extends_what_was_computed():
     pool = rec_pool(1)
     prompt = prompt_of(20, 400)
     gate = StepGate(pool, pause_at=8)  # 7 segments of 16 tokens done, the 8th in flight
+    held = 8 * SEG
     async with make_scheduler(pool, rec_config(checkpoint_memory_mb=0)) as sched:
-        h = sched.submit(make_request(prompt, 6))
-        await gate.wait_reached()
-        cancel = asyncio.ensure_future(h.cancel())
-        gate.release.set()
-        assert await cancel
-        held = pool.slot_len(0)
-        assert held == 8 * SEG and pool.min_truncate_len(0) == held
-        before = pool.num_computed_tokens
-        out = await run_one(sched, prompt, 6)
-        await sched.check_integrity()
+        out, computed = await cancel_in_prefill_and_resend(sched, pool, gate, prompt, 6, held)
     assert reuse(out) == (ReuseSource.REWIND, held)
-    assert pool.num_computed_tokens - before == (400 - held) + 5
+    assert computed == (400 - held) + 5
     assert out.tokens == reference_greedy(pool, prompt, 6)
 
 

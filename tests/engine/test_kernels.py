@@ -266,6 +266,43 @@ def attention_numpy(
     return out, mag
 
 
+def q8_0_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(bytes [n, head_dim / 32 * 34], their dequantized values float32): each row as blocks of an
+    f16 scale max|x| / 127 and 32 int8 values (engine_ext/csrc/kv_q8.h)."""
+    n, hd = x.shape
+    b = x.reshape(n, hd // 32, 32).astype(np.float32)
+    d = (np.abs(b).max(axis=2, keepdims=True) / 127).astype(np.float16)
+    inv = np.where(d == 0, 0, 1 / np.where(d == 0, 1, d.astype(np.float32)))
+    qv = np.clip(np.round(b * inv), -127, 127).astype(np.int8)
+    raw = np.concatenate([d.view(np.uint8).reshape(n, hd // 32, 2), qv.view(np.uint8)], axis=2)
+    return raw.reshape(n, -1), (qv.astype(np.float32) * d.astype(np.float32)).reshape(n, hd)
+
+
+@pytest.mark.parametrize("head_dim, group", [(32, 4), (64, 3), (96, 1), (256, 2)])
+@pytest.mark.parametrize(
+    "pos0, n_q, window", [(0, 1, 0), (5, 3, 0), (31, 2, 0), (70, 5, 0), (600, 2, 0), (300, 3, 40)]
+)
+def test_attention_q8_0_variants_match_numpy(head_dim, group, pos0, n_q, window):
+    """q8_0 KV (scalar reference and the AVX2 kernel, which reads the blocked int8 keys and value
+    rows itself): against float64 attention over the dequantized keys and values, the f32 bound."""
+    r = rng(pos0 * 10 + n_q + head_dim)
+    n_keys = pos0 + n_q + 3
+    q = r.standard_normal((n_q, group * head_dim)).astype(np.float32)
+    k_raw, k = q8_0_rows(r.standard_normal((n_keys, head_dim)) * 0.7)
+    v_raw, v = q8_0_rows(r.standard_normal((n_keys, head_dim)))
+    scale = head_dim**-0.5
+    want, mag = attention_numpy(q, k, v, pos0, group, head_dim, scale, window)
+    variants = ["scalar"] + (["avx2"] if _engine.avx2_supported() else [])
+    outs = {}
+    for name in variants:
+        outs[name] = _engine.KernelTable(name).attention_q8(
+            q, k_raw, v_raw, pos0, group, head_dim, scale, window
+        )
+        assert_close(outs[name], want, mag, 8 * SUM_RTOL, f"{name} q8_0 attention vs numpy")
+    if len(outs) == 2:
+        assert_close(outs["avx2"], outs["scalar"], mag, 8 * SUM_RTOL, "avx2 vs generic q8_0 attention")
+
+
 @pytest.mark.parametrize("kv_dtype", [np.float16, np.float32])
 @pytest.mark.parametrize("head_dim, group", [(16, 2), (64, 3), (20, 1), (32, 4), (16, 6)])
 @pytest.mark.parametrize("pos0, n_q", [(0, 1), (0, 7), (5, 3), (31, 2), (40, 1), (70, 5), (600, 2)])

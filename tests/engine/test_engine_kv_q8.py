@@ -23,16 +23,19 @@ Q8 = "q8_0"
 Q8_KV_ATOL = (0.25, 0.04)
 
 
-@pytest.fixture(scope="module", params=("K_MIX", "gemma3", "qwen3", "qwen35"))
+@pytest.fixture(scope="module", params=("K_MIX", "gemma3", "qwen3", "qwen35", "lfm2"))
 def path(request, tiny_model_factory, arch_model_factory, qwen35_model_factory):
     """Fixtures whose head_dim is a multiple of 32: K-quant mix (64), gemma3 (64, rings of a
-    sliding window of 16), qwen3 (128), qwen35 (32, beside DeltaNet state)."""
+    sliding window of 16), qwen3 (128), qwen35 (32, beside DeltaNet state), lfm2 (32 with 2 heads;
+    its conv rows stay f16)."""
     from gguf_fixtures import K_DIMS
 
     if request.param == "K_MIX":
         return tiny_model_factory("K_MIX", **K_DIMS)
     if request.param == "qwen35":
         return qwen35_model_factory("Q8_0")
+    if request.param == "lfm2":
+        return arch_model_factory("lfm2", n_heads=2)
     return arch_model_factory(request.param)
 
 
@@ -111,7 +114,8 @@ def test_sizes_are_34_of_64_of_f16(path):
     f16, q8 = make_pool(path, 2, 96, rollback=q8_pool(path, 1, 8).rollback), q8_pool(path, 2, 96)
     kv_rows = sum(0 if rec else 1 for rec in cfg.recurrent_layers)
     assert kv_rows and cfg.head_dim % 32 == 0
-    state = 2 * (1 + q8.rollback) * q8.state_bytes  # the f32 recurrent state does not change
+    # the f32 recurrent state and lfm2's f16 conv rows do not change with the KV type
+    state = 2 * (1 + q8.rollback) * q8.state_bytes + 2 * 96 * cfg.dim * 2 * sum(cfg.conv_layers)
     full = f16.kv_bytes - state
     assert (q8.kv_bytes - state) * 64 == full * 34, (q8.kv_bytes, f16.kv_bytes)
     n = 64  # a multiple of KEY_LANES: whole key blocks either way
@@ -123,6 +127,7 @@ def test_sizes_are_34_of_64_of_f16(path):
             - len(pool.fingerprint.encode())
             - 4 * n
             - pool.state_bytes
+            - n * cfg.dim * 2 * sum(cfg.conv_layers)
             - 4
         )
 

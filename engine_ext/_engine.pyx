@@ -53,6 +53,16 @@ cdef weight_t _weight(object ref) except *:
     w.n_out = ref.shape[1] if len(ref.shape) > 1 else 1
     w.rows = &raw[0]
     w.x8 = NULL
+    if len(ref.shape) < 3 and <size_t>raw.shape[0] != ggml_row_bytes(w.type, w.n_in) * <size_t>w.n_out:
+        raise ValueError(f"tensor {ref.name!r}: {raw.shape[0]} bytes do not match its shape {ref.shape}")
+    return w
+
+
+cdef weight_t _experts(object ref) except *:
+    """A 3-D expert tensor (n_in, per expert, n_expert) as one weight of per * n_expert rows."""
+    cdef weight_t w = _weight(ref)
+    w.n_out = ref.shape[1] * ref.shape[2]
+    cdef const uint8_t[::1] raw = ref.data
     if <size_t>raw.shape[0] != ggml_row_bytes(w.type, w.n_in) * <size_t>w.n_out:
         raise ValueError(f"tensor {ref.name!r}: {raw.shape[0]} bytes do not match its shape {ref.shape}")
     return w
@@ -124,6 +134,11 @@ cdef class Engine:
         m.ssm_d = ssm.d_state if ssm is not None else 0
         m.ssm_k_heads = ssm.k_heads if ssm is not None else 0
         m.ssm_v_heads = ssm.v_heads if ssm is not None else 0
+        moe = cfg.moe
+        m.n_expert = moe.n_expert if moe is not None else 0
+        m.n_expert_used = moe.n_expert_used if moe is not None else 0
+        m.expert_ffn = moe.expert_ffn if moe is not None else 0
+        m.expert_norm = moe.norm_weights if moe is not None else 0
         # zeroed: the weights a layer's kind lacks stay empty (NULL rows)
         cdef layer_weights *layers = <layer_weights *>calloc(cfg.n_layers, sizeof(layer_weights))
         if layers == NULL:
@@ -135,9 +150,20 @@ cdef class Engine:
                 p = f"blk.{i}."
                 layers[i].attn_norm = _f32(t[p + "attn_norm.weight"], cfg.dim)
                 layers[i].ffn_norm = _f32(t[p + cfg.ffn_norm_name + ".weight"], cfg.dim)
-                layers[i].ffn_gate = _weight(t[p + "ffn_gate.weight"])
-                layers[i].ffn_up = _weight(t[p + "ffn_up.weight"])
-                layers[i].ffn_down = _weight(t[p + "ffn_down.weight"])
+                if moe is None:
+                    layers[i].ffn_gate = _weight(t[p + "ffn_gate.weight"])
+                    layers[i].ffn_up = _weight(t[p + "ffn_up.weight"])
+                    layers[i].ffn_down = _weight(t[p + "ffn_down.weight"])
+                else:  # experts (moe.c), and qwen2moe's shared expert in the dense FFN's place
+                    layers[i].moe_router = _weight(t[p + "ffn_gate_inp.weight"])
+                    layers[i].moe_gate = _experts(t[p + "ffn_gate_exps.weight"])
+                    layers[i].moe_up = _experts(t[p + "ffn_up_exps.weight"])
+                    layers[i].moe_down = _experts(t[p + "ffn_down_exps.weight"])
+                    if moe.shared_ffn:
+                        layers[i].shexp_gate = _f32(t[p + "ffn_gate_inp_shexp.weight"], cfg.dim)
+                        layers[i].ffn_gate = _weight(t[p + "ffn_gate_shexp.weight"])
+                        layers[i].ffn_up = _weight(t[p + "ffn_up_shexp.weight"])
+                        layers[i].ffn_down = _weight(t[p + "ffn_down_shexp.weight"])
                 layers[i].rope_base = cfg.layer_rope_bases[i]
                 layers[i].window = cfg.layer_windows[i]
                 if cfg.conv_layers[i]:  # lfm2: a short-convolution block instead of attention

@@ -2,7 +2,8 @@
 
 Design: `load_model_file` parses the file with the `gguf` package's GGUFReader over a read-only
 memory map and checks everything the engine relies on before any C code sees a pointer: a
-supported architecture (`ARCHITECTURES`: llama, qwen2, qwen3, gemma3, lfm2, qwen35), tensor types the kernels
+supported architecture (`ARCHITECTURES`: llama, qwen2, qwen3, gemma3, lfm2, qwen35, qwen3moe,
+qwen2moe), tensor types the kernels
 implement, every required tensor present, every shape consistent with the config. One
 `ModelConfig` describes every architecture: the `{arch}.*` hyper-parameters plus the switches
 (rope mode, activation, biases, q/k norms, post-norms, embedding scale) and per-layer arrays
@@ -114,6 +115,9 @@ class ArchSpec:
     rope_freqs: bool = False  # may carry rope_freqs.weight (llama 3.1 frequency factors)
     shortconv: bool = False  # lfm2: short-convolution layers where head_count_kv[i] == 0
     deltanet: bool = False  # qwen35: Gated DeltaNet layers, gated attention, partial rotary
+    moe: bool = False  # mixture-of-experts FFN on every layer (ffn_gate_inp, ffn_*_exps)
+    shared_expert: bool = False  # qwen2moe: ffn_*_shexp scaled by sigmoid(ffn_gate_inp_shexp . h)
+    expert_norm: bool = False  # qwen3moe: the chosen experts' weights renormalised to sum 1
 
 
 ARCHITECTURES: dict[str, ArchSpec] = {
@@ -130,6 +134,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     ),
     "lfm2": ArchSpec(RopeMode.NEOX, Activation.SILU, qk_norm=True, shortconv=True),
     "qwen35": ArchSpec(RopeMode.NEOX, Activation.SILU, qk_norm=True, deltanet=True),
+    "qwen3moe": ArchSpec(RopeMode.NEOX, Activation.SILU, qk_norm=True, moe=True, expert_norm=True),
+    "qwen2moe": ArchSpec(RopeMode.NEOX, Activation.SILU, qkv_bias=True, moe=True, shared_expert=True),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 
@@ -171,6 +177,21 @@ MAX_SSM_CONV = 16  # engine.c: longest DeltaNet conv
 
 
 @dataclass(frozen=True)
+class MoeConfig:
+    """A mixture-of-experts FFN as llama.cpp reads its keys: {arch}.expert_count experts of
+    {arch}.expert_feed_forward_length, {arch}.expert_used_count chosen per token (softmax over
+    the router's logits, top-k); qwen3moe renormalises the chosen weights (llama.cpp hard-codes
+    it per architecture: no key); qwen2moe adds a shared expert of
+    {arch}.expert_shared_feed_forward_length (default feed_forward_length)."""
+
+    n_expert: int
+    n_expert_used: int
+    expert_ffn: int
+    norm_weights: bool
+    shared_ffn: int  # 0: no shared expert
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Hyper-parameters of a model, read from its `{arch}.*` metadata, and the architecture's
     switches the engine reads (one description for every supported architecture)."""
@@ -205,6 +226,9 @@ class ModelConfig:
     ssm: SsmConfig | None = None  # qwen35: the Gated DeltaNet layers' dimensions
     recurrent_layers: tuple[bool, ...] = ()  # per layer: Gated DeltaNet (no KV); () = none
     ffn_norm_name: str = "ffn_norm"  # the FFN's norm tensor (qwen35: post_attention_norm)
+    moe: MoeConfig | None = (
+        None  # mixture-of-experts FFN (ffn_dim is then the shared expert's, or the experts')
+    )
 
     def __post_init__(self) -> None:
         if not self.attn_scale:
@@ -439,8 +463,16 @@ def _read_config(path: Path, metadata: dict[str, object], tensors: dict[str, Ten
         raise ValueError(f"{path}: head_dim {head_dim} must be even for RoPE")
     if n_heads % n_kv_heads != 0:
         raise ValueError(f"{path}: head_count {n_heads} is not a multiple of head_count_kv {n_kv_heads}")
-    if metadata.get(key("expert_count"), 0):
+    ffn_dim = (
+        _meta_int(path, metadata, key("feed_forward_length"))
+        if key("feed_forward_length") in metadata or not spec.moe
+        else 0
+    )
+    moe = _read_moe(path, metadata, arch, ffn_dim) if spec.moe else None
+    if metadata.get(key("expert_count"), 0) and moe is None:
         raise UnsupportedModelError(f"{path}: mixture-of-experts {arch} models are not supported")
+    if moe is not None:
+        ffn_dim = moe.shared_ffn or moe.expert_ffn
     scaling = metadata.get(key("rope.scaling.type"), "none")
     if scaling not in ("none", None):
         raise UnsupportedModelError(
@@ -481,7 +513,7 @@ def _read_config(path: Path, metadata: dict[str, object], tensors: dict[str, Ten
         n_heads=n_heads,
         n_kv_heads=n_kv_heads,
         head_dim=head_dim,
-        ffn_dim=_meta_int(path, metadata, key("feed_forward_length")),
+        ffn_dim=ffn_dim,
         n_vocab=n_vocab,
         rope_base=rope_base,
         rms_eps=_meta_float(path, metadata, key("attention.layer_norm_rms_epsilon"), 1e-5),
@@ -505,7 +537,27 @@ def _read_config(path: Path, metadata: dict[str, object], tensors: dict[str, Ten
         conv_layers=conv_layers,
         conv_len=conv_len,
         output_norm_name="token_embd_norm.weight" if spec.shortconv else "output_norm.weight",
+        moe=moe,
     )
+
+
+def _read_moe(path: Path, metadata: dict[str, object], arch: str, ffn_dim: int) -> MoeConfig:
+    """The expert keys as llama.cpp reads them (llama-model.cpp, src/models/{arch}.cpp)."""
+    spec = ARCHITECTURES[arch]
+    n_expert = _meta_int(path, metadata, f"{arch}.expert_count")
+    n_used = _meta_int(path, metadata, f"{arch}.expert_used_count")
+    if not 1 <= n_used <= n_expert:
+        raise ValueError(f"{path}: {arch} needs expert_count >= 1 and expert_used_count in 1..expert_count")
+    for unsupported in ("expert_group_count", "expert_weights_scale"):
+        value = metadata.get(f"{arch}.{unsupported}", 0)
+        if value and not (unsupported == "expert_weights_scale" and value == 1.0):
+            raise UnsupportedModelError(f"{path}: {arch} with {arch}.{unsupported} is not supported")
+    # llama.cpp: n_ff_exp = expert_feed_forward_length, else feed_forward_length / expert_used_count
+    expert_ffn = _meta_int(path, metadata, f"{arch}.expert_feed_forward_length", ffn_dim // n_used or None)
+    shared = 0
+    if spec.shared_expert:
+        shared = _meta_int(path, metadata, f"{arch}.expert_shared_feed_forward_length", ffn_dim or None)
+    return MoeConfig(n_expert, n_used, expert_ffn, spec.expert_norm, shared)
 
 
 def _read_deltanet(
@@ -578,7 +630,14 @@ def _read_layer_kinds(
         if isinstance(value, list):
             raise UnsupportedModelError(f"{path}: per-layer {key} on {arch} is not supported")
         return _meta_int(path, metadata, key, n_heads), (False,) * n_layers, 0
-    for unsupported in ("attention.sliding_window", "expert_count"):
+    for unsupported in (
+        ("attention.sliding_window",)
+        if ARCHITECTURES[arch].moe
+        else (
+            "attention.sliding_window",
+            "expert_count",
+        )
+    ):
         if metadata.get(f"{arch}.{unsupported}", 0):
             raise UnsupportedModelError(f"{path}: {arch} with {arch}.{unsupported} is not supported")
     if metadata.get(f"{arch}.attention.causal", True) is False:
@@ -633,6 +692,29 @@ def _expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         "shortconv.out_proj.weight": (c.dim, c.dim),
         **{k: v for k, v in per_layer.items() if k.startswith("ffn_")},
     }
+    if c.moe is not None:  # the experts replace the dense FFN (qwen2moe: which is the shared expert's)
+        per_layer = {
+            k: v for k, v in per_layer.items() if not k.startswith("ffn_") or k.startswith("ffn_norm")
+        }
+        e, f = c.moe.n_expert, c.moe.expert_ffn
+        per_layer.update(
+            {
+                "ffn_gate_inp.weight": (c.dim, e),
+                "ffn_gate_exps.weight": (c.dim, f, e),
+                "ffn_up_exps.weight": (c.dim, f, e),
+                "ffn_down_exps.weight": (f, c.dim, e),
+            }
+        )
+        if c.moe.shared_ffn:
+            s = c.moe.shared_ffn
+            per_layer.update(
+                {
+                    "ffn_gate_inp_shexp.weight": (c.dim,),
+                    "ffn_gate_shexp.weight": (c.dim, s),
+                    "ffn_up_shexp.weight": (c.dim, s),
+                    "ffn_down_shexp.weight": (s, c.dim),
+                }
+            )
     recurrent = _deltanet_shapes(c, per_layer) if c.ssm is not None else per_layer
     for i in range(c.n_layers):
         kind = conv_layer if c.conv_layers[i] else recurrent if c.recurrent_layers[i] else per_layer

@@ -134,6 +134,11 @@ cdef extern from "engine.h" nogil:
         const float *ssm_dt
         const float *ssm_a
         const float *ssm_norm
+        weight_t moe_router
+        weight_t moe_gate
+        weight_t moe_up
+        weight_t moe_down
+        const float *shexp_gate
 
     ctypedef struct model_desc:
         int n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, n_vocab
@@ -150,6 +155,8 @@ cdef extern from "engine.h" nogil:
         int conv_len
         int rope_dim
         int q_gate
+        int n_expert, n_expert_used, expert_ffn
+        int expert_norm
         int ssm_taps, ssm_d, ssm_k_heads, ssm_v_heads
 
     ctypedef struct engine_item:

@@ -193,6 +193,9 @@ def write_tiny_llama(
     conv_layers: tuple[int, ...] = (),
     conv_len: int = 3,
     split_max_tensors: int = 0,
+    n_expert: int = 4,
+    n_expert_used: int = 2,
+    expert_ffn: int = 0,
 ) -> Path:
     """Write a random tiny model to `path` and return the path (with split_max_tensors > 0: a
     split GGUF of that many tensors per part, `STEM-0000i-of-0000N.gguf` beside `path`, and the
@@ -211,6 +214,9 @@ def write_tiny_llama(
     extra_tokens: CONTROL tokens appended after the merges (e.g. Gemma's turn tokens).
     conv_layers: (lfm2) the layers that are short convolutions of conv_len taps instead of
     attention (head_count_kv 0 there).
+    qwen3moe / qwen2moe: n_expert experts of expert_ffn (default ffn_dim), n_expert_used per
+    token, an F32 router whose last row repeats the one before it (those two experts tie on
+    every token: the routing tie case) and, qwen2moe, a shared expert of ffn_dim.
     """
     if weight_type not in WEIGHT_TYPES + MORE_WEIGHT_TYPES + K_TYPES and weight_type not in WEIGHT_MIXES:
         raise ValueError(
@@ -248,6 +254,14 @@ def write_tiny_llama(
     w.add_context_length(ctx_train)
     w.add_embedding_length(dim)
     w.add_feed_forward_length(ffn_dim)
+    moe = architecture in ("qwen3moe", "qwen2moe")
+    expert_ffn = expert_ffn or ffn_dim
+    if moe:
+        w.add_expert_count(n_expert)
+        w.add_expert_used_count(n_expert_used)
+        w.add_expert_feed_forward_length(expert_ffn)
+        if architecture == "qwen2moe":
+            w.add_expert_shared_feed_forward_length(ffn_dim)
     w.add_head_count(n_heads)
     if architecture == "lfm2":  # per layer: 0 on the short convolutions
         w.add_array(
@@ -302,8 +316,36 @@ def write_tiny_llama(
     # one token forever. With these scales logits stay within about +-10 and greedy varies.
     # (gemma3 multiplies the embeddings by sqrt(dim) = 8: its residual stream starts at std 2,
     # which its pre- and post-norms absorb; the tied logits keep the scale above)
+    def add_experts(name: str, rows: int, cols: int, scale: float) -> None:
+        """A 3-D [n_expert][rows][cols] expert tensor (GGUF shape (cols, rows, n_expert))."""
+        type_name = type_of(name)
+        if type_name in K_TYPES:
+            blocks = random_blocks(type_name, n_expert * rows, cols, rng, std=scale)
+            qtype = GGMLQuantizationType[type_name]
+            w.add_tensor(name, blocks.reshape(n_expert, rows, -1), raw_dtype=qtype)
+        else:
+            values = (rng.standard_normal((n_expert, rows, cols)) * scale).astype(np.float32)
+            _add(w, name, values, type_name)
+
+    def add_moe(i: int) -> None:
+        router = (rng.standard_normal((n_expert, dim)) * dim**-0.5).astype(np.float32)
+        router[-1] = router[-2]  # a tie on every token
+        _add(w, f"blk.{i}.ffn_gate_inp.weight", router, "F32")
+        add_experts(f"blk.{i}.ffn_gate_exps.weight", expert_ffn, dim, dim**-0.5)
+        add_experts(f"blk.{i}.ffn_up_exps.weight", expert_ffn, dim, dim**-0.5)
+        add_experts(f"blk.{i}.ffn_down_exps.weight", dim, expert_ffn, 4.0 * expert_ffn**-0.5)
+        if architecture == "qwen2moe":
+            shexp_gate = (rng.standard_normal(dim) * dim**-0.5).astype(np.float32)
+            _add(w, f"blk.{i}.ffn_gate_inp_shexp.weight", shexp_gate, "F32")
+            add_weight(f"blk.{i}.ffn_gate_shexp.weight", ffn_dim, dim, dim**-0.5)
+            add_weight(f"blk.{i}.ffn_up_shexp.weight", ffn_dim, dim, dim**-0.5)
+            add_weight(f"blk.{i}.ffn_down_shexp.weight", dim, ffn_dim, 4.0 * ffn_dim**-0.5)
+
     def add_ffn(i: int) -> None:
         add_norm(f"blk.{i}.ffn_norm.weight")
+        if moe:
+            add_moe(i)
+            return
         add_weight(f"blk.{i}.ffn_gate.weight", ffn_dim, dim, dim**-0.5)
         add_weight(f"blk.{i}.ffn_up.weight", ffn_dim, dim, dim**-0.5)
         add_weight(f"blk.{i}.ffn_down.weight", dim, ffn_dim, 4.0 * ffn_dim**-0.5)
@@ -325,11 +367,11 @@ def write_tiny_llama(
         add_weight(f"blk.{i}.attn_q.weight", q_dim, dim, dim**-0.5)
         add_weight(f"blk.{i}.attn_k.weight", kv_dim, dim, dim**-0.5)
         add_weight(f"blk.{i}.attn_v.weight", kv_dim, dim, dim**-0.5)
-        if architecture == "qwen2":
+        if architecture in ("qwen2", "qwen2moe"):
             add_bias(f"blk.{i}.attn_q.bias", q_dim)
             add_bias(f"blk.{i}.attn_k.bias", kv_dim)
             add_bias(f"blk.{i}.attn_v.bias", kv_dim)
-        if architecture in ("qwen3", "gemma3", "lfm2"):
+        if architecture in ("qwen3", "gemma3", "lfm2", "qwen3moe"):
             add_norm(f"blk.{i}.attn_q_norm.weight", head_dim)
             add_norm(f"blk.{i}.attn_k_norm.weight", head_dim)
         add_weight(f"blk.{i}.attn_output.weight", dim, q_dim, 4.0 * q_dim**-0.5)
@@ -410,6 +452,33 @@ ARCH_MODELS: dict[str, dict[str, object]] = {
         rope_base=1000000.0,
         weight_type="Q5_0",
         tensor_types={"token_embd.weight": "Q8_0", "attn_v": "Q8_0", "ffn_down": "Q8_0"},
+    ),
+    # Qwen3-30B-A3B's shape in miniature (4 experts, 2 per token, q_dim != dim) with its Q4_K_M
+    # mix: Q4_K, Q6_K attn_v, ffn_down_exps and embeddings, the router F32 (llama-quantize leaves
+    # ffn_gate_inp unquantized)
+    "qwen3moe": dict(
+        architecture="qwen3moe",
+        head_dim=128,
+        **K_DIMS,
+        expert_ffn=256,
+        rope_base=1000000.0,
+        weight_type="Q4_K",
+        tensor_types={"token_embd.weight": "Q6_K", "attn_v": "Q6_K", "ffn_down_exps": "Q6_K"},
+    ),
+    # Qwen1.5-MoE's shape in miniature: qwen2's biases, 4 experts (2 per token) of 128 and a
+    # shared expert of 256 behind its sigmoid gate; rows of 64 and 128 give Q5_0 / Q8_0
+    "qwen2moe": dict(
+        architecture="qwen2moe",
+        ffn_dim=256,
+        expert_ffn=128,
+        rope_base=1000000.0,
+        weight_type="Q5_0",
+        tensor_types={
+            "token_embd.weight": "Q8_0",
+            "attn_v": "Q8_0",
+            "ffn_down_exps": "Q8_0",
+            "ffn_down_shexp": "Q8_0",
+        },
     ),
 }
 ARCHS = tuple(ARCH_MODELS)

@@ -19,6 +19,13 @@ with each architecture's additions written out where they happen (llama.cpp's gr
                x += f
     logits = (rmsnorm(x) * output_norm) @ (output or embd).T
 
+qwen3moe and qwen2moe (src/models/qwen3moe.cpp, qwen2moe.cpp, llama-graph.cpp build_moe_ffn):
+qwen3's and qwen2's attention blocks, and the FFN a mixture of experts (`_moe`):
+
+    p = softmax(h @ router.T); the k = expert_used_count largest, ties to the lower index;
+    qwen3moe: their weights / their sum; f = sum_i w_i * down_i(silu(gate_i h) * up_i h)
+    qwen2moe: f += sigmoid(h . ffn_gate_inp_shexp) * shared expert FFN (ffn_*_shexp)
+
 lfm2 (llama.cpp's src/models/lfm2.cpp): the layers whose head_count_kv is 0 replace attention
 by a short convolution, the others are qwen3's attention block (q/k norms, NEOX rope):
 
@@ -52,7 +59,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "lfm2", "qwen35")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "lfm2", "qwen35", "qwen3moe", "qwen2moe")
 
 
 class ReferenceModel:
@@ -90,6 +97,8 @@ class ReferenceModel:
         self.rope_base = float(meta.get(f"{arch}.rope.freq_base", 10000.0))
         self.eps = float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5))
         self.window = int(meta.get(f"{arch}.attention.sliding_window", 0)) if arch == "gemma3" else 0
+        if arch in ("qwen3moe", "qwen2moe"):
+            self.n_expert_used = int(meta[f"{arch}.expert_used_count"])
         if arch == "qwen35":
             self.rope_dim = int(meta[f"{arch}.rope.dimension_count"])
             self.interval = int(meta.get(f"{arch}.full_attention_interval", 4))
@@ -166,14 +175,14 @@ class ReferenceModel:
                 x = x + self._ffn(x, w, gemma)
                 continue
             q, k, v = h @ w("attn_q").T, h @ w("attn_k").T, h @ w("attn_v").T
-            if self.arch == "qwen2":
+            if self.arch in ("qwen2", "qwen2moe"):
                 q = q + self.w[f"blk.{i}.attn_q.bias"]
                 k = k + self.w[f"blk.{i}.attn_k.bias"]
                 v = v + self.w[f"blk.{i}.attn_v.bias"]
             q = q.reshape(n, self.n_heads, hd)
             k = k.reshape(n, self.n_kv_heads, hd)
             v = v.reshape(n, self.n_kv_heads, hd)
-            if self.arch in ("qwen3", "gemma3", "lfm2"):
+            if self.arch in ("qwen3", "gemma3", "lfm2", "qwen3moe"):
                 q = self._rmsnorm(q, w("attn_q_norm"))
                 k = self._rmsnorm(k, w("attn_k_norm"))
             local = self._is_local(i)
@@ -195,12 +204,39 @@ class ReferenceModel:
 
     def _ffn(self, x: np.ndarray, w, gemma: bool) -> np.ndarray:
         h = self._rmsnorm(x, w("ffn_norm"))
+        if self.arch in ("qwen3moe", "qwen2moe"):
+            return self._moe(h, w)
         gate = h @ w("ffn_gate").T
         act = self._gelu_tanh(gate) if gemma else gate / (1.0 + np.exp(-gate))
         f = (act * (h @ w("ffn_up").T)) @ w("ffn_down").T
         if gemma:
             f = self._rmsnorm(f, w("post_ffw_norm"))
         return f
+
+    def _moe(self, h: np.ndarray, w) -> np.ndarray:
+        """llama.cpp's build_moe_ffn with softmax gating, row by row: p = softmax(h @ router.T);
+        the expert_used_count largest (ties: the lower expert index); qwen3moe divides their
+        weights by their sum; f = sum over ranks of p * down_e(silu(gate_e h) * up_e h);
+        qwen2moe adds the shared expert's FFN times sigmoid(h . ffn_gate_inp_shexp)."""
+        k = self.n_expert_used
+        logits = h @ w("ffn_gate_inp").T  # [n, n_expert]
+        p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        p = p / p.sum(axis=-1, keepdims=True)
+        gate, up, down = w("ffn_gate_exps"), w("ffn_up_exps"), w("ffn_down_exps")  # [E, F, dim], [E, dim, F]
+        out = np.zeros_like(h)
+        for r in range(h.shape[0]):
+            chosen = np.argsort(-logits[r], kind="stable")[:k]  # stable: lower index first on ties
+            weights = p[r, chosen]
+            if self.arch == "qwen3moe":
+                weights = weights / max(weights.sum(), 6.103515625e-5)
+            for x, wt in zip(chosen, weights):
+                out[r] += wt * ((self._silu(gate[x] @ h[r]) * (up[x] @ h[r])) @ down[x].T)
+        if self.arch == "qwen2moe":
+            shared = (self._silu(h @ w("ffn_gate_shexp").T) * (h @ w("ffn_up_shexp").T)) @ w(
+                "ffn_down_shexp"
+            ).T
+            out = out + shared / (1.0 + np.exp(-(h @ w("ffn_gate_inp_shexp"))))[:, None]
+        return out
 
     def _shortconv(self, h: np.ndarray, w) -> np.ndarray:
         """lfm2's convolution block before out_proj: c * conv(b * u), [n, dim]."""

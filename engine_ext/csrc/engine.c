@@ -18,6 +18,10 @@
  *              | [post-norm += residual]
  *   logits: final norm+quantize of the requested rows only | output matmul (vocab, dynamic)
  *
+ * A mixture-of-experts layer (qwen3moe, qwen2moe) walks its own FFN phases (moe_block: router,
+ * top-k, rows grouped by expert, each chosen expert's matmuls once for all its rows); a dense
+ * layer walks MOE_EXTRA_PHASES empty ones in their place.
+ *
  * Every layer walks the same PHASES_PER_LAYER phases (a phase an architecture lacks is an empty
  * slot in the sequence), and a step checks that it walked exactly the phases it counted.
  *
@@ -98,12 +102,15 @@
 #endif
 
 #include "kv_q8.h"
+#include "moe.h"
 #include "threadpool.h"
 
 #define MIN_GEMM_CHUNK 16       /* fewest output rows in one dynamic matmul chunk */
 #define CHUNKS_PER_THREAD 8     /* dynamic matmul chunks per thread (load balance) */
-/* norm, qkv, rope, attention, merge, quantize, output, post-norm, norm, gate/up, act, down, post-norm */
-#define PHASES_PER_LAYER 13
+/* norm, qkv, rope, attention, merge, quantize, output, post-norm, norm, gate/up, act, down, post-norm,
+ * and MOE_EXTRA_PHASES the MoE FFN block walks beyond the dense one (moe_block) */
+#define MOE_EXTRA_PHASES 4
+#define PHASES_PER_LAYER (13 + MOE_EXTRA_PHASES)
 #define PHASES_EXTRA 3          /* embed; logits norm, logits matmul */
 #define SPLIT_BELOW_UNITS 4     /* split attention into chunks when it has < this many units per thread */
 #define PART_FLOATS (1 << 18)   /* capacity of the split attention partial states (1 MiB) */
@@ -180,6 +187,22 @@ struct engine {
     float *qg;                /* [T][2 * q_dim] gated attention's q matmul (q_gate) */
     float *qgate;             /* [T][q_dim] its gate values */
 
+    /* MoE FFN (moe_block); P = max_tokens * n_expert_used (row, rank) pairs */
+    weight_t *experts;        /* [n_layers][3: gate, up, down][n_expert] each expert's slice */
+    float *mlogits;           /* [T][n_expert] router logits */
+    int *msel, *mpair_of;     /* [T][k] chosen experts by rank; the pair of (row, rank) */
+    float *mw;                /* [T][k] their weights */
+    float *mshg;              /* [T] sigmoid(shared expert gate) */
+    int *moff, *mactive, *mpair_row; /* [n_expert + 1] pairs of each expert; active experts; [P] */
+    int *mn_active;           /* [n_layers] experts with pairs, per layer of the current step
+                               * (NOTE: per layer: a late thread computes a phase's unit count
+                               * after faster ones may have planned the next layer) */
+    float *mx;                /* [P][dim] gathered float input rows */
+    int8_t *mqs;              /* [P][max(dim, expert_ffn)] gathered quantized input, then act output */
+    float *md, *ms;           /* [P][max/QK] its block scales and sums */
+    float *mgate, *mup;       /* [P][expert_ffn] */
+    float *mout;              /* [P][dim] each pair's expert output */
+
     float *conv_taps;         /* [n_layers][conv_len][dim] tap-major copies of the conv kernels (conv layers only) */
     size_t conv_row_bytes;    /* dim * kv_elt: one position's conv input */
 
@@ -238,6 +261,21 @@ static int weight_ok(const weight_t *w, int n_in, int n_out) {
 static inline int is_conv_layer(const layer_weights *L) { return L->conv_in.rows != NULL; }
 static inline int is_delta_layer(const layer_weights *L) { return L->ssm_qkv.rows != NULL; }
 
+static inline int is_moe_layer(const layer_weights *L) { return L->moe_router.rows != NULL; }
+
+/* The FFN of a layer: dense (ffn_*), or experts (+ the shared expert in ffn_* when shexp_gate). */
+static int ffn_ok(const model_desc *m, const layer_weights *L) {
+    const int dense = weight_ok(&L->ffn_gate, m->dim, m->ffn_dim) && weight_ok(&L->ffn_up, m->dim, m->ffn_dim) &&
+                      weight_ok(&L->ffn_down, m->ffn_dim, m->dim);
+    if (!is_moe_layer(L)) return dense;
+    const int E = m->n_expert, F = m->expert_ffn;
+    if (E < 1 || m->n_expert_used < 1 || m->n_expert_used > E || F < 1 || F > MAX_ROW_LEN) return 0;
+    if (!weight_ok(&L->moe_router, m->dim, E) || !weight_ok(&L->moe_gate, m->dim, E * F) ||
+        !weight_ok(&L->moe_up, m->dim, E * F) || !weight_ok(&L->moe_down, F, E * m->dim))
+        return 0;
+    return L->shexp_gate ? dense : !L->ffn_gate.rows && !L->ffn_up.rows && !L->ffn_down.rows;
+}
+
 /* A DeltaNet layer's weights against the model's dimensions. */
 static int delta_layer_ok(const model_desc *m, const layer_weights *L) {
     const int d = m->ssm_d, vd = m->ssm_v_heads * d, cd = 2 * m->ssm_k_heads * d + vd;
@@ -246,8 +284,7 @@ static int delta_layer_ok(const model_desc *m, const layer_weights *L) {
            !L->attn_output.rows && L->ssm_conv && L->ssm_dt && L->ssm_a && L->ssm_norm && cd <= MAX_ROW_LEN &&
            weight_ok(&L->ssm_qkv, m->dim, cd) && weight_ok(&L->ssm_z, m->dim, vd) &&
            weight_ok(&L->ssm_beta, m->dim, m->ssm_v_heads) && weight_ok(&L->ssm_alpha, m->dim, m->ssm_v_heads) &&
-           weight_ok(&L->ssm_out, vd, m->dim) && weight_ok(&L->ffn_gate, m->dim, m->ffn_dim) &&
-           weight_ok(&L->ffn_up, m->dim, m->ffn_dim) && weight_ok(&L->ffn_down, m->ffn_dim, m->dim);
+           weight_ok(&L->ssm_out, vd, m->dim) && ffn_ok(m, L);
 }
 
 static int model_ok(const model_desc *m) {
@@ -274,8 +311,7 @@ static int model_ok(const model_desc *m) {
         if (is_conv_layer(L)) {
             if (!m->conv_len || !L->conv_w || !L->attn_norm || !L->ffn_norm || L->attn_q.rows || L->attn_output.rows ||
                 !weight_ok(&L->conv_in, m->dim, 3 * m->dim) || !weight_ok(&L->conv_out, m->dim, m->dim) ||
-                !weight_ok(&L->ffn_gate, m->dim, m->ffn_dim) || !weight_ok(&L->ffn_up, m->dim, m->ffn_dim) ||
-                !weight_ok(&L->ffn_down, m->ffn_dim, m->dim))
+                !ffn_ok(m, L))
                 return 0;
             continue;
         }
@@ -285,8 +321,7 @@ static int model_ok(const model_desc *m) {
         }
         if (!L->attn_norm || !L->ffn_norm || !weight_ok(&L->attn_q, m->dim, m->q_gate ? 2 * q_dim : q_dim) ||
             !weight_ok(&L->attn_k, m->dim, kv_dim) || !weight_ok(&L->attn_v, m->dim, kv_dim) ||
-            !weight_ok(&L->attn_output, q_dim, m->dim) || !weight_ok(&L->ffn_gate, m->dim, m->ffn_dim) ||
-            !weight_ok(&L->ffn_up, m->dim, m->ffn_dim) || !weight_ok(&L->ffn_down, m->ffn_dim, m->dim) ||
+            !weight_ok(&L->attn_output, q_dim, m->dim) || !ffn_ok(m, L) ||
             !(L->rope_base > 0.0) || L->window < 0 || (!L->q_norm != !L->k_norm))
             return 0;
     }
@@ -338,8 +373,18 @@ static void big_free(void *p, size_t n) {
 
 static const int N_LAYER_MATRICES = 14;
 
+static int n_matrices(const engine *e) {
+    return 1 + N_LAYER_MATRICES * e->m.n_layers + (e->experts ? e->m.n_layers * (1 + 3 * e->m.n_expert) : 0);
+}
+
 static weight_t *matrix(engine *e, int i) {
     if (i == 0) return &e->m.output;
+    const int dense = 1 + N_LAYER_MATRICES * e->m.n_layers;
+    if (i >= dense) { /* MoE: the routers, then every expert slice (empty on dense layers) */
+        i -= dense;
+        if (i < e->m.n_layers) return &e->layers[i].moe_router;
+        return &e->experts[i - e->m.n_layers];
+    }
     layer_weights *L = &e->layers[(i - 1) / N_LAYER_MATRICES];
     weight_t *ws[] = {&L->attn_q,   &L->attn_k,  &L->attn_v,    &L->attn_output, &L->ffn_gate,
                       &L->ffn_up,   &L->ffn_down, &L->conv_in, &L->conv_out,   &L->ssm_qkv,
@@ -348,7 +393,7 @@ static weight_t *matrix(engine *e, int i) {
 }
 
 static int pack_weights(engine *e) {
-    const int n = 1 + N_LAYER_MATRICES * e->m.n_layers;
+    const int n = n_matrices(e);
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         weight_t *w = matrix(e, i);
@@ -368,6 +413,57 @@ static int pack_weights(engine *e) {
         at += (bytes + 63) & ~(size_t)63;
     }
     return 1;
+}
+
+/* Each MoE layer's expert slices (views into its 3-D weights; see engine.h), before packing. */
+static int moe_slices(engine *e) {
+    const model_desc *m = &e->m;
+    const int E = m->n_expert;
+    int ok = 1;
+    e->experts = xalloc(sizeof(weight_t) * m->n_layers * 3 * E, &ok);
+    if (!ok) return 0;
+    for (int l = 0; l < m->n_layers; l++) {
+        const layer_weights *L = &e->layers[l];
+        if (!is_moe_layer(L)) continue;
+        const weight_t *whole[3] = {&L->moe_gate, &L->moe_up, &L->moe_down};
+        for (int j = 0; j < 3; j++) {
+            const int per = whole[j]->n_out / E;
+            const size_t bytes = ggml_row_bytes(whole[j]->type, whole[j]->n_in) * per;
+            for (int x = 0; x < E; x++) {
+                weight_t *w = &e->experts[((size_t)l * 3 + j) * E + x];
+                *w = *whole[j];
+                w->n_out = per;
+                w->rows = (const char *)whole[j]->rows + bytes * x;
+                w->x8 = NULL;
+            }
+        }
+    }
+    return 1;
+}
+
+/* The MoE FFN's step buffers (see struct engine). */
+static int moe_create(engine *e, int max_tokens) {
+    const model_desc *m = &e->m;
+    const size_t T = (size_t)max_tokens, k = m->n_expert_used, P = T * k;
+    const int wide = m->dim > m->expert_ffn ? m->dim : m->expert_ffn;
+    int ok = 1;
+    e->mlogits = xalloc(sizeof(float) * T * m->n_expert, &ok);
+    e->mn_active = xalloc(sizeof(int) * m->n_layers, &ok);
+    e->msel = xalloc(sizeof(int) * P, &ok);
+    e->mpair_of = xalloc(sizeof(int) * P, &ok);
+    e->mw = xalloc(sizeof(float) * P, &ok);
+    e->mshg = xalloc(sizeof(float) * T, &ok);
+    e->moff = xalloc(sizeof(int) * (m->n_expert + 1), &ok);
+    e->mactive = xalloc(sizeof(int) * m->n_expert, &ok);
+    e->mpair_row = xalloc(sizeof(int) * P, &ok);
+    e->mx = xalloc(sizeof(float) * P * m->dim, &ok);
+    e->mqs = xalloc(P * wide, &ok);
+    e->md = xalloc(sizeof(float) * P * (wide / QK + 1), &ok);
+    e->ms = xalloc(sizeof(float) * P * (wide / QK + 1), &ok);
+    e->mgate = xalloc(sizeof(float) * P * m->expert_ffn, &ok);
+    e->mup = xalloc(sizeof(float) * P * m->expert_ffn, &ok);
+    e->mout = xalloc(sizeof(float) * P * m->dim, &ok);
+    return ok;
 }
 
 /* The DeltaNet layers' state blocks, tap-major kernels and step buffers (see top). */
@@ -416,7 +512,9 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
     e->layers = xalloc(sizeof(layer_weights) * m->n_layers, &ok);
     if (ok) memcpy(e->layers, m->layers, sizeof(layer_weights) * m->n_layers);
     e->m.layers = e->layers;
+    if (ok && m->n_expert) ok = moe_slices(e);
     if (ok) ok = pack_weights(e);
+    if (ok && m->n_expert) ok = moe_create(e, max_tokens);
     e->kt = kt;
     e->num_slots = num_slots;
     e->ctx_len = ctx_len;
@@ -540,6 +638,9 @@ void engine_destroy(engine *e) {
     big_free(e->kv, e->kv_bytes);
     big_free(e->rstate, sizeof(float) * e->rs_floats * e->num_slots);
     big_free(e->rring, sizeof(float) * e->rs_floats * e->num_slots * e->rollback);
+    void *moe_bufs[] = {e->experts, e->mlogits, e->mn_active, e->msel, e->mpair_of, e->mw, e->mshg, e->moff, e->mactive,
+                        e->mpair_row, e->mx, e->mqs, e->md, e->ms, e->mgate, e->mup, e->mout};
+    for (size_t i = 0; i < sizeof(moe_bufs) / sizeof(moe_bufs[0]); i++) free(moe_bufs[i]);
     void *ssm_bufs[] = {e->rs_off, e->ssm_taps, e->ones, e->sqkv, e->sconv, e->sz, e->sb, e->sa, e->ssm_scratch, e->qg, e->qgate};
     for (size_t i = 0; i < sizeof(ssm_bufs) / sizeof(ssm_bufs[0]); i++) free(ssm_bufs[i]);
     void *bufs[] = {e->layers, e->plane_rows, e->layer_off, e->layer_rope, e->inv_freq, e->x, e->xb, e->q, e->k, e->v, e->gate, e->up, e->proj,
@@ -1023,6 +1124,173 @@ static int conv_block(engine *e, const layer_weights *L, int l, int p, int nth) 
     return p + 1; /* no post-norm */
 }
 
+/* One job's output chunk of a matmul unit list (as matmul_phase cuts it). */
+static void mm_unit(engine *e, const mm_job *jobs, int n_jobs, int chunk, int u, const act_rows *x, int n_rows) {
+    int j = 0;
+    for (; j < n_jobs; j++) {
+        const int units = (jobs[j].w->n_out + chunk - 1) / chunk;
+        if (u < units) break;
+        u -= units;
+    }
+    const weight_t *w = jobs[j].w;
+    const int o0 = u * chunk, o1 = o0 + chunk < w->n_out ? o0 + chunk : w->n_out;
+    e->kt->gemm[w->type](jobs[j].y, jobs[j].ldy, w, o0, o1, x, n_rows, jobs[j].accumulate);
+}
+
+static int mm_units(const mm_job *jobs, int n_jobs, int chunk) {
+    int n = 0;
+    for (int j = 0; j < n_jobs; j++) n += (jobs[j].w->n_out + chunk - 1) / chunk;
+    return n;
+}
+
+/* The gathered pairs of expert x from the MoE buffers, rows of k elements (gate/up input:
+ * k = dim, float rows mx; down input: k = expert_ffn, float rows mgate). */
+static act_rows pair_rows(const engine *e, const float *f, int x, int k) {
+    const size_t j = (size_t)e->moff[x];
+    act_rows a = {f + j * k, e->mqs + j * k, e->md + j * (k / QK), e->ms + j * (k / QK), k};
+    return a;
+}
+
+/* Output rows per expert matmul unit: a multiple of ROW_GROUP, about CHUNKS_PER_THREAD units
+ * per thread over the active experts' matrices. */
+static int expert_chunk(int n_active, int n_out, int per_expert, int nth) {
+    int chunk = (n_out * per_expert * n_active / (nth * CHUNKS_PER_THREAD) + ROW_GROUP - 1) / ROW_GROUP * ROW_GROUP;
+    return chunk < MIN_GEMM_CHUNK ? MIN_GEMM_CHUNK : chunk;
+}
+
+/* The MoE FFN block of layer l (qwen3moe, qwen2moe): 9 phases from p on, in the dense FFN's
+ * 5 and MOE_EXTRA_PHASES more:
+ *
+ *   norm+quantize (rows) | router matmul (n_expert outputs) | route: softmax, top-k, weights,
+ *   shared-expert gate (rows) | group the (row, rank) pairs by expert (one unit) | gather each
+ *   pair's input row (pairs) | gate, up: active expert x output chunk over its pairs, and the
+ *   shared expert's over all rows | silu(gate) * up + quantize (pairs, rows) | down (as gate/up)
+ *   | x += sum over ranks in rank order of w * expert out (+ sigmoid gate * shared out) (rows)
+ *
+ * An expert nobody chose is never read; each chosen one streams once per step for all its rows.
+ * A row's numbers depend on its own routing only: the matmul kernels are row-independent
+ * (kernels.h NOTE) wherever a pair lands, and the sum runs in rank order. */
+static int moe_block(engine *e, const layer_weights *L, int l, int p, int nth) {
+    const model_desc *m = &e->m;
+    const kernel_table *kt = e->kt;
+    const int T = e->n_rows, dim = m->dim, E = m->n_expert, k = m->n_expert_used, F = m->expert_ffn;
+    const int nu = n_row_units(T), P = T * k, npu = n_row_units(P), shexp = L->shexp_gate != NULL;
+    const weight_t *ex = e->experts + (size_t)l * 3 * E; /* gate [E], up [E], down [E] */
+    const int q_in = is_block_type(ex[0].type) || is_block_type(ex[E].type); /* the experts read quantized rows */
+    const int q_act = is_block_type(ex[2 * E].type);
+    norm_phase(e, p++, L->ffn_norm,
+               q_in || is_block_type(L->moe_router.type) ||
+                   (shexp && (is_block_type(L->ffn_gate.type) || is_block_type(L->ffn_up.type))));
+    {
+        mm_job job = {&L->moe_router, e->mlogits, E, 0};
+        act_rows in = input_view(e, e->xb, dim);
+        matmul_phase(e, p++, &job, 1, &in, T, nth);
+    }
+    FOR_EACH_UNIT(e, p, nu, u) {
+        int r0, r1;
+        unit_rows(u, T, &r0, &r1);
+        for (int r = r0; r < r1; r++) {
+            moe_route(e->mlogits + (size_t)r * E, E, k, m->expert_norm, e->msel + (size_t)r * k, e->mw + (size_t)r * k);
+            if (shexp) {
+                const float *h = e->xb + (size_t)r * dim;
+                float g = 0.0f;
+                for (int i = 0; i < dim; i++) g += L->shexp_gate[i] * h[i];
+                e->mshg[r] = 1.0f / (1.0f + expf(-g));
+            }
+        }
+    }
+    phase_end(e, p++, nu);
+    FOR_EACH_UNIT(e, p, 1, u) e->mn_active[l] = moe_group(e->msel, T, k, E, e->moff, e->mpair_row, e->mpair_of, e->mactive);
+    phase_end(e, p++, 1);
+    FOR_EACH_UNIT(e, p, npu, u) { /* gather: pair j gets row pair_row[j]'s normed input */
+        int j0, j1;
+        unit_rows(u, P, &j0, &j1);
+        for (int j = j0; j < j1; j++) {
+            const size_t r = (size_t)e->mpair_row[j], nb = dim / QK;
+            memcpy(e->mx + (size_t)j * dim, e->xb + r * dim, sizeof(float) * dim);
+            if (!q_in) continue;
+            memcpy(e->mqs + (size_t)j * dim, e->aqs + r * dim, dim);
+            memcpy(e->md + (size_t)j * nb, e->ad + r * nb, sizeof(float) * nb);
+            memcpy(e->ms + (size_t)j * nb, e->as + r * nb, sizeof(float) * nb);
+        }
+    }
+    phase_end(e, p++, npu);
+    /* gate, up: (active expert, gate|up, chunk) units, then the shared expert's */
+    mm_job sh_gu[2] = {{&L->ffn_gate, e->gate, m->ffn_dim, 0}, {&L->ffn_up, e->up, m->ffn_dim, 0}};
+    const int na = e->mn_active[l], ch_gu = expert_chunk(na, F, 2, nth), nc_gu = (F + ch_gu - 1) / ch_gu;
+    const int sh_chunk = shexp ? gemm_chunk(sh_gu, 2, nth) : 1, n_sh_gu = shexp ? mm_units(sh_gu, 2, sh_chunk) : 0;
+    FOR_EACH_UNIT(e, p, na * 2 * nc_gu + n_sh_gu, u) {
+        if (u >= na * 2 * nc_gu) {
+            act_rows in = input_view(e, e->xb, dim);
+            mm_unit(e, sh_gu, 2, sh_chunk, u - na * 2 * nc_gu, &in, T);
+            continue;
+        }
+        const int x = e->mactive[u / (2 * nc_gu)], up = u / nc_gu % 2, c = u % nc_gu;
+        const weight_t *w = &ex[up * E + x];
+        float *y = (up ? e->mup : e->mgate) + (size_t)e->moff[x] * F;
+        act_rows in = pair_rows(e, e->mx, x, dim);
+        const int o0 = c * ch_gu, o1 = o0 + ch_gu < F ? o0 + ch_gu : F;
+        kt->gemm[w->type](y, F, w, o0, o1, &in, e->moff[x + 1] - e->moff[x], 0);
+    }
+    phase_end(e, p++, na * 2 * nc_gu + n_sh_gu);
+    /* act: the pairs' silu(gate) * up (quantized over mqs), then the shared expert's rows */
+    const int n_act = npu + (shexp ? nu : 0);
+    FOR_EACH_UNIT(e, p, n_act, u) {
+        int r0, r1;
+        if (u < npu) {
+            unit_rows(u, P, &r0, &r1);
+            for (int j = r0; j < r1; j++) {
+                float *g = e->mgate + (size_t)j * F;
+                kt->silu_mul(g, g, e->mup + (size_t)j * F, F);
+                if (q_act)
+                    kt->quantize_q8a(e->mqs + (size_t)j * F, e->md + (size_t)j * (F / QK), e->ms + (size_t)j * (F / QK), g, F);
+            }
+            continue;
+        }
+        unit_rows(u - npu, T, &r0, &r1);
+        for (int r = r0; r < r1; r++) {
+            float *g = e->gate + (size_t)r * m->ffn_dim;
+            kt->silu_mul(g, g, e->up + (size_t)r * m->ffn_dim, m->ffn_dim);
+            if (is_block_type(L->ffn_down.type)) quantize_row(e, e->gate, m->ffn_dim, r);
+        }
+    }
+    phase_end(e, p++, n_act);
+    /* down: (active expert, chunk) units into each pair's output row, then the shared expert's */
+    mm_job sh_d = {&L->ffn_down, e->proj, dim, 0};
+    const int ch_d = expert_chunk(na, dim, 1, nth), nc_d = (dim + ch_d - 1) / ch_d;
+    const int shd_chunk = shexp ? gemm_chunk(&sh_d, 1, nth) : 1, n_sh_d = shexp ? mm_units(&sh_d, 1, shd_chunk) : 0;
+    FOR_EACH_UNIT(e, p, na * nc_d + n_sh_d, u) {
+        if (u >= na * nc_d) {
+            act_rows in = input_view(e, e->gate, m->ffn_dim);
+            mm_unit(e, &sh_d, 1, shd_chunk, u - na * nc_d, &in, T);
+            continue;
+        }
+        const int x = e->mactive[u / nc_d], c = u % nc_d;
+        const weight_t *w = &ex[2 * E + x];
+        act_rows in = pair_rows(e, e->mgate, x, F);
+        const int o0 = c * ch_d, o1 = o0 + ch_d < dim ? o0 + ch_d : dim;
+        kt->gemm[w->type](e->mout + (size_t)e->moff[x] * dim, dim, w, o0, o1, &in, e->moff[x + 1] - e->moff[x], 0);
+    }
+    phase_end(e, p++, na * nc_d + n_sh_d);
+    FOR_EACH_UNIT(e, p, nu, u) { /* the weighted sum in rank order, into the residual stream */
+        int r0, r1;
+        unit_rows(u, T, &r0, &r1);
+        for (int r = r0; r < r1; r++) {
+            float *xr = e->x + (size_t)r * dim;
+            const float *w = e->mw + (size_t)r * k;
+            const int *pj = e->mpair_of + (size_t)r * k;
+            for (int i = 0; i < dim; i++) {
+                float acc = w[0] * e->mout[(size_t)pj[0] * dim + i];
+                for (int j = 1; j < k; j++) acc += w[j] * e->mout[(size_t)pj[j] * dim + i];
+                if (shexp) acc += e->mshg[r] * e->proj[(size_t)r * dim + i];
+                xr[i] += acc;
+            }
+        }
+    }
+    phase_end(e, p++, nu);
+    return p;
+}
+
 /* A Gated DeltaNet block (qwen35) in the attention block's phases from p on (see top). Returns the
  * next phase, or -1 when the test hook fired (before any state changed). */
 static int delta_block(engine *e, const layer_weights *L, int l, int p, int ith, int nth) {
@@ -1105,6 +1373,39 @@ static int delta_block(engine *e, const layer_weights *L, int l, int p, int ith,
     return p + 1; /* no post-norm */
 }
 
+/* The dense feed-forward block of layer l: its 5 phases from p on, then MOE_EXTRA_PHASES empty
+ * ones (see top). */
+static int ffn_block(engine *e, const layer_weights *L, int p, int nth) {
+    const model_desc *m = &e->m;
+    const kernel_table *kt = e->kt;
+    const int T = e->n_rows, dim = m->dim, nu = n_row_units(T);
+    norm_phase(e, p++, L->ffn_norm, is_block_type(L->ffn_gate.type) || is_block_type(L->ffn_up.type));
+    {
+        mm_job jobs[2] = {{&L->ffn_gate, e->gate, m->ffn_dim, 0}, {&L->ffn_up, e->up, m->ffn_dim, 0}};
+        act_rows in = input_view(e, e->xb, dim);
+        matmul_phase(e, p++, jobs, 2, &in, T, nth);
+    }
+    FOR_EACH_UNIT(e, p, nu, u) {
+        int r0, r1;
+        unit_rows(u, T, &r0, &r1);
+        for (int r = r0; r < r1; r++) {
+            float *g = e->gate + (size_t)r * m->ffn_dim;
+            if (m->activation == ACT_GELU_TANH) kt->gelu_tanh_mul(g, g, e->up + (size_t)r * m->ffn_dim, m->ffn_dim);
+            else kt->silu_mul(g, g, e->up + (size_t)r * m->ffn_dim, m->ffn_dim);
+            if (is_block_type(L->ffn_down.type)) quantize_row(e, e->gate, m->ffn_dim, r);
+        }
+    }
+    phase_end(e, p++, nu);
+    {
+        mm_job job = {&L->ffn_down, L->post_ffn_norm ? e->proj : e->x, dim, !L->post_ffn_norm};
+        act_rows in = input_view(e, e->gate, m->ffn_dim);
+        matmul_phase(e, p++, &job, 1, &in, T, nth);
+    }
+    if (L->post_ffn_norm) post_norm_phase(e, p, L->post_ffn_norm);
+    p++;
+    return p + MOE_EXTRA_PHASES; /* the MoE block's extra phases: nothing here */
+}
+
 static void step_worker(void *ctx, int ith, int nth) {
     engine *e = ctx;
     const model_desc *m = &e->m;
@@ -1141,31 +1442,7 @@ static void step_worker(void *ctx, int ith, int nth) {
             : is_delta_layer(L) ? delta_block(e, L, l, p, ith, nth)
                                 : attention_block(e, L, l, p, ith, nth);
         if (p < 0) return; /* test hook: every thread leaves at the same point */
-        /* feed-forward block */
-        norm_phase(e, p++, L->ffn_norm, is_block_type(L->ffn_gate.type) || is_block_type(L->ffn_up.type));
-        {
-            mm_job jobs[2] = {{&L->ffn_gate, e->gate, m->ffn_dim, 0}, {&L->ffn_up, e->up, m->ffn_dim, 0}};
-            act_rows in = input_view(e, e->xb, dim);
-            matmul_phase(e, p++, jobs, 2, &in, T, nth);
-        }
-        FOR_EACH_UNIT(e, p, nu, u) {
-            int r0, r1;
-            unit_rows(u, T, &r0, &r1);
-            for (int r = r0; r < r1; r++) {
-                float *g = e->gate + (size_t)r * m->ffn_dim;
-                if (m->activation == ACT_GELU_TANH) kt->gelu_tanh_mul(g, g, e->up + (size_t)r * m->ffn_dim, m->ffn_dim);
-                else kt->silu_mul(g, g, e->up + (size_t)r * m->ffn_dim, m->ffn_dim);
-                if (is_block_type(L->ffn_down.type)) quantize_row(e, e->gate, m->ffn_dim, r);
-            }
-        }
-        phase_end(e, p++, nu);
-        {
-            mm_job job = {&L->ffn_down, L->post_ffn_norm ? e->proj : e->x, dim, !L->post_ffn_norm};
-            act_rows in = input_view(e, e->gate, m->ffn_dim);
-            matmul_phase(e, p++, &job, 1, &in, T, nth);
-        }
-        if (L->post_ffn_norm) post_norm_phase(e, p, L->post_ffn_norm);
-        p++;
+        p = is_moe_layer(L) ? moe_block(e, L, l, p, nth) : ffn_block(e, L, p, nth);
         /* NOTE: the phase count is checked at every layer's end, while the spare counters past
          * n_phases still absorb a miscount; every thread takes the same branch and leaves. */
         if (p != 1 + (l + 1) * PHASES_PER_LAYER) {

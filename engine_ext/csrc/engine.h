@@ -74,6 +74,15 @@ typedef struct {
     const float *ssm_dt;    /* [v_heads] added to alpha before the softplus */
     const float *ssm_a;     /* [v_heads] -exp(A_log): g = softplus(alpha + dt) * a */
     const float *ssm_norm;  /* [d] */
+    /* MoE (qwen3moe, qwen2moe): a mixture-of-experts FFN when moe_router.rows is set (moe.c,
+     * engine.c): the 3-D expert tensors as one weight each, expert e's slice the rows
+     * [e * per, (e + 1) * per) (per = model_desc.expert_ffn for gate/up, dim for down); the
+     * shared expert (qwen2moe) is ffn_gate/up/down of ffn_dim, scaled by sigmoid(shexp_gate . h) */
+    weight_t moe_router;    /* dim -> n_expert (ffn_gate_inp) */
+    weight_t moe_gate;      /* dim -> n_expert * expert_ffn (ffn_gate_exps) */
+    weight_t moe_up;        /* dim -> n_expert * expert_ffn (ffn_up_exps) */
+    weight_t moe_down;      /* expert_ffn -> n_expert * dim (ffn_down_exps) */
+    const float *shexp_gate; /* [dim] (ffn_gate_inp_shexp) or NULL: no shared expert */
 } layer_weights;
 
 typedef struct {
@@ -93,6 +102,8 @@ typedef struct {
     int q_gate;             /* qwen35: attn_q yields per head head_dim queries then head_dim gate values;
                              * the attention output is multiplied by sigmoid(gate) */
     int ssm_taps, ssm_d, ssm_k_heads, ssm_v_heads; /* qwen35 DeltaNet: conv taps, head width, heads; 0 = none */
+    int n_expert, n_expert_used, expert_ffn; /* MoE: experts, chosen per row (top-k), width; 0 = none */
+    int expert_norm;        /* MoE: the chosen weights are renormalised to sum 1 (qwen3moe) */
 } model_desc;
 
 /* One slot's share of a forward call (validated by the caller). */

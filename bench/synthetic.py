@@ -32,6 +32,11 @@ ssm_dt.bias and ssm_norm F32; the attention layers' attn_q is twice q_dim (queri
 with F32 q/k norms; the FFN's norm is post_attention_norm. attn_v's extra bit counts the
 attention layers only, as for lfm2.
 
+qwen3moe (Qwen3-30B-A3B's shape, and a tiny one for CI-sized runs): every layer's FFN is
+n_expert experts of expert_ffn, stored as 3-D ffn_{gate,up,down}_exps (one slice per expert),
+the router ffn_gate_inp F32 (llama-quantize never quantizes it); ffn_down_exps takes
+ffn_down's rule (Q6_K where use_more_bits), gate and up Q4_K; q/k norms F32.
+
 Tokenizer: gpt2 byte-level BPE with the 256 byte tokens, three ChatML control tokens and a few
 merges, padded to the preset's n_vocab with UNUSED tokens (the loader needs one token per
 token_embd row).
@@ -78,6 +83,7 @@ class Preset:
     deltanet: tuple[int, ...] = ()  # qwen35: (conv taps, head width, key heads, value heads)
     attn_interval: int = 0  # qwen35: full_attention_interval
     rope_dim: int = 0  # qwen35: rope.dimension_count (0: head_dim)
+    moe: tuple[int, ...] = ()  # qwen3moe: (experts, used per token, expert ffn)
 
     def is_deltanet(self, i: int) -> bool:
         return bool(self.deltanet) and (i + 1) % self.attn_interval != 0
@@ -144,6 +150,24 @@ PRESETS: dict[str, Preset] = {
         attn_interval=4,
         rope_dim=64,
     ),
+    # Qwen3-30B-A3B: 48 layers, 32 heads / 4 kv heads of 128, 128 experts of 768 (8 per token),
+    # untied output of 151,936 tokens: about 30.5B parameters, 3.3B of them read per token
+    "qwen3-30b-a3b": Preset(
+        "qwen3moe",
+        48,
+        2048,
+        32,
+        4,
+        128,
+        6144,
+        151936,
+        1e6,
+        tied=False,
+        ctx_train=40960,
+        moe=(128, 8, 768),
+    ),
+    # the same architecture at CI size: 4 layers, 8 experts of 256 (2 per token)
+    "qwen3-moe-tiny": Preset("qwen3moe", 4, 256, 4, 2, 128, 512, 1024, 1e6, tied=False, moe=(8, 2, 256)),
 }
 
 # Byte offset of the f16 scale d in a block, of the f16 min (None: the type has none), and the
@@ -176,7 +200,7 @@ def q4_k_m_type(
         wanted = "Q6_K"
     elif kind == "attn_qkv":
         wanted = "Q5_K"
-    elif kind in ("attn_v", "ffn_down") and use_more_bits(
+    elif kind in ("attn_v", "ffn_down", "ffn_down_exps") and use_more_bits(
         *(layer_index if layer_index is not None else (int(name.split(".")[1]), n_layers))
     ):
         wanted = "Q6_K"
@@ -195,6 +219,7 @@ class TensorPlan:
     cols: int  # n_in: the row length
     std: float  # dequantized values' standard deviation (F32: the value spread around `mean`)
     mean: float = 0.0
+    experts: int = 0  # a 3-D expert tensor: rows is experts x the rows of one expert
 
     @property
     def nbytes(self) -> int:
@@ -242,7 +267,7 @@ def tensor_plan(p: Preset) -> list[TensorPlan]:
             plan.append(vector(b + "attn_q.bias", q_dim, 0.0, 0.5))
             plan.append(vector(b + "attn_k.bias", kv_dim, 0.0, 0.5))
             plan.append(vector(b + "attn_v.bias", kv_dim, 0.0, 0.5))
-        if p.arch in ("lfm2", "qwen35"):
+        if p.arch in ("lfm2", "qwen35", "qwen3moe"):
             plan.append(vector(b + "attn_q_norm.weight", p.head_dim, 1.0, 0.1))
             plan.append(vector(b + "attn_k_norm.weight", p.head_dim, 1.0, 0.1))
         plan.append(weight(b + "attn_output.weight", p.dim, q_dim, 4.0 * q_dim**-0.5))
@@ -282,8 +307,22 @@ def _ffn_plan(
     weight: Callable[[str, int, int, float], TensorPlan],
     vector: Callable[[str, int, float, float], TensorPlan],
 ) -> list[TensorPlan]:
+    norm = vector(b + ("post_attention_norm" if p.deltanet else "ffn_norm") + ".weight", p.dim, 1.0, 0.1)
+    if p.moe:
+        n, _, f = p.moe
+
+        def experts(name: str, rows: int, cols: int, std: float) -> TensorPlan:
+            return replace(weight(b + name, n * rows, cols, std), experts=n)
+
+        return [
+            norm,
+            TensorPlan(b + "ffn_gate_inp.weight", "F32", n, p.dim, p.dim**-0.5),
+            experts("ffn_gate_exps.weight", f, p.dim, p.dim**-0.5),
+            experts("ffn_up_exps.weight", f, p.dim, p.dim**-0.5),
+            experts("ffn_down_exps.weight", p.dim, f, 4.0 * f**-0.5),
+        ]
     return [
-        vector(b + ("post_attention_norm" if p.deltanet else "ffn_norm") + ".weight", p.dim, 1.0, 0.1),
+        norm,
         weight(b + "ffn_gate.weight", p.ffn_dim, p.dim, p.dim**-0.5),
         weight(b + "ffn_up.weight", p.ffn_dim, p.dim, p.dim**-0.5),
         weight(b + "ffn_down.weight", p.dim, p.ffn_dim, 4.0 * p.ffn_dim**-0.5),
@@ -375,6 +414,10 @@ def write_synthetic(path: str | Path, preset: Preset, *, seed: int = 0) -> Path:
         w.add_uint32(f"{arch}.ssm.time_step_rank", v_heads)
         w.add_uint32(f"{arch}.ssm.inner_size", v_heads * d)
         w.add_uint32(f"{arch}.full_attention_interval", preset.attn_interval)
+    if preset.moe:
+        w.add_expert_count(preset.moe[0])
+        w.add_expert_used_count(preset.moe[1])
+        w.add_expert_feed_forward_length(preset.moe[2])
     w.add_rope_freq_base(preset.rope_base)
     w.add_layer_norm_rms_eps(preset.rms_eps)
     if preset.head_dim != preset.dim // preset.n_heads:
@@ -393,6 +436,10 @@ def write_synthetic(path: str | Path, preset: Preset, *, seed: int = 0) -> Path:
         if t.type_name == "F32":
             shape = (t.rows, t.cols) if t.rows > 1 else (t.cols,)  # numpy order: ggml (cols, rows)
             w.add_tensor_info(t.name, shape, np.dtype(np.float32), t.nbytes)
+        elif t.experts:
+            qtype, per = GGMLQuantizationType[t.type_name], t.rows // t.experts
+            shape = (t.experts, per, t.nbytes // t.rows)
+            w.add_tensor_info(t.name, shape, np.dtype(np.uint8), t.nbytes, qtype)
         else:
             qtype = GGMLQuantizationType[t.type_name]
             w.add_tensor_info(t.name, (t.rows, t.nbytes // t.rows), np.dtype(np.uint8), t.nbytes, qtype)
@@ -450,6 +497,8 @@ BENCH_SIZES: dict[str, BenchSizes] = {
     "llama3-8b": BenchSizes((64,), 16, 64),
     "lfm2-350m": BenchSizes((128, 512), 64, 512),
     "qwen3.5-0.8b": BenchSizes((128, 512), 64, 512),
+    "qwen3-30b-a3b": BenchSizes((512,), 128, 2048),  # issue 24's pp512, tg128, tg128 at depth 2048
+    "qwen3-moe-tiny": BenchSizes((64, 256), 32, 256),
 }
 
 

@@ -42,6 +42,10 @@ def test_use_more_bits_is_llama_cpps_layer_choice() -> None:
     ]
 
 
+# qwen3-moe-tiny has no released file: this plan's own total
+TINY_MOE_BYTES = 5.14e6
+
+
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_q4_k_m_types_follow_the_rule(name: str) -> None:
     p = PRESETS[name]
@@ -50,8 +54,8 @@ def test_q4_k_m_types_follow_the_rule(name: str) -> None:
     attention = p.attention_layers()
     for t in plan.values():
         if t.rows == 1 or t.name.endswith(
-            ("shortconv.conv.weight", "ssm_conv1d.weight")
-        ):  # norms, conv kernels
+            ("shortconv.conv.weight", "ssm_conv1d.weight", "ffn_gate_inp.weight")
+        ):  # norms, conv kernels, MoE routers
             assert t.type_name == "F32", t.name
             continue
         layer = int(t.name.split(".")[1]) if t.name.startswith("blk.") else -1
@@ -61,7 +65,9 @@ def test_q4_k_m_types_follow_the_rule(name: str) -> None:
             if t.name.endswith("attn_v.weight")
             else (layer, p.n_layers)
         )
-        more_bits = t.name.endswith(("attn_v.weight", "ffn_down.weight")) and use_more_bits(*index)
+        more_bits = t.name.endswith(
+            ("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight")
+        ) and use_more_bits(*index)
         is_output = t.name == "output.weight" or (p.tied and t.name == "token_embd.weight")
         wanted = "Q6_K" if more_bits or is_output else "Q4_K"
         if t.name.endswith("attn_qkv.weight"):  # qwen35's DeltaNet input projection
@@ -77,6 +83,8 @@ def test_q4_k_m_types_follow_the_rule(name: str) -> None:
         "llama3-8b": 4.92e9,
         "lfm2-350m": 0.229e9,
         "qwen3.5-0.8b": 0.516e9,
+        "qwen3-30b-a3b": 18.6e9,  # Qwen3-30B-A3B-Q4_K_M.gguf: 18.6 GB
+        "qwen3-moe-tiny": TINY_MOE_BYTES,
     }[name]
     assert abs(total / expected - 1) < 0.05, total
     if name == "qwen2-0.5b":  # rows of 896 fall back; ffn_down (rows of 4864) does not
@@ -109,6 +117,8 @@ def test_engine_loads_the_file_and_logits_are_finite(tmp_path, name: str) -> Non
     # lfm2: 3 layers reach its first attention layer (2); qwen35: 4 reach its first (3)
     p = PRESETS[name]
     p = shrunk(p, n_layers=4 if p.deltanet else 3 if p.conv_layers else 2, n_vocab=600)
+    if p.moe:  # 8 experts of 256, 2 per token: the file stays small
+        p = shrunk(p, moe=(8, 2, 256))
     path = synthetic.write_synthetic(tmp_path / "m.gguf", p)
     reader = GGUFReader(path)
     written = {t.name: t.tensor_type.name for t in reader.tensors}
@@ -121,7 +131,7 @@ def test_engine_loads_the_file_and_logits_are_finite(tmp_path, name: str) -> Non
         p.n_heads,
         p.n_kv_heads,
         p.head_dim,
-        p.ffn_dim,
+        p.moe[2] if p.moe else p.ffn_dim,  # MoE: the experts' width (no shared expert)
     )
     assert (c.tied_output, c.rope_freqs, c.qkv_bias, c.n_vocab) == (
         p.tied,

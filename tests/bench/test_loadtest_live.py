@@ -135,7 +135,13 @@ def test_workload_live(workload: str, tiny_model_path: Path, no_reuse_server: Se
         }
 
     assert shape(warm) == shape(cold)
-    assert warm.summary.reuse_ratio > 0.3  # most of every prompt is reused (or shared)
+    if workload == "claude-code":
+        # a fresh billing nonce opens every system prompt (docs/caching.md): without
+        # --normalize only what precedes it can be reused, by any server; all of that is (the
+        # once oracle: a prefix two requests in flight share is computed once, docs/loadtest.md)
+        assert warm.summary.cached_tokens >= 0.95 * warm.summary.oracle_once_cached_tokens > 0
+    else:
+        assert warm.summary.reuse_ratio > 0.3  # most of every prompt is reused (or shared)
     if extra:
         assert results.load(tmp_path / "reuse.json") == warm
         for name in PLOT_FILES:

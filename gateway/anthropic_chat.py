@@ -270,6 +270,7 @@ def to_chat(req: CountTokensRequest) -> ChatPlan:
         top_p=sampling.top_p if sampling else None,
         top_k=sampling.top_k if sampling else None,
         stop=sampling.stop_sequences if sampling else None,
+        speculative=sampling.speculative if sampling else True,
         params=PARAMS,
     )
     return ChatPlan(chat, b.breakpoint)

@@ -104,6 +104,7 @@ class MessagesRequest(CountTokensRequest, kw_only=True):
     top_k: Annotated[int, Meta(ge=0)] | None = None
     metadata: JSONObject | None = None  # metadata.user_id: a session key (endpoint.session_key)
     diagnostics: DiagnosticsParam | None = None  # cache diagnostics (gateway/cache_diagnostics.py)
+    speculative: bool = True  # slotserve's: false opts this request out of speculative decoding
     container: JSON = None  # refused when given
 
 

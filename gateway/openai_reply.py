@@ -110,6 +110,8 @@ def slotserve_info(
         slot=r.slot if r is not None else None,
         timings=dict(finish.timings),
         divergence=divergence_info(finish, parts),
+        drafted_tokens=finish.drafted_tokens,
+        accepted_tokens=finish.accepted_tokens,
     )
 
 

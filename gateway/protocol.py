@@ -213,6 +213,8 @@ class SlotserveInfo(Struct):
     slot: int | None
     timings: dict[str, float]
     divergence: DivergenceOut | None = None  # present when less than the prompt (but 1) was reused
+    drafted_tokens: int = 0  # speculative draft tokens verified (every route; usage only on OpenAI's)
+    accepted_tokens: int = 0  # of those, confirmed by the model
 
 
 class TopLogprob(Struct):

@@ -198,6 +198,7 @@ def to_chat(req: ResponsesRequest, history: list[TemplateMessage]) -> ChatPlan:
         tool_choice=tool_choice if tools else None,
         parallel_tool_calls=False if req.parallel_tool_calls is False else None,
         response_format=_response_format(req.text),
+        speculative=req.speculative,
         params=PARAMS,
     )
     return ChatPlan(chat, conversation)

@@ -79,6 +79,7 @@ class ResponsesRequest(Struct, kw_only=True):
     conversation: JSON = None  # refused when given
     prompt_cache_key: str | None = None  # keeps the conversation on its slot (policy.Affinity)
     user: str | None = None  # the same, when prompt_cache_key is absent
+    speculative: bool = True  # slotserve's: false opts this request out of speculative decoding
     # accepted and not used: reasoning (no model here reasons), include, truncation,
     # service_tier, ... (unknown fields are ignored)
 

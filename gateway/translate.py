@@ -387,7 +387,12 @@ def chat_plan(req: ChatInput, config: ServeConfig, runtime: Runtime, request_id:
     )
     turns = turn_offsets(runtime, messages, tools, ids)
     gen = GenerationRequest(
-        prompt_ids=ids, params=params, request_id=request_id, prefix_hint=hint, turn_offsets=turns
+        prompt_ids=ids,
+        params=params,
+        request_id=request_id,
+        prefix_hint=hint,
+        turn_offsets=turns,
+        speculative=req.speculative,
     )
     return Planned(gen, spec)
 
@@ -396,9 +401,7 @@ def chat_completion_plan(
     req: p.ChatCompletionRequest, config: ServeConfig, runtime: Runtime, request_id: str
 ) -> Planned:
     """`chat_plan` of an OpenAI chat completion request."""
-    planned = chat_plan(chat_input(req), config, runtime, request_id)
-    planned.gen.speculative = req.speculative
-    return planned
+    return chat_plan(chat_input(req), config, runtime, request_id)
 
 
 def _reasoning_fields(config: ServeConfig, runtime: Runtime, ids: list[int]) -> dict[str, JSON]:

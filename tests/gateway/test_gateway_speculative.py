@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from gateway_support import MODEL, make_runtime, running_app, serve_config
 from slotserve.gateway.app import create_app
 
@@ -76,3 +77,52 @@ async def test_n_choices_with_speculation_equal_plain() -> None:
     ]
     assert len({c["message"]["content"] for c in spec["choices"]}) > 1  # the choices differ
     assert spec["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0
+
+
+AGENT_ROUTES = {
+    "/v1/messages": (
+        lambda text, extra: {
+            "model": MODEL,
+            "max_tokens": 120,
+            "temperature": 0,
+            "messages": [{"role": "user", "content": text}],
+            **extra,
+        },
+        lambda r: "".join(b["text"] for b in r["content"] if b["type"] == "text"),
+        lambda r: r["usage"]["output_tokens"],
+    ),
+    "/v1/responses": (
+        lambda text, extra: {
+            "model": MODEL,
+            "max_output_tokens": 120,
+            "temperature": 0,
+            "input": text,
+            **extra,
+        },
+        lambda r: "".join(c["text"] for item in r["output"] for c in item.get("content", [])),
+        lambda r: r["usage"]["output_tokens"],
+    ),
+}
+
+
+@pytest.mark.parametrize("path", sorted(AGENT_ROUTES))
+async def test_agent_routes_draft_and_opt_out(path: str) -> None:
+    """Messages and Responses draft as the chat route does (the `slotserve` block counts the
+    draft tokens: these APIs' usage has no field for them) and `"speculative": false` opts a
+    request out; the text is the plain server's either way."""
+    text = "def f(x):\n    return x + 1\n" * 6
+    body, text_of, tokens_of = AGENT_ROUTES[path]
+    got = {}
+    for name, kw in (("plain", {}), ("spec", {"draft_max": 6, "spec_cost_gate": False})):
+        for opt_out in (False, True):
+            runtime, _ = make_runtime(pool_options={"copy_bias": 12.0}, ctx_len=1024, **kw)
+            extra = {"speculative": False} if opt_out else {}
+            got[name, opt_out] = await _post(runtime, path, body(text, extra))
+    spec = got["spec", False]["slotserve"]
+    assert spec["drafted_tokens"] > 0 and 0 < spec["accepted_tokens"] <= spec["drafted_tokens"]
+    for key in (("plain", False), ("plain", True), ("spec", True)):
+        info = got[key]["slotserve"]
+        assert (info["drafted_tokens"], info["accepted_tokens"]) == (0, 0), key
+    texts = {key: text_of(r) for key, r in got.items()}
+    assert len(set(texts.values())) == 1 and texts["plain", False]
+    assert len({tokens_of(r) for r in got.values()}) == 1

@@ -26,8 +26,14 @@ tabs and newlines) are always matched as one token, as llama.cpp does. Text betw
 through the model; with add_space_prefix each such segment gets the "▁" prefix.
 
 Decoding is bytes: `token_bytes[id]` is what a token stands for (byte pieces their byte, "▁" a
-space, special pieces their text), which the incremental detokenizer in scheduler/detok.py
-joins. Anything else (another model kind, an unknown pre-tokenizer rule) raises
+space, special pieces their text, UNUSED pieces nothing), which the incremental detokenizer in
+scheduler/detok.py joins. An UNUSED token (a vocabulary's padding: `[PAD151643]`, `[UNUSED_7]`)
+stands for no text, as in llama.cpp's token_to_piece (whatever its `special` flag) and as for an
+id a Hugging Face tokenizer does not have: a model that samples one prints nothing, so the next
+turn's prompt carries what the client saw. llguidance reads the same table, and never allows a
+token of no bytes, so a constrained reply cannot spend tokens on them either. CONTROL pieces
+keep their text: the tool-call parsers read some of them (Mistral's `[TOOL_CALLS]`, Llama's
+`<|python_tag|>`), and those that end generation are never printed. Anything else (another model kind, an unknown pre-tokenizer rule) raises
 UnsupportedModelError naming what was found and what is supported.
 """
 
@@ -287,7 +293,9 @@ class Tokenizer:
     plain_backend: HFTokenizer = field(repr=False)  # same model; special-token texts stay text
     kind: TokenizerKind  # tokenizer.ggml.model
     pieces: list[str] = field(repr=False)  # id -> vocabulary piece, as stored in the GGUF
-    token_bytes: list[bytes] = field(repr=False)  # id -> raw bytes it stands for (specials: UTF-8 text)
+    token_bytes: list[bytes] = field(
+        repr=False
+    )  # id -> raw bytes it stands for (specials: UTF-8 text; UNUSED: b"")
     special_ids: frozenset[int] = field(repr=False)  # CONTROL / UNKNOWN ids (dropped by skip_special)
     bos_id: int | None
     eos_id: int
@@ -364,6 +372,9 @@ class Tokenizer:
         special_ids = frozenset(control)
         for i in (*control, *user_defined):
             token_bytes[i] = pieces[i].encode("utf-8")
+        for i, t in enumerate(types):
+            if t == TOKEN_UNUSED:
+                token_bytes[i] = b""
 
         eos_id = _token_id(meta, source, "tokenizer.ggml.eos_token_id", n, required=True)
         assert eos_id is not None

@@ -132,3 +132,44 @@ def test_unsupported_tokenizer_kinds_are_rejected(tiny_model_path):
     odd = dataclasses.replace(mf, metadata={**mf.metadata, "tokenizer.ggml.pre": "deepseek-coder"})
     with pytest.raises(UnsupportedModelError, match="pre-tokenizer 'deepseek-coder'"):
         Tokenizer.from_model_file(odd)
+
+
+# ---- UNUSED tokens: no text (llama.cpp's token_to_piece) --------------------------------------
+
+
+def _synthetic_tok(n_vocab: int = 400) -> Tokenizer:
+    """The vocabulary `bench engine --synthetic` writes: controls, bytes, merges, UNUSED padding."""
+    from slotserve.bench.synthetic import MERGES, vocab
+
+    tokens, types = vocab(n_vocab)
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "qwen2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": list(MERGES),
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.bos_token_id": 0,
+    }
+    return Tokenizer.from_metadata(meta)
+
+
+def test_unused_tokens_stand_for_no_text():
+    from slotserve.scheduler.detok import Detokenizer
+
+    tok = _synthetic_tok()
+    first_unused = 3 + 256 + 8
+    unused = [first_unused, first_unused + 50, 399]
+    assert [tok.id_to_piece(i) for i in unused] == [f"[UNUSED_{i}]" for i in unused]  # the piece is kept
+    assert all(tok.token_bytes[i] == b"" for i in unused)
+    a, b = tok.encode("a"), tok.encode("b")
+    reply = [unused[0], *a, unused[1], unused[2], *b]
+    assert tok.decode(reply) == "ab"
+    # a reply's text re-tokenizes to its ids without the UNUSED ones (the next turn's prompt)
+    assert tok.encode(tok.decode(reply)) == [*a, *b]
+    detok = Detokenizer(tok.token_bytes)
+    assert "".join(detok.push(t) for t in reply) + detok.flush() == "ab"
+    # the piece's spelling is text like any other, never the UNUSED id
+    assert first_unused not in tok.encode(f"[UNUSED_{first_unused}]")
+    # control and byte tokens keep their text
+    assert tok.token_bytes[1] == b"<|im_start|>" and tok.token_bytes[3 + ord("x")] == b"x"

@@ -68,13 +68,16 @@ def open_model(
     tokenizer: Tokenizer | None = None,
     swa_full: bool = False,
     max_batch_tokens: int | None = None,
+    rollback: int = 0,
 ) -> ModelBundle:
     """`read_model`, its chat template, and a SlotPool of `num_slots` slots of `ctx_len` tokens
     each (all KV memory allocated here). ModelOpenError with the cause for a bad file, a ctx_len
     over the trained context (unless allow_ctx_over_train) or pool parameters it cannot take.
     `tokenizer`: the one `read_model` already built for this ModelFile (skips building it again).
     swa_full: keep every row of sliding-window layers (SlotPool; default: rings).
-    max_batch_tokens: rows of one engine step (SlotPool's; None: its default, 512)."""
+    max_batch_tokens: rows of one engine step (SlotPool's; None: its default, 512).
+    rollback: earlier recurrent states kept per slot (SlotPool's), for a model with recurrent
+    state only (every other model rewinds to any length): speculative drafts need them."""
     from . import SlotPool  # the compiled engine; imported only when a pool is wanted
 
     if tokenizer is None or not isinstance(path, ModelFile):
@@ -92,6 +95,7 @@ def open_model(
             kv_dtype=kv_dtype,
             swa_full=swa_full,
             max_batch_tokens=512 if max_batch_tokens is None else max_batch_tokens,
+            rollback=rollback if model_file.config.ssm is not None else 0,
         )
     except ModelOpenError:
         raise

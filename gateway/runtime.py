@@ -201,10 +201,21 @@ def open_served_model(config: ServeConfig) -> OpenedModel:
         swa_full=config.swa_full,
         kv_dtype=config.kv_type,
         max_batch_tokens=config.max_batch_tokens,
+        rollback=spec_rollback(config),
     )
     pool, closers = with_kv_events(bundle.pool, config)
     names = config.served_model_name or default_model_names(short_name(config.model), path)
     return OpenedModel(path=path, bundle=bundle, pool=pool, model_names=tuple(names), closers=closers)
+
+
+def spec_rollback(config: ServeConfig) -> int:
+    """The rollback ring a recurrent model's pool keeps for speculative decoding: --draft-max + 1
+    states per slot (a step's draft cut back, or a whole step a decode chain ran past its
+    request's end; scheduler.py), at most the engine's 64 (drafts of up to 63 tokens there),
+    none with --speculative off."""
+    from ..engine_ext.pool import MAX_ROLLBACK
+
+    return min(config.draft_max + 1, MAX_ROLLBACK) if config.speculative == "ngram" else 0
 
 
 def build_runtime(config: ServeConfig, model: OpenedModel, *, stats_sink: StatsSink | None = None) -> Runtime:

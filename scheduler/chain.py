@@ -29,8 +29,11 @@ request, a deadline) it signals with `stop()`, and the chain ends at the next st
 The step the worker computed meanwhile may hold a row for a request the loop has already ended:
 the loop discards that row (no event, counted as discarded) and cuts the slot back to the
 request's own rows in its next plan (`StepPlan.trims`), so what a slot holds never depends on
-how the two threads raced. With the one-step bound that is at most one row per slot, within
-the slack rows of a sliding-window ring (`min_truncate_len`).
+how the two threads raced. With the one-step bound that is at most one step's rows per slot
+(1 + its draft), within the slack rows of a sliding-window ring and, since a recurrent pool
+drafts at most its rollback ring's length - 1 tokens, within that ring (`min_truncate_len`).
+(A request ended by a stop string inside the previous step's accepted draft may need more;
+the trim then stops at the floor and the slot keeps those exact extra rows.)
 
 Drafts: a chain carries speculative drafts (draft.py) as the loop's steps do. The worker
 verifies each drafted item and cuts its rejected rows itself (step.py), and builds the next

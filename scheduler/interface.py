@@ -23,8 +23,12 @@ Recurrent state (hybrid models: Gated DeltaNet, short convolutions, SSM): a recu
 keeps one state per slot that summarises every position seen, with no row per position, so it
 can only move forward or be replaced by a snapshot. For a slot of such a pool:
 - `min_truncate_len(slot) == slot_len(slot)`: extend only; truncate(slot, 0) still empties it.
-  An optional rollback ring of the last k states (k small, off by default) lowers it by at most
-  k: every length from min_truncate_len up is reachable, exactly as for a ring.
+  An optional rollback ring of the last k states (k small, off by default; `rollback` says k)
+  lowers it by at most k: every length from min_truncate_len up is reachable, exactly as for a
+  ring. A forward of t tokens from length L keeps the states of lengths max(L, L + t - k) and
+  up, so a step that appends a token and a draft of at most k - 1 (k) tokens can be cut back to
+  its start (to the row after its first token): the scheduler drafts on such a pool only
+  within that reach.
 - `restored_min_truncate_len(n) == n` for every n >= 1 (a snapshot holds one state, the one at
   its end), which is also how the scheduler tells such a pool from a ring (a ring answers 0 for
   n within its window). A slot restored or copied into starts with no rollback history.
@@ -72,6 +76,7 @@ class SlotPool(Protocol):
     kv_bytes: int  # total KV memory allocated, bytes
     fingerprint: str  # model + KV layout identity (ring or full rows included); snapshots carry it
     kv_window: int | None  # widest sliding window kept as a ring; None: every position rewindable
+    rollback: int  # recurrent state: the earlier states each slot keeps (0: extend only); 0 without
     can_copy: bool
     can_snapshot: bool
 

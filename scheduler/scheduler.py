@@ -160,15 +160,15 @@ class Scheduler:
             restored_floor=pool.restored_min_truncate_len,
             share_by_checkpoint=pool.restored_min_truncate_len(pool.ctx_len) > 0,  # ring, recurrent
         )
-        # speculative decoding (draft.py): None = off. NOTE: not on recurrent pools (a restored
-        # snapshot of 1 token cannot be cut back: such a slot only moves forward), whose
-        # rejected rows could not be taken back.
-        recurrent = pool.restored_min_truncate_len(1) >= 1
-        drafting = bool(config.draft_max) and not recurrent
+        # speculative decoding (draft.py): None = off. A recurrent pool (a restored snapshot of 1
+        # token cannot be cut back) takes rows back only through its rollback ring of k states:
+        # it drafts at most k - 1 tokens, so a step's rejected rows can be cut off and a whole
+        # step a decode chain ran past its request's end taken back (chain.py); none without one.
+        draft_max = config.draft_max or 0
+        if pool.restored_min_truncate_len(1) >= 1:
+            draft_max = min(draft_max, pool.rollback - 1)
         self._drafter = (
-            Drafter(config.draft_max, gate=config.spec_cost_gate, pool=NgramPool())
-            if drafting and config.draft_max
-            else None
+            Drafter(draft_max, gate=config.spec_cost_gate, pool=NgramPool()) if draft_max >= 1 else None
         )
         self._disk_loads = DiskLoads(wake=self._kick)
         self._finisher = Finisher(self._table, self._sink, on_release=self._on_release)

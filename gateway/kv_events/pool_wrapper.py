@@ -52,6 +52,7 @@ class KVEventPool:
     kv_bytes = property(lambda self: self._pool.kv_bytes)
     fingerprint = property(lambda self: self._pool.fingerprint)
     kv_window = property(lambda self: self._pool.kv_window)
+    rollback = property(lambda self: self._pool.rollback)
     can_copy = property(lambda self: self._pool.can_copy)
     can_snapshot = property(lambda self: self._pool.can_snapshot)
 

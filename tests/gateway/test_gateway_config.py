@@ -236,6 +236,25 @@ def test_max_batch_tokens_sizes_the_engine_step_and_the_rings(arch_model_factory
     assert full.ring_len == 0 and full.kv_bytes == opened(swa_full=True).bundle.pool.kv_bytes
 
 
+def test_speculative_opens_a_recurrent_pool_with_a_rollback_ring(
+    qwen35_model_factory, tiny_model_factory
+) -> None:
+    """--speculative ngram gives a recurrent model's pool --draft-max + 1 rollback states per
+    slot (so its drafts can be cut back; their memory counted in kv_bytes), none when off; a
+    model without recurrent state never gets one."""
+    from slotserve.gateway.runtime import open_served_model
+
+    def pool(path, **kw):
+        config = ServeConfig(model=str(path), batched_session=2, ctx_size=256, threads=1, **kw)
+        return open_served_model(config).bundle.pool
+
+    qwen35 = qwen35_model_factory()
+    off, on = pool(qwen35), pool(qwen35, speculative="ngram", draft_max=4)
+    assert (off.rollback, on.rollback) == (0, 5)
+    assert on.kv_bytes - off.kv_bytes == 2 * 5 * on.state_bytes > 0
+    assert pool(tiny_model_factory("Q8_0"), speculative="ngram").rollback == 0
+
+
 def test_kv_type_opens_an_8_bit_pool_and_refuses_others(arch_model_factory, tiny_model_factory) -> None:
     """--kv-type q8_0: the pool's KV is 34/64 of f16's (tiny gemma3: head_dim 64); a model whose
     head_dim is not a multiple of 32 is refused at start with the reason; other names never parse."""

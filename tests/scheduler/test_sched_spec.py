@@ -1,7 +1,8 @@
 """Speculative decoding in the scheduler (draft.py, verify.py, batch.py, apply.py, chain.py) on
 the fake pool with an induction head (`copy_bias`: generated text copies the prompt, as agent
 output does, and one position in five departs from it, so drafts are both accepted and
-rejected).
+rejected): full KV, a sliding-window ring, and a recurrent state cut back through its rollback
+ring.
 
 Every test compares against the same run without drafting and asserts that drafts were
 verified and accepted (a drafter that never fires fails)."""
@@ -29,6 +30,12 @@ from slotserve.scheduler.request import FinishReason, ReuseSource, SamplingParam
 from slotserve.scheduler.scheduler import Scheduler
 
 COPY = 12.0
+LAYOUTS = {
+    "full": {},
+    "ring": {"window": 8, "step_tokens": 16},
+    # a recurrent state with a rollback ring of 7 states: drafts of up to 6 tokens (scheduler.py)
+    "recurrent": {"recurrent": True, "rollback": 7},
+}
 
 
 def copy_pool(num_slots: int = 2, ctx_len: int = 512, n_vocab: int = N_VOCAB, **kw) -> FakeSlotPool:
@@ -59,9 +66,9 @@ def assert_drafted(outs) -> None:
 
 
 @pytest.mark.parametrize("chain", [True, False])
-@pytest.mark.parametrize("layout", ["full", "ring"])
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
 async def test_greedy_speculative_equals_plain(chain, layout):
-    kw = {} if layout == "full" else {"window": 8, "step_tokens": 16}
+    kw = LAYOUTS[layout]
     prompts = [code_prompt(s) for s in range(4)]
     reqs = lambda: [make_request(p, 40) for p in prompts]  # noqa: E731
     plain = await run_all(copy_pool(4, **kw), make_config(decode_chain=chain), reqs())
@@ -80,10 +87,13 @@ async def test_greedy_speculative_equals_plain(chain, layout):
         assert any(s.chained and s.num_drafted_tokens for s in sink.steps)  # chains carry drafts
 
 
-async def test_speculative_across_rewinds_and_restores():
-    """A second turn rewinds the first's slot, a third restores a checkpoint: every turn's
-    tokens equal a cold run's, with drafts accepted."""
-    pool = copy_pool(1, 1024)
+@pytest.mark.parametrize("layout", ["full", "recurrent"])
+async def test_speculative_across_rewinds_and_restores(layout):
+    """A second turn rewinds the first's slot (a recurrent one extends it: its record is a
+    prefix of the second prompt), a third restores a checkpoint (with no rollback history: a
+    restored recurrent slot holds one state): every turn's tokens equal a cold run's, with
+    drafts accepted."""
+    pool = copy_pool(1, 1024, **LAYOUTS[layout])
     config = spec_config(checkpoint_memory_mb=64)
     first = code_prompt(1, 80)
     outs = []
@@ -98,13 +108,14 @@ async def test_speculative_across_rewinds_and_restores():
         await sched.check_integrity()
     assert b.finish.reuse.source is ReuseSource.REWIND
     assert c.finish.reuse.source is ReuseSource.CHECKPOINT_MEMORY
-    ref = copy_pool(1, 1024)
+    ref = copy_pool(1, 1024, **LAYOUTS[layout])
     for prompt, out, n in ((first, a, 30), (second, b, 30), (third, c, 30)):
         assert out.tokens == reference_greedy(ref, prompt, n)
     assert_drafted(outs)
 
 
-async def test_sampled_speculative_equals_plain_with_the_same_seed():
+@pytest.mark.parametrize("layout", ["full", "recurrent"])
+async def test_sampled_speculative_equals_plain_with_the_same_seed(layout):
     """Temperature > 0: one random number per emitted token from the request's generator, so
     a seeded request emits the same tokens, logprobs included, with or without drafting."""
     params = [
@@ -114,7 +125,7 @@ async def test_sampled_speculative_equals_plain_with_the_same_seed():
     prompts = [code_prompt(s + 10) for s in range(4)]
 
     async def tokens_and_logprobs(config):
-        async with make_scheduler(copy_pool(4), config) as sched:
+        async with make_scheduler(copy_pool(4, **LAYOUTS[layout]), config) as sched:
             out = []
             for p, sp in zip(prompts, params):
                 h = sched.submit(make_request(p, params=sp))
@@ -224,12 +235,14 @@ def _copied_span(prompt, toks) -> int | None:
     return None
 
 
+@pytest.mark.parametrize("layout", ["full", "recurrent"])
 @pytest.mark.parametrize("where", ["stop_string", "eos", "max_tokens"])
-async def test_stop_rules_inside_an_accepted_draft(where):
+async def test_stop_rules_inside_an_accepted_draft(where, layout):
     """A stop string, eos or max_tokens that falls inside an accepted draft ends the request at
-    the same token as plain decoding, and the slot keeps only the rows plain decoding fed."""
+    the same token as plain decoding, and the slot keeps only the rows plain decoding fed (a
+    recurrent slot is cut back through its rollback ring)."""
     prompts = [code_prompt(s, 80) for s in range(3)]
-    ref = copy_pool(1)
+    ref = copy_pool(1, **LAYOUTS[layout])
     greedy_out = [reference_greedy(ref, pr, 60) for pr in prompts]
     if where == "stop_string":
         assert any(_copied_span(p, t) is not None for p, t in zip(prompts, greedy_out))
@@ -248,7 +261,7 @@ async def test_stop_rules_inside_an_accepted_draft(where):
             out.append(make_request(prompts[i], params=sp))
         return out
 
-    plain_pool, spec_pool = copy_pool(3), copy_pool(3)
+    plain_pool, spec_pool = copy_pool(3, **LAYOUTS[layout]), copy_pool(3, **LAYOUTS[layout])
     plain = await run_all(plain_pool, make_config(), reqs())
     spec = await run_all(spec_pool, spec_config(), reqs())
     for a, b in zip(plain, spec):
@@ -284,10 +297,11 @@ async def test_cost_gate_stops_drafting_when_drafts_are_wrong():
     assert copying.finish.accepted_tokens > 0
 
 
-async def test_cancel_between_draft_and_verification_leaves_no_rejected_rows():
+@pytest.mark.parametrize("layout", ["full", "recurrent"])
+async def test_cancel_between_draft_and_verification_leaves_no_rejected_rows(layout):
     """Cancels land while drafted steps are in flight: every slot's record is a prefix of its
     prompt + emitted tokens (a rejected draft token would differ), mirror == pool."""
-    pool = copy_pool(4, 1024)
+    pool = copy_pool(4, 1024, **LAYOUTS[layout])
     prompts = [code_prompt(s, 100) for s in range(8)]
     async with make_scheduler(pool, spec_config(decode_chain=True)) as sched:
         handles = [sched.submit(make_request(p, 200)) for p in prompts]
@@ -307,3 +321,24 @@ async def test_cancel_between_draft_and_verification_leaves_no_rejected_rows():
     for s in range(4):
         rec = [int(t) for t in pool.record(s)]
         assert any(rec == (p + emitted[i])[: len(rec)] for i, p in enumerate(prompts)), s
+
+
+@pytest.mark.parametrize("rollback", [0, 1, 3])
+async def test_recurrent_drafts_stay_within_the_rollback_ring(rollback):
+    """A recurrent pool drafts at most rollback - 1 tokens a step (so a rejected draft, or a
+    whole step a chain ran past its request, can be cut back), none with fewer than 2 states;
+    the output is plain decoding's either way."""
+    kw = {"recurrent": True, "rollback": rollback}
+    prompts = [code_prompt(s) for s in range(2)]
+    reqs = lambda: [make_request(p, 40) for p in prompts]  # noqa: E731
+    plain = await run_all(copy_pool(2, **kw), make_config(), reqs())
+    pool = copy_pool(2, **kw)
+    rows: list[int] = []  # logits rows of each item: a drafted decode asks for 1 + its draft
+    pool.forward_hook = lambda batch: rows.extend(int(it.want_logits) for it in batch)
+    spec = await run_all(pool, spec_config(draft_max=6), reqs())
+    assert [o.tokens for o in plain] == [o.tokens for o in spec]
+    if rollback < 2:
+        assert sum(o.finish.drafted_tokens for o in spec) == 0 and max(rows) == 1
+        return
+    assert_drafted(spec)
+    assert max(rows) == rollback  # drafts of rollback - 1 tokens, never longer

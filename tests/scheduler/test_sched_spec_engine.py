@@ -1,7 +1,8 @@
 """Speculative decoding on the real C engine: greedy output with drafts equals the output
 without, token for token, on every fixture architecture (rings on gemma3's sliding-window
 layers, several slots drafting in one forward, a rewound second turn) and on the real SmolLM2
-and Gemma 3 files; drafted and accepted counts are asserted. Recurrent pools never draft."""
+and Gemma 3 files; drafted and accepted counts are asserted. A recurrent pool (qwen35) drafts
+through its rollback ring, and never without one."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from slotserve.scheduler.request import FinishReason, ReuseSource
 from slotserve.scheduler.scheduler import Scheduler
 
 
-def _open(path, num_slots: int = 3, ctx_len: int = 512):
+def _open(path, num_slots: int = 3, ctx_len: int = 512, rollback: int = 0):
     from slotserve.engine_ext.loader import open_model
 
-    bundle = open_model(path, num_slots=num_slots, ctx_len=ctx_len, threads=1)
+    bundle = open_model(path, num_slots=num_slots, ctx_len=ctx_len, threads=1, rollback=rollback)
     return bundle.pool, bundle.tokenizer
 
 
@@ -28,9 +29,9 @@ def _prompt(seed: int, n_vocab: int) -> list[int]:
     return block + block + block[:10]
 
 
-async def _run(path, prompts, max_tokens, draft_max, turn2=False, num_slots=3, tok=None):
+async def _run(path, prompts, max_tokens, draft_max, turn2=False, num_slots=3, tok=None, rollback=0):
     if tok is None:
-        pool, tok = _open(path, num_slots)
+        pool, tok = _open(path, num_slots, rollback=rollback)
     else:  # the tokenizer of an earlier open (building Gemma's takes seconds): only a new pool
         from slotserve.engine_ext import SlotPool
 
@@ -62,13 +63,26 @@ async def test_speculative_equals_plain_on_every_fixture(arch, tiny_model_factor
     assert spec[-1].finish.accepted_tokens >= 20  # the resend copies the earlier answer
 
 
-async def test_recurrent_pools_never_draft(qwen35_model_factory):
+@pytest.mark.parametrize("rollback", [0, 7])
+async def test_speculative_on_a_recurrent_pool_cuts_back_through_its_rollback_ring(
+    rollback, qwen35_model_factory
+):
+    """qwen35 (Gated DeltaNet state): with a rollback ring of 7 states a slot drafts up to 6
+    tokens and its rejected rows are cut back exactly (several slots in one forward, a second
+    turn extending the first's slot, a resend drafted from the shared pool); greedy output
+    equals plain decoding's token for token. Without a ring it never drafts."""
     path = qwen35_model_factory()
-    prompts = [_prompt(s, 299) for s in range(2)]
-    plain = await _run(path, prompts, 20, None)
-    spec = await _run(path, prompts, 20, 6)
+    prompts = [_prompt(s, 299) for s in range(3)]
+    plain = await _run(path, prompts, 40, None, turn2=True)
+    spec = await _run(path, prompts, 40, 6, turn2=True, rollback=rollback)
     assert [o.tokens for o in plain] == [o.tokens for o in spec]
-    assert sum(o.finish.drafted_tokens for o in spec) == 0
+    drafted = sum(o.finish.drafted_tokens for o in spec)
+    accepted = sum(o.finish.accepted_tokens for o in spec)
+    if rollback == 0:
+        assert drafted == 0
+        return
+    assert drafted > 0 and 0 < accepted < drafted, (drafted, accepted)
+    assert spec[-1].finish.accepted_tokens >= 20  # the resend copies the earlier answer
 
 
 CODE = (

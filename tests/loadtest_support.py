@@ -11,6 +11,11 @@ the harness's report can be checked exactly: cached <= oracle on every request.
 `content` (anything else gets `{"tokens": []}`), chat prompts are rendered by POST
 /apply-template, and the cached count comes as `timings.cache_n` beside a `usage` without
 `prompt_tokens_details` (as llama.cpp reported it before it had that field).
+
+`empty_replies=True` makes every generated token print nothing (a model sampling UNUSED
+tokens): the mock then sends a chunk per token only when the request asked for logprobs (as
+slotserve does), or, with `llama_cpp`, as llama.cpp's server does: no chunk for such a token
+except the first, whose role chunk carries its logprobs.
 """
 
 from __future__ import annotations
@@ -44,11 +49,12 @@ MAX_TOKENS_LIMIT = 1000
 class MockLLM:
     """Tokeniser, template, prefix 'cache' and a fake generator. One event loop uses it."""
 
-    def __init__(self, reuse: bool, token_delay_s: float) -> None:
-        self.reuse, self.token_delay_s = reuse, token_delay_s
+    def __init__(self, reuse: bool, token_delay_s: float, empty_replies: bool = False) -> None:
+        self.reuse, self.token_delay_s, self.empty_replies = reuse, token_delay_s, empty_replies
         self.vocab: dict[str, int] = {}
         self.seen: list[list[int]] = []  # every sequence the 'server' computed
         self.num_disconnects = 0
+        self.generated_at_disconnect: list[int] = []  # tokens generated before each disconnect
         self.num_requests = 0
         self.num_apply_template = 0  # POST /apply-template calls (llama.cpp dialect)
 
@@ -74,6 +80,8 @@ class MockLLM:
         return min(best, len(ids) - 1)
 
     def reply_pieces(self, ids: list[int], n: int) -> list[str]:
+        if self.empty_replies:
+            return [""] * n
         h = hashlib.sha256(str(ids).encode()).digest()
         words = [_REPLY_WORDS[h[i % len(h)] % len(_REPLY_WORDS)] for i in range(n)]
         # A line break as the third token: an agent that normalises whitespace re-renders it.
@@ -102,18 +110,33 @@ def build_app(
         pieces = llm.reply_pieces(ids, max_tokens)
         include_usage = body.get("stream_options", {}).get("include_usage", False)
 
+        want_lp = bool(body.get("logprobs"))
+        lazy_role = llama_cpp and llm.empty_replies  # llama.cpp: the role chunk comes with token 1
+
         async def events():
             generated: list[int] = []
             is_seen = False
             try:
                 await asyncio.sleep(20e-6 * (len(ids) - cached))  # 'prefill' the uncached tail
-                yield f"data: {json.dumps({'choices': [{'index': 0, 'delta': {'role': 'assistant'}}]})}\n\n"
-                for piece in pieces:
+                if not lazy_role:
+                    yield f"data: {json.dumps({'choices': [{'index': 0, 'delta': {'role': 'assistant'}}]})}\n\n"
+                for i, piece in enumerate(pieces):
                     await asyncio.sleep(llm.token_delay_s)
-                    generated += llm.encode(piece)
-                    choice = (
+                    # a token without text is still a token: one of its own, never in a prompt
+                    generated += llm.encode(piece) or [llm.vocab.setdefault(f"<unused {i}>", len(llm.vocab))]
+                    choice: dict = (
                         {"index": 0, "delta": {"content": piece}} if is_chat else {"index": 0, "text": piece}
                     )
+                    if lazy_role:
+                        if i > 0:
+                            continue
+                        choice = {"index": 0, "delta": {"role": "assistant", "content": None}}
+                    elif not piece and not want_lp:
+                        continue
+                    if want_lp:
+                        choice["logprobs"] = {
+                            "content": [{"token": piece, "logprob": -1.0, "top_logprobs": []}]
+                        }
                     yield f"data: {json.dumps({'choices': [choice]})}\n\n"
                 llm.seen.append(ids + generated)  # before the client can send its next turn
                 is_seen = True
@@ -137,6 +160,7 @@ def build_app(
                 if not is_seen:  # the client went away mid-stream
                     llm.seen.append(ids + generated)
                     llm.num_disconnects += 1
+                    llm.generated_at_disconnect.append(len(generated))
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
@@ -269,8 +293,9 @@ class MockServer:
         api_key: str | None = None,
         token_delay_s: float = 0.0005,
         llama_cpp: bool = False,
+        empty_replies: bool = False,
     ) -> None:
-        self.llm = MockLLM(reuse, token_delay_s)
+        self.llm = MockLLM(reuse, token_delay_s, empty_replies)
         self._sock = socket.socket()
         self._sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"

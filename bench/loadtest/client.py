@@ -8,8 +8,15 @@ send -> first text chunk, inter-token latencies are the gaps between text chunks
 packs several tokens in one chunk shows one gap for them), end-to-end is send -> end of stream.
 Token counts come from the final `usage` chunk; `prompt_tokens_details.cached_tokens` is the
 server's own count of prompt tokens it did not compute (or, from a server that reports no
-`prompt_tokens_details`, llama.cpp's `timings.cache_n`: the same count). An abort closes the response after
-`abort_after_tokens` text chunks, which drops the connection: the server sees a disconnect.
+`prompt_tokens_details`, llama.cpp's `timings.cache_n`: the same count).
+
+An abort closes the response after `abort_after_tokens` generated tokens, which drops the
+connection: the server sees a disconnect. Tokens are counted whether or not they carry text (a
+model may sample tokens that print nothing: UNUSED padding, control tokens): a request that will
+be aborted asks for logprobs (`logprobs`, `top_logprobs` 1), and a chunk counts one token per
+logprobs entry, else one per text piece. A server that sends no chunk for a token without text
+(llama.cpp's server after the first token; its first chunk carries the first token's logprobs)
+can be aborted at its first token only: `--abort-after 1`.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ class Exchange:
     t_end: float = 0.0
     token_times: list[float] = field(default_factory=list)  # [num_text_chunks]
     text_parts: list[str] = field(default_factory=list)  # [num_text_chunks]
+    tokens_streamed: int = 0  # generated tokens the stream showed, with or without text
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     completion_tokens: int | None = None
@@ -78,6 +86,8 @@ def request_body(spec: RequestSpec, params: SendParams) -> dict[str, Any]:
         body["seed"] = params.seed
     if params.ignore_eos:
         body["ignore_eos"] = True
+    if spec.abort_after_tokens is not None:  # a token without text still shows as a logprob
+        body.update({"logprobs": True, "top_logprobs": 1} if spec.messages is not None else {"logprobs": 1})
     body.update(spec.extra_body)
     return body
 
@@ -162,6 +172,7 @@ def _apply_response_event(ex: Exchange, event: Any, now: float) -> None:
         err = event.get("error") or (event.get("response") or {}).get("error")
         raise _StreamError(err.get("message", str(err)) if isinstance(err, dict) else str(err))
     if kind in ("response.output_text.delta", "response.reasoning_text.delta") and event.get("delta"):
+        ex.tokens_streamed += 1
         ex.token_times.append(now)
         ex.text_parts.append(str(event["delta"]))
     response = event.get("response")
@@ -198,6 +209,7 @@ def _apply_event(ex: Exchange, event: Any, now: float) -> None:
     if kind == "content_block_delta" and isinstance(delta, dict):
         piece = delta.get("text") or delta.get("thinking")
         if piece:
+            ex.tokens_streamed += 1
             ex.token_times.append(now)
             ex.text_parts.append(piece)
     if kind == "message_delta" and isinstance(delta, dict) and delta.get("stop_reason"):
@@ -244,8 +256,18 @@ def _apply_chunk(ex: Exchange, chunk: Any, now: float) -> None:
         if piece:
             ex.token_times.append(now)
             ex.text_parts.append(piece)
+        shown = _logprob_entries(choice.get("logprobs"))
+        ex.tokens_streamed += shown if shown else 1 if piece else 0
         if choice.get("finish_reason"):
             ex.finish_reason = choice["finish_reason"]
+
+
+def _logprob_entries(logprobs: Any) -> int:
+    """Tokens a choice's logprobs describe: chat's `content` list, text completion's `tokens`."""
+    if not isinstance(logprobs, dict):
+        return 0
+    entries = logprobs.get("content", logprobs.get("tokens"))
+    return len(entries) if isinstance(entries, list) else 0
 
 
 class _StreamError(Exception):
@@ -265,7 +287,7 @@ async def _stream(client: httpx.AsyncClient, base_url: str, ex: Exchange, params
             return
         async for data in aiter_sse(resp.aiter_lines()):
             apply(ex, json.loads(data), time.perf_counter())
-            if spec.abort_after_tokens is not None and len(ex.token_times) >= spec.abort_after_tokens:
+            if spec.abort_after_tokens is not None and ex.tokens_streamed >= spec.abort_after_tokens:
                 ex.outcome = Outcome.ABORTED
                 return  # leaving the context closes the connection mid-stream
     ex.outcome = Outcome.OK

@@ -96,6 +96,34 @@ def test_abort_disconnects_the_server(tmp_path: Path):
         assert server.llm.num_disconnects == res.summary.num_aborted == 4
 
 
+@pytest.mark.parametrize(("llama_cpp", "after"), [(False, 4), (False, 1), (True, 1)])
+def test_abort_counts_tokens_that_print_nothing(tmp_path: Path, llama_cpp: bool, after: int):
+    # replies of tokens without text (UNUSED ones): the abort still comes after `after` tokens,
+    # from the logprobs each chunk carries (llama.cpp's server: only its first token's chunk)
+    with MockServer(reuse=True, token_delay_s=0.02, empty_replies=True, llama_cpp=llama_cpp) as server:
+        res = run_loadtest(
+            server.url,
+            "abort-resend",
+            tmp_path / "e.json",
+            "--conversations",
+            "2",
+            "--turns",
+            "2",
+            "--abort-after",
+            str(after),
+        )
+        assert server.llm.num_disconnects == res.summary.num_aborted == 4
+        assert all(after <= n < 6 for n in server.llm.generated_at_disconnect), (
+            server.llm.generated_at_disconnect
+        )
+    aborted = [r for r in res.requests if r.status == "aborted"]
+    assert len(aborted) == 4 and all(r.attempt == 0 and r.ttft_s is None for r in aborted)  # no text
+    resends = [r for r in res.requests if r.attempt == 1]
+    assert len(resends) == 4 and all(
+        r.status == "ok" and r.cached_tokens == r.prompt_tokens - 1 for r in resends
+    )
+
+
 def test_no_reuse_reports_zero_cached_but_oracle_positive(no_reuse_server: MockServer, tmp_path: Path):
     res = run_loadtest(no_reuse_server.url, "multi-turn", tmp_path / "n.json", "--concurrency", "2")
     assert_consistent(res, one_chunk_per_token=True)

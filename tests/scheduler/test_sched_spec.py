@@ -35,6 +35,9 @@ LAYOUTS = {
     "ring": {"window": 8, "step_tokens": 16},
     # a recurrent state with a rollback ring of 7 states: drafts of up to 6 tokens (scheduler.py)
     "recurrent": {"recurrent": True, "rollback": 7},
+    # 13 states: also a stop string inside one step's accepted draft (6 rows) plus the whole
+    # chained step after it (7), which the trim must take back too (chain.py)
+    "recurrent-deep": {"recurrent": True, "rollback": 13},
 }
 
 
@@ -235,12 +238,14 @@ def _copied_span(prompt, toks) -> int | None:
     return None
 
 
-@pytest.mark.parametrize("layout", ["full", "recurrent"])
+@pytest.mark.parametrize("layout", ["full", "recurrent-deep"])
 @pytest.mark.parametrize("where", ["stop_string", "eos", "max_tokens"])
 async def test_stop_rules_inside_an_accepted_draft(where, layout):
     """A stop string, eos or max_tokens that falls inside an accepted draft ends the request at
     the same token as plain decoding, and the slot keeps only the rows plain decoding fed (a
-    recurrent slot is cut back through its rollback ring)."""
+    recurrent slot is cut back through its rollback ring, here one deep enough for a stop
+    string found a chained step late; with draft_max + 1 states such a slot keeps those exact
+    extra rows instead, as check_integrity sees)."""
     prompts = [code_prompt(s, 80) for s in range(3)]
     ref = copy_pool(1, **LAYOUTS[layout])
     greedy_out = [reference_greedy(ref, pr, 60) for pr in prompts]

@@ -13,6 +13,16 @@ exactly. Then, per thread count:
     tg128_x4, tg128_x8     4 (8) slots decoding in one batch per step (aggregate tokens/s;
                            x8 not with --synthetic)
 
+`--depth N` (repeatable) measures at depth instead, as llama-bench's `-d N`: the slot is first
+filled with N random tokens (untimed, once per depth), then
+
+    pp512_dN               512 more prompt tokens prefilled after the N (median of --reps,
+                           the slot cut back to N tokens before each run)
+    tg128_dN               128 decode steps after the N
+
+and nothing else (the depth-0 figures and batches are skipped: a depth run is long).
+`--kv-type f16|q8_0` sets the KV element type of every pool (as `serve --kv-type`).
+
 Prefill figures are the median of --reps runs; decode figures time all 128 steps, counting
 the time inside pool.forward only (decode_rate's forward_only), and the text output adds each
 batch's speed-up over one slot (tg128_x4 / tg128).
@@ -42,6 +52,8 @@ MIN_AGREED = 3  # greedy tokens that must match the NumPy implementation
 DECODE_STEPS = 128
 DEPTH = 2048
 PREFILL_SIZES = (128, 512, 2048)
+DEPTH_PREFILL = 512  # --depth: ppN after the depth, as llama-bench -p 512 -d N
+KV_TYPES = ("f16", "q8_0")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -73,6 +85,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also print milliseconds per decode step of 1, 2, 4 and 8 slots (pool.forward alone)",
     )
+    parser.add_argument(
+        "--depth",
+        type=int,
+        action="append",
+        metavar="N",
+        help=f"measure pp{DEPTH_PREFILL} and tg after N tokens already in the slot, as llama-bench -d N "
+        "(repeatable; only these figures are measured)",
+    )
+    parser.add_argument("--kv-type", choices=KV_TYPES, default="f16", help="KV element type (default f16)")
     parser.add_argument(
         "--swa-full",
         action="store_true",
@@ -251,6 +272,36 @@ def measure(
     return out
 
 
+def measure_depth(
+    pool: Any,
+    n_vocab: int,
+    reps: int,
+    depths: list[int],
+    prefill: int = DEPTH_PREFILL,
+    steps: int = DECODE_STEPS,
+) -> dict[str, float]:
+    """pp{prefill}_dN and tg{steps}_dN for each depth N on slot 0 (module docstring)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    out: dict[str, float] = {}
+    for depth in depths:
+        pool.truncate(0, 0)
+        if depth:
+            pool.forward([(0, rng.integers(0, n_vocab, depth).astype(np.int32), 0, False)])
+        rates = []
+        for _ in range(reps):
+            prompt = rng.integers(0, n_vocab, prefill).astype(np.int32)
+            pool.truncate(0, depth)
+            t = time.perf_counter()
+            pool.forward([(0, prompt, depth, True)])
+            rates.append(prefill / (time.perf_counter() - t))
+        out[f"pp{prefill}_d{depth}"] = statistics.median(rates)
+        pool.truncate(0, depth)
+        out[f"tg{steps}_d{depth}"] = decode_rate(pool, [0], steps, rng, n_vocab, forward_only=True)
+    return out
+
+
 def measure_numpy(reference_factory: Any, n_vocab: int) -> dict[str, float]:
     import numpy as np
 
@@ -281,6 +332,9 @@ def run(args: argparse.Namespace) -> int:
     threads = args.threads or [1, 2]
     if any(t < 1 for t in threads) or args.reps < 1:
         raise SystemExit("--threads and --reps must be >= 1")
+    depths = args.depth or []
+    if any(d < 0 for d in depths):
+        raise SystemExit("--depth must be >= 0")
     sizes = synthetic.BenchSizes(PREFILL_SIZES, DECODE_STEPS, DEPTH)
     long_len = 300
     if args.synthetic:
@@ -303,6 +357,8 @@ def run(args: argparse.Namespace) -> int:
         path = Path(resolve_model(args.model, progress=False))
     model, tokenizer = read_model(path)
     ctx_len = max(*sizes.prefill, sizes.depth + sizes.decode_steps, long_len) + 16
+    if depths:
+        ctx_len = max(max(depths) + max(DEPTH_PREFILL, sizes.decode_steps), long_len) + 16
     info: dict[str, Any] = {"model": str(path), "machine": machine(), "command": "slotserve bench engine"}
     if args.synthetic:
         info["synthetic"] = args.synthetic
@@ -313,8 +369,10 @@ def run(args: argparse.Namespace) -> int:
     # no float answer worth the time (the NumPy model dequantizes every weight to float32)
     use_numpy = not args.no_numpy and model.config.arch == "llama" and not args.synthetic
     ref_factory = (lambda: NumpyLlama(model, 512)) if use_numpy else None
-    pool = SlotPool(model, 4, ctx_len, threads=max(threads), swa_full=args.swa_full)
+    kv = {"swa_full": args.swa_full, "kv_dtype": args.kv_type}
+    pool = SlotPool(model, 4, ctx_len, threads=max(threads), **kv)
     info["kernel_variant"] = pool.kernel_variant
+    info["kv_type"] = args.kv_type
     info["kv_bytes_per_slot"] = pool.kv_bytes // 4
     info["validation"] = validate(
         model,
@@ -328,13 +386,23 @@ def run(args: argparse.Namespace) -> int:
     if not args.json:
         print(
             f"model {path.name} | {info['machine']['cpu']}, {info['machine']['cpus']} CPUs | "
-            f"kernels {info['kernel_variant']} | validated: {info['validation']['engine']!r}"
+            f"kernels {info['kernel_variant']} | KV {args.kv_type}, "
+            f"{info['kv_bytes_per_slot'] / 2**20:.1f} MiB a slot of {ctx_len} tokens | "
+            f"validated: {info['validation']['engine']!r}"
         )
 
     info["results"] = {}
     batch_sizes = (4,) if args.synthetic else (4, 8)  # 8 slots of an 8B model's KV: too much memory
     for t in threads:
-        pool = SlotPool(model, max(batch_sizes), ctx_len, threads=t, swa_full=args.swa_full)
+        if depths:
+            pool = SlotPool(model, 1, ctx_len, threads=t, **kv)
+            figures = measure_depth(pool, model.config.n_vocab, args.reps, depths, steps=sizes.decode_steps)
+            del pool
+            info["results"][f"threads={t}"] = {k: round(v, 1) for k, v in figures.items()}
+            if not args.json:
+                print(f"threads {t}: " + "  ".join(f"{k} {v:.1f}" for k, v in figures.items()) + "  tokens/s")
+            continue
+        pool = SlotPool(model, max(batch_sizes), ctx_len, threads=t, **kv)
         figures = measure(
             pool,
             model.config.n_vocab,

@@ -173,6 +173,43 @@ def test_bench_engine_synthetic_writes_keeps_and_reuses_the_file(tmp_path, monke
         bench_engine.run(parser.parse_args(["--synthetic", "nope", "--synthetic-dir", str(tmp_path)]))
 
 
+def test_bench_engine_depth_measures_prefill_and_decode_after_n_tokens(tmp_path, monkeypatch, capsys) -> None:
+    """--depth N (as llama-bench -d N): pp512_dN and tgS_dN for each N, nothing else; --kv-type
+    reaches the pool (q8_0 KV is about half of f16's bytes a slot)."""
+    monkeypatch.setitem(
+        PRESETS, "tiny", shrunk(PRESETS["qwen2-1.5b"], n_layers=1, dim=256, ffn_dim=512, n_vocab=400)
+    )
+    monkeypatch.setitem(synthetic.BENCH_SIZES, "tiny", synthetic.BenchSizes((16,), 4, 8))
+    parser = argparse.ArgumentParser()
+    bench_engine.configure(parser)
+    argv = [
+        "--synthetic",
+        "tiny",
+        "--synthetic-dir",
+        str(tmp_path),
+        "--threads",
+        "1",
+        "--reps",
+        "1",
+        "--json",
+    ]
+    sizes = {}
+    for kv in ("f16", "q8_0"):
+        assert (
+            bench_engine.run(parser.parse_args([*argv, "--depth", "40", "--depth", "0", "--kv-type", kv]))
+            == 0
+        )
+        info = json.loads(capsys.readouterr().out)
+        assert info["kv_type"] == kv
+        results = info["results"]["threads=1"]
+        assert set(results) == {"pp512_d40", "tg4_d40", "pp512_d0", "tg4_d0"}
+        assert all(v > 0 for v in results.values())
+        sizes[kv] = info["kv_bytes_per_slot"]
+    assert 0.5 < sizes["q8_0"] / sizes["f16"] < 0.6  # 34 bytes a 32-value block against 64
+    with pytest.raises(SystemExit, match="--depth"):
+        bench_engine.run(parser.parse_args([*argv, "--depth", "-1"]))
+
+
 def test_every_bench_engine_flag_is_in_docs_benchmarks() -> None:
     from pathlib import Path
 

@@ -100,10 +100,11 @@ static const kernel_table avx2_table = {
 };
 
 /* avx2 with the row-group matmuls of every block type but Q2_K and Q3_K on AVX512-VNNI
- * (arch/x86_vnni.c) */
+ * (arch/x86_vnni.c) and attention in query tiles (arch/x86_avx512_attn.c) */
 static const kernel_table avx512vnni_table = {
     .name = "avx512vnni",
     X86_COMMON,
+    .attention_chunk = attention_chunk_avx512, /* overrides X86_COMMON's: query tiles, same results */
     .gemm = X86_GEMMS(gemm_q8_0_vnni, gemm_q4_0_vnni, gemm_q4_1_vnni, gemm_q5_0_vnni, gemm_q5_1_vnni,
                       gemm_q4_K_vnni, gemm_q5_K_vnni, gemm_q6_K_vnni, gemm_q2_K_avx2, gemm_q3_K_avx2),
 };

@@ -234,6 +234,11 @@ void gdn_step_avx2(float *S, float *o, const float *q, const float *k, const flo
                    float scale, int d);
 void gdn_gates_avx2(float *alpha, float *beta, const float *dt, const float *a, int n);
 
+/* Attention chunks in query tiles on AVX-512 (arch/x86_avx512_attn.c), bit-identical to
+ * attention_chunk_avx2; the avx512vnni table's. */
+void attention_chunk_avx512(float *acc, int lda, float *ml, const float *q, int ldq, const void *k,
+                            const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim,
+                            float scale, int window, int chunk, float *scratch);
 /* AVX512-VNNI matmuls (arch/x86_vnni.c); only called when the CPU has AVX512F/VL/BW/VNNI. */
 void gemm_q8_0_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
 void gemm_q4_0_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);

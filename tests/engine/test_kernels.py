@@ -345,12 +345,18 @@ def test_sliding_window_attention_matches_numpy(kv_dtype, window, pos0, n_q):
         assert_close(got, want, mag, 8 * SUM_RTOL, f"{name} window {window}")
 
 
-@pytest.mark.parametrize("variant", ["scalar", "avx2"])
-def test_windowed_rows_independent(variant):
-    """With a window, a row's output still does not depend on its batch mates (which change
-    the blocks and chunks the call skips)."""
+def _skip_unsupported(variant):
     if variant == "avx2" and not _engine.avx2_supported():
         pytest.skip("no AVX2")
+    if variant == "avx512vnni" and not _engine.avx512vnni_supported():
+        pytest.skip("no AVX512-VNNI")
+
+
+@pytest.mark.parametrize("variant", ["scalar", "avx2", "avx512vnni"])
+def test_windowed_rows_independent(variant):
+    """With a window, a row's output still does not depend on its batch mates (which change
+    the blocks and chunks the call skips, and on avx512vnni the query tiles)."""
+    _skip_unsupported(variant)
     kt = _engine.KernelTable(variant)
     r = rng(10)
     q = r.standard_normal((9, 2 * 64)).astype(np.float32)
@@ -362,11 +368,10 @@ def test_windowed_rows_independent(variant):
         assert np.array_equal(alone[0], together[i]), f"row {i}"
 
 
-@pytest.mark.parametrize("variant", ["scalar", "avx2"])
+@pytest.mark.parametrize("variant", ["scalar", "avx2", "avx512vnni"])
 def test_attention_query_rows_independent(variant):
     """A query row's output does not depend on which other query rows share the call."""
-    if variant == "avx2" and not _engine.avx2_supported():
-        pytest.skip("no AVX2")
+    _skip_unsupported(variant)
     kt = _engine.KernelTable(variant)
     r = rng(9)
     q = r.standard_normal((9, 2 * 64)).astype(np.float32)
@@ -376,6 +381,41 @@ def test_attention_query_rows_independent(variant):
     for i in range(9):
         alone = kt.attention(q[i : i + 1].copy(), k, v, 60 + i, 2, 64, 0.125)
         assert np.array_equal(alone[0], together[i]), f"row {i}"
+
+
+@needs_vnni
+@pytest.mark.parametrize("kv", ["f16", "f32", "q8_0"])
+@pytest.mark.parametrize("head_dim, group", [(64, 7), (256, 4), (32, 2), (24, 3), (128, 5), (96, 1)])
+@pytest.mark.parametrize(
+    "pos0, n_q, window",
+    [(0, 9, 0), (29, 5, 0), (70, 16, 0), (600, 64, 0), (300, 7, 40), (530, 9, 512), (1000, 3, 33)],
+)
+def test_attention_avx512_query_tiles_equal_avx2(kv, head_dim, group, pos0, n_q, window):
+    """avx512vnni's attention (arch/x86_avx512_attn.c: key and value blocks converted once, query
+    rows x heads in tiles, rows at the causal diagonal or a window edge tiled only with rows of
+    the same key range) gives the avx2 kernel's results bit for bit: f16, f32 and q8_0 KV, head
+    sizes that are not a multiple of 16, the U = 2 and U = 4 head classes of a group of 7 or 5,
+    and windows inside and across chunks."""
+    if kv == "q8_0" and head_dim % 32:
+        pytest.skip("q8_0 needs head_dim % 32 == 0")
+    n_q = max(1, min(n_q, 64 // group))
+    r = rng(pos0 + 7 * n_q + head_dim + group)
+    n_keys = pos0 + n_q + 3
+    q = r.standard_normal((n_q, group * head_dim)).astype(np.float32)
+    avx2, avx512 = _engine.KernelTable("avx2"), _engine.KernelTable("avx512vnni")
+    scale = head_dim**-0.5
+    if kv == "q8_0":
+        k_raw, _ = q8_0_rows(r.standard_normal((n_keys, head_dim)) * 0.7)
+        v_raw, _ = q8_0_rows(r.standard_normal((n_keys, head_dim)))
+        want = avx2.attention_q8(q, k_raw, v_raw, pos0, group, head_dim, scale, window)
+        got = avx512.attention_q8(q, k_raw, v_raw, pos0, group, head_dim, scale, window)
+    else:
+        t = np.float16 if kv == "f16" else np.float32
+        k = (r.standard_normal((n_keys, head_dim)) * 0.7).astype(t)
+        v = r.standard_normal((n_keys, head_dim)).astype(t)
+        want = avx2.attention(q, k, v, pos0, group, head_dim, scale, window=window)
+        got = avx512.attention(q, k, v, pos0, group, head_dim, scale, window=window)
+    assert np.array_equal(got, want), f"largest difference {np.abs(got - want).max()}"
 
 
 # ---- norm, rope, element-wise ---------------------------------------------------------------

@@ -588,7 +588,7 @@ assert {o.field for o in OPTIONS} == {f.name for f in fields(ServeConfig)}, "OPT
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add one flag per option; every default is None so `config_from_args` sees what was typed."""
     for opt in OPTIONS:
-        help_text = f"{opt.help} [env {opt.env}]"
+        help_text = f"{opt.help} [env {opt.env}]".replace("%", "%%")  # argparse formats help with %
         if opt.kind == "flag":
             parser.add_argument(*opt.flags, dest=opt.field, action="store_true", default=None, help=help_text)
         elif opt.kind == "names":

@@ -281,3 +281,16 @@ def test_normalize_names_only_known_clients() -> None:
     )
     with pytest.raises(ValueError, match="--normalize: 'aider' is not one of claude-code"):
         config_from_args(None, environ={"SLOTSERVE_NORMALIZE": "aider"})
+
+
+def test_serve_help_renders_every_option() -> None:
+    """`slotserve serve --help` prints every flag (argparse %-formats help texts: a bare % in one,
+    such as --kv-type's "53%", made --help raise)."""
+    import argparse
+
+    from slotserve.gateway.config import OPTIONS, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    text = parser.format_help()
+    assert all(opt.flags[0] in text for opt in OPTIONS) and "53%" in text

@@ -139,6 +139,7 @@ cdef class Engine:
         m.n_expert_used = moe.n_expert_used if moe is not None else 0
         m.expert_ffn = moe.expert_ffn if moe is not None else 0
         m.expert_norm = moe.norm_weights if moe is not None else 0
+        m.release_rows = bool(getattr(model_file, "read_only_map", False))
         # zeroed: the weights a layer's kind lacks stay empty (NULL rows)
         cdef layer_weights *layers = <layer_weights *>calloc(cfg.n_layers, sizeof(layer_weights))
         if layers == NULL:

@@ -298,6 +298,13 @@ class ModelFile:
     fingerprint: str  # hex digest of metadata + tensor layout + file size (not the weight bytes)
     _readers: tuple[GGUFReader, ...] = field(repr=False)  # one per file (a split GGUF has several)
 
+    @property
+    def read_only_map(self) -> bool:
+        """True when every tensor's bytes lie in a read-only memory map of its file: pages the
+        engine has copied may then be given back to the kernel (they are re-read from the file
+        if touched again)."""
+        return all(isinstance(r.data, np.memmap) and r.data.mode == "r" for r in self._readers)
+
     def tensor(self, name: str) -> TensorRef:
         """The tensor called `name`; ValueError naming it if the file has no such tensor."""
         try:

@@ -174,6 +174,7 @@ class SlotPool:
                 "rollback keeps recurrent states; this model has none (every length is rewindable)"
             )
         variant = kernel_variant(kernels)
+        weights_digest = _weights_digest(model)  # before the engine: packing gives these pages back
         self._model = model
         self._cfg = model.config
         self._engine = _engine.Engine(
@@ -198,7 +199,7 @@ class SlotPool:
         # orders, so KV from one continued by the other would not match a cold run bit for bit.
         numerics = NUMERICS.get(self.kernel_variant, self.kernel_variant)
         self.fingerprint = (
-            f"{model.fingerprint}-{_weights_digest(model)}"
+            f"{model.fingerprint}-{weights_digest}"
             f"/kv={kv_dtype}/layout={LAYOUT_VERSION}/kernels={numerics}"
             + (f"/ring={self.kv_window}" if self.kv_window is not None else "")
             + (f"/conv_rows={self._cfg.conv_len}" if self._cfg.conv_len else "")

@@ -99,6 +99,7 @@
 #include <string.h>
 #ifdef __linux__
 #include <sys/mman.h>
+#include <unistd.h>
 #endif
 
 #include "kv_q8.h"
@@ -392,6 +393,24 @@ static weight_t *matrix(engine *e, int i) {
     return ws[(i - 1) % N_LAYER_MATRICES];
 }
 
+/* Gives back the pages of [p, p + n) that lie wholly inside it: a read-only file mapping's
+ * pages are reclaimed now (MADV_PAGEOUT, kernel 5.4+: out of the page cache too, where the
+ * kernel allows it) and unmapped (MADV_DONTNEED: resident memory drops even where it does not);
+ * a later read faults them in from the file again. Never on anonymous memory (DONTNEED zeroes
+ * it): only for model_desc.release_rows. Failures are harmless (the pages stay). */
+static void release_pages(const void *p, size_t n) {
+#ifdef __linux__
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = ((uintptr_t)p + page - 1) & ~(page - 1), b = ((uintptr_t)p + n) & ~(page - 1);
+    if (b <= a) return;
+#ifdef MADV_PAGEOUT
+    madvise((void *)a, b - a, MADV_PAGEOUT);
+#endif
+    madvise((void *)a, b - a, MADV_DONTNEED);
+#else
+    (void)p, (void)n;
+#endif
+}
+
 static int pack_weights(engine *e) {
     const int n = n_matrices(e);
     size_t total = 0;
@@ -409,6 +428,7 @@ static int pack_weights(engine *e) {
         size_t bytes = w->rows ? x8_bytes(w->type, w->n_in, w->n_out) : 0; /* a layer kind's absent matrices */
         if (bytes == 0) continue;
         pack_x8(e->packed + at, w->rows, w->type, w->n_in, w->n_out);
+        if (e->m.release_rows) release_pages(w->rows, ggml_row_bytes(w->type, w->n_in) * (size_t)w->n_out);
         w->x8 = e->packed + at;
         at += (bytes + 63) & ~(size_t)63;
     }

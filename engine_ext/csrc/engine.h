@@ -104,6 +104,9 @@ typedef struct {
     int ssm_taps, ssm_d, ssm_k_heads, ssm_v_heads; /* qwen35 DeltaNet: conv taps, head width, heads; 0 = none */
     int n_expert, n_expert_used, expert_ffn; /* MoE: experts, chosen per row (top-k), width; 0 = none */
     int expert_norm;        /* MoE: the chosen weights are renormalised to sum 1 (qwen3moe) */
+    int release_rows;       /* the weights' rows lie in a read-only file mapping: once a matrix is
+                             * packed, engine_create gives its pages back (re-read from the file if
+                             * touched again), so a load never holds the file and the packed copy */
 } model_desc;
 
 /* One slot's share of a forward call (validated by the caller). */

@@ -14,6 +14,10 @@ mirror is brought up to date from the pool's own record, and the difference beco
     truncate(slot, 20): keeps h0 (20 // 16 = 1 block), BlockRemoved [h1]
     forward(+30 tokens): len 50 -> 3 full blocks, BlockStored [h1', h2'] parent h0
 
+Only blocks a request could reuse are reported: those ending at or past the slot's
+min_truncate_len (every full block on full KV; on a sliding-window or recurrent slot only the
+ones it can be cut back to; KVEventPool's docstring).
+
 Several slots may hold the same prefix (same hashes). A refcount per hash over all slots makes
 the events describe the union: BlockStored when a hash goes 0 -> 1 slots, BlockRemoved when it
 goes 1 -> 0. A subscriber that applies the events in sequence order therefore holds exactly the

@@ -17,6 +17,15 @@ from .wire import DEFAULT_BLOCK_SIZE, AllBlocksCleared, BlockRemoved, BlockStore
 class KVEventPool:
     """A SlotPool that reports its slots' live prefixes as KV events; everything else delegates.
 
+    Only blocks a request could reuse are reported: block i of a slot (tokens up to (i+1)*B)
+    when (i+1)*B >= min_truncate_len(slot), the shortest length the slot can be cut back to. A
+    full-KV slot reports every full block; a sliding-window slot only those its ring still
+    covers; a recurrent slot (extend only) only its last block, when its record ends on a
+    block boundary (a rollback ring of k states: the blocks ending in its last k tokens). A
+    prompt that shares the earlier blocks and then diverges reuses nothing of such a slot, so a
+    router must not count them. The chain hashes of the earlier blocks are still computed (a
+    later block's hash chains over them) and are the reported blocks' parents.
+
     `publish` receives a list of events after each call that changed the live block set (from
     the thread calling the pool). When `resync` is set, the next mutating call first publishes
     AllBlocksCleared and every live block, then clears it. Attributes not in the SlotPool
@@ -40,7 +49,8 @@ class KVEventPool:
         self.block_size = block_size
         self.medium = medium
         self._blocks: list[list[int]] = [[] for _ in range(pool.num_slots)]  # [slot][block] hash
-        self._refs: dict[int, int] = {}  # hash -> number of slots holding it
+        self._first: list[int] = [0] * pool.num_slots  # [slot] first reported block
+        self._refs: dict[int, int] = {}  # reported hash -> number of slots reporting it
         for slot in range(pool.num_slots):  # a pool may start non-empty (tests, restored state)
             if pool.slot_len(slot):
                 self._sync(slot, 0)
@@ -104,7 +114,7 @@ class KVEventPool:
         except BaseException:
             self._emit(self._sync(dst, None))  # unchanged (ValueError) or emptied (compute failure)
             raise
-        self._emit(self._replace(dst, self._blocks[src][: n // self.block_size]))
+        self._emit(self._replace(dst, self._blocks[src][: n // self.block_size], self._first_reported(dst)))
 
     def restore(self, slot: int, snap: bytes) -> int:
         self._maybe_resync()
@@ -119,11 +129,16 @@ class KVEventPool:
     # mirror maintenance (caller: the thread that called the pool)
 
     def live_hashes(self) -> set[int]:
-        """Hashes of every full block live in some slot (what a subscriber should hold)."""
+        """Hashes of every reported block live in some slot (what a subscriber should hold)."""
         return set(self._refs)
 
     def slot_hashes(self, slot: int) -> list[int]:
+        """The chain hashes of every full block of `slot` (reported or not)."""
         return list(self._blocks[slot])
+
+    def reported_hashes(self, slot: int) -> list[int]:
+        """The hashes `slot` reports: its blocks from the first one a request could reuse."""
+        return self._blocks[slot][self._first[slot] :]
 
     def check_integrity(self) -> None:
         """Recompute every slot's hashes from its record and compare with the mirror."""
@@ -133,17 +148,24 @@ class KVEventPool:
             assert self._blocks[slot] == expect, (
                 f"slot {slot}: mirror has {len(self._blocks[slot])} blocks, record {len(expect)}"
             )
-            for h in expect:
+            assert self._first[slot] == self._first_reported(slot), f"slot {slot}: stale first block"
+            for h in expect[self._first[slot] :]:
                 refs[h] = refs.get(h, 0) + 1
         assert refs == self._refs, "refcounts disagree with the slots' blocks"
+
+    def _first_reported(self, slot: int) -> int:
+        """Index of the first block of `slot` a request could reuse (see the class docstring)."""
+        m = self._pool.min_truncate_len(slot)
+        return max(0, -(-m // self.block_size) - 1)
 
     def _sync(self, slot: int, keep: int | None) -> list[KVEvent]:
         """Bring slot's blocks up to date; the first `keep` (None: all that still fit) are valid."""
         old = self._blocks[slot]
         n = self._pool.slot_len(slot)
         nfull = n // self.block_size
+        first = self._first_reported(slot)
         valid = min(len(old), nfull) if keep is None else min(keep, len(old), nfull)
-        if valid == len(old) == nfull:
+        if valid == len(old) == nfull and first == self._first[slot]:
             return []
         new = old[:valid]
         if nfull > valid:
@@ -153,14 +175,17 @@ class KVEventPool:
                 self.block_size,
                 new[-1] if new else None,
             )
-        return self._replace(slot, new)
+        return self._replace(slot, new, first)
 
-    def _replace(self, slot: int, new: list[int]) -> list[KVEvent]:
-        """Make `new` slot's block list; returns the events for hashes entering/leaving the union."""
-        old = self._blocks[slot]
+    def _replace(self, slot: int, new: list[int], first: int) -> list[KVEvent]:
+        """Make `new` slot's block list, reported from block `first`; returns the events for
+        hashes entering/leaving the union of reported blocks."""
+        old = self._blocks[slot][self._first[slot] :]
         self._blocks[slot] = new
+        self._first[slot] = first
         stored_idx: list[int] = []
-        for i, h in enumerate(new):  # incref first so a block kept by this slot never flickers
+        for i in range(first, len(new)):  # incref first so a block kept by this slot never flickers
+            h = new[i]
             c = self._refs.get(h, 0)
             self._refs[h] = c + 1
             if c == 0:
@@ -198,13 +223,14 @@ class KVEventPool:
         return events
 
     def full_state(self) -> list[KVEvent]:
-        """AllBlocksCleared, then every live block once (one BlockStored per slot's new suffix)."""
+        """AllBlocksCleared, then every reported block once (one BlockStored per slot's new suffix)."""
         events: list[KVEvent] = [AllBlocksCleared()]
         seen: set[int] = set()
         bs = self.block_size
         for slot, blocks in enumerate(self._blocks):
             # chains share prefixes: the blocks not yet sent form a suffix of this slot's chain
-            first = next((i for i, h in enumerate(blocks) if h not in seen), len(blocks))
+            start = self._first[slot]
+            first = next((i for i in range(start, len(blocks)) if blocks[i] not in seen), len(blocks))
             if first == len(blocks):
                 continue
             rec = np.asarray(self._pool.record(slot))

@@ -36,7 +36,8 @@ BS = 4  # small blocks so short records span several
 class LiveBlocks:
     """What a router's indexer keeps: the set of live block hashes, rebuilt from raw payloads."""
 
-    def __init__(self) -> None:
+    def __init__(self, strict_parent: bool = True) -> None:
+        self.strict_parent = strict_parent  # False: a reported chain may hang off an unreported block
         self.live: set[int] = set()
         self.tokens: dict[int, list[int]] = {}
         self.num_stored = 0
@@ -54,7 +55,9 @@ class LiveBlocks:
             _, hashes, parent, token_ids, block_size, lora_id, medium = event
             assert lora_id is None and medium is None
             assert len(token_ids) == len(hashes) * block_size
-            assert parent is None or parent in self.live, "a stored chain must hang off a live block"
+            assert parent is None or parent in self.live or not self.strict_parent, (
+                "a stored chain must hang off a live block"
+            )
             for i, h in enumerate(hashes):
                 assert h not in self.live, f"block {h:#x} stored twice without removal"
                 self.live.add(h)
@@ -74,15 +77,19 @@ class LiveBlocks:
 
 
 def expected_live(pool: FakeSlotPool, block_size: int) -> set[int]:
+    """The hashes of every block a request could reuse: those ending at or past the slot's
+    min_truncate_len (every full block of a full-KV slot)."""
     out: set[int] = set()
     for slot in range(pool.num_slots):
-        out.update(chain_hashes(np.asarray(pool.record(slot)), block_size))
+        hashes = chain_hashes(np.asarray(pool.record(slot)), block_size)
+        m = pool.min_truncate_len(slot)
+        out.update(h for i, h in enumerate(hashes) if (i + 1) * block_size >= m)
     return out
 
 
-def make_wrapped(num_slots: int = 3, ctx_len: int = 64, block_size: int = BS):
-    pool = FakeSlotPool(num_slots, ctx_len, n_vocab=16)
-    sub = LiveBlocks()
+def make_wrapped(num_slots: int = 3, ctx_len: int = 64, block_size: int = BS, **pool_kw):
+    pool = FakeSlotPool(num_slots, ctx_len, n_vocab=16, **pool_kw)
+    sub = LiveBlocks(strict_parent=not pool_kw)
     batches: list[bytes] = []
 
     def publish(events):
@@ -176,31 +183,62 @@ def test_copy_restore_and_fault_paths():
     wrapped.check_integrity()
 
 
+POOL_KINDS = {
+    "full": {},
+    "recurrent": {"recurrent": True},
+    "rollback": {"recurrent": True, "rollback": 3},
+    "window": {"window": 6, "step_tokens": 2},
+}
+
+
+@pytest.mark.parametrize("kind", list(POOL_KINDS))
 @pytest.mark.parametrize("seed", range(5))
-def test_random_operations_subscriber_matches_records(seed):
+def test_random_operations_subscriber_matches_records(seed, kind):
     rng = random.Random(seed)
-    pool, wrapped, sub, _ = make_wrapped(num_slots=4, ctx_len=48)
+    pool, wrapped, sub, _ = make_wrapped(num_slots=4, ctx_len=48, **POOL_KINDS[kind])
     snaps: list[bytes] = []
     for _ in range(300):
         slot = rng.randrange(4)
         length = pool.slot_len(slot)
+        least = pool.min_truncate_len(slot)  # the cuts, copies and snapshots the pool accepts
         op = rng.random()
         if op < 0.5 and length < 48:
             # few distinct tokens so slots often share prefixes
             feed(wrapped, slot, [rng.randrange(2) for _ in range(rng.randint(1, min(9, 48 - length)))])
+        elif op < 0.6:
+            wrapped.truncate(slot, rng.randint(least, length))
         elif op < 0.7:
-            wrapped.truncate(slot, rng.randint(0, length))
+            wrapped.truncate(slot, 0)  # a slot emptied for another conversation
         elif op < 0.8:
             src = rng.randrange(4)
             if src != slot:
-                wrapped.copy_prefix(src, slot, rng.randint(0, pool.slot_len(src)))
+                wrapped.copy_prefix(src, slot, rng.randint(pool.min_truncate_len(src), pool.slot_len(src)))
         elif op < 0.9 and length:
-            snaps.append(wrapped.snapshot(slot, rng.randint(1, length)))
+            snaps.append(wrapped.snapshot(slot, rng.randint(max(1, least), length)))
         elif snaps:
             wrapped.restore(slot, rng.choice(snaps))
         assert sub.live == expected_live(pool, BS)
     wrapped.check_integrity()
     assert sub.num_stored > 20 and sub.num_removed > 10  # the walk really exercised both
+
+
+def test_recurrent_slot_reports_only_the_blocks_it_can_resume_at():
+    # an extend-only slot can serve its whole record, never a prompt that diverges inside it
+    pool, wrapped, sub, _ = make_wrapped(recurrent=True)
+    feed(wrapped, 0, list(range(10)))  # 2 full blocks and a tail: it ends on no block boundary
+    assert sub.live == set() and len(wrapped.slot_hashes(0)) == 2
+    feed(wrapped, 0, [10, 11])  # 12 tokens: the last block ends where the slot does
+    chain = chain_hashes(np.arange(12, dtype=np.int32), BS)
+    assert wrapped.slot_hashes(0) == chain and sub.live == {chain[2]}
+    feed(wrapped, 0, [12])  # past it: block 2 can no longer be resumed at
+    assert sub.live == set() and sub.num_removed == 1
+    # a rollback ring of 3 states: cuts to 10..13 are exact, so block 2 (ends at 12) is reported
+    pool, wrapped, sub, _ = make_wrapped(recurrent=True, rollback=3)
+    feed(wrapped, 0, list(range(13)))
+    assert pool.min_truncate_len(0) == 10 and sub.live == {chain[2]}
+    wrapped.truncate(0, 12)
+    assert sub.live == {chain[2]}
+    wrapped.check_integrity()
 
 
 def test_full_state_resync_rebuilds_a_late_subscriber():

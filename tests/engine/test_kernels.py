@@ -215,14 +215,16 @@ def test_gemm_rows_independent_of_grouping(variant, type_name, n_rows):
 def test_vnni_gemm_identical_to_avx2(type_name, n_out, k):
     """avx512vnni (x86_gemm_x8.h with vpdpbusd) gives the avx2 variant's results bit for bit:
     the same exact integer sums, the same float operations per row. Every tile width 1..9 rows
-    (Q8_0: up to 8 rows on biased weights, 9 with the signs moved), row groups and the rows past
-    them (n_out % 8), an output sub-range, accumulate."""
+    (Q8_0: up to 8 rows on biased weights, 9 with the signs moved), and 17 and 29 rows: a prefill
+    chunk's 512-bit tiles over pairs of groups (x86_gemm_z16.h), two and three tiles of 8 and a
+    rest; row groups, a group left over from the pairs and the rows past them (n_out % 8), an
+    output sub-range starting at an odd group, accumulate."""
     avx2, vnni = _engine.KernelTable("avx2"), _engine.KernelTable("avx512vnni")
     raw, _ = weight_bytes(type_name, n_out, k, seed=n_out)
     if type_name == "Q8_0":
         raw[2:6] = [0x80, 0x7F, 0x80, 0x81]  # -128, 127, -128, -127: the int8 range's ends
     t = int(GGMLQuantizationType[type_name])
-    for n_rows in range(1, 10):
+    for n_rows in (*range(1, 10), 17, 29):
         x = rng(n_rows).standard_normal((n_rows, k)).astype(np.float32) * np.float32(4.0)
         x[0, :32] = 127.0  # a block at the activation range's end: largest integer sums
         q = avx2.quantize_q8a(x)

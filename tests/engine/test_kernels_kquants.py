@@ -132,13 +132,14 @@ def test_gemm_avx2_matches_generic(type_name, n_rows):
 @pytest.mark.parametrize("type_name", VNNI_TYPES)
 def test_gemm_vnni_identical_to_avx2(type_name):
     """avx512vnni (x86_gemm_k.h's vpdpbusd tiles) gives the avx2 variant's results bit for bit:
-    every tile width 1..9 rows and 17 (two tiles of 8 and a rest), row groups and the rows past
-    them, weights without row groups, an output sub-range with accumulate, activation blocks at
+    every tile width 1..9 rows, and 17 and 29 (a prefill chunk's 512-bit tiles over pairs of
+    groups, x86_gemm_z16.h: two and three tiles of 8 and a rest), row groups, a group left over
+    from the pairs and the rows past them, weights without row groups, an output sub-range with accumulate, activation blocks at
     the int8 range's ends; Q6_K also on rows long enough that its activation sums take two
     passes (40 rows of 8192)."""
     avx2, vnni = _engine.KernelTable("avx2"), _engine.KernelTable("avx512vnni")
     t = type_id(type_name)
-    cases = [(n_out, k, n_rows) for n_out, k in shapes(type_name) for n_rows in (*range(1, 10), 17)]
+    cases = [(n_out, k, n_rows) for n_out, k in shapes(type_name) for n_rows in (*range(1, 10), 17, 29)]
     if type_name == "Q6_K":
         cases.append((19, 256 * 32, 40))
     for n_out, k, n_rows in cases:

@@ -10,6 +10,9 @@
  * activation rows (a decode step of 8 slots) in one pass over each weight block; Q8_0 calls of
  * that size run on biased weights (x86_gemm_x8.h KIND_Q8_0_BIASED), one vpdpbusd per run and
  * row, after summing each activation block once per call.
+ * Calls of Z_MIN_ROWS rows or more (prefill) run their pairs of whole groups on 512-bit vectors
+ * (x86_gemm_z16.h: 16 weight rows per vector, the same per-lane operations) and only a group
+ * left over, or rows past the groups, on the 256-bit tiles.
  * Compiled for these extensions by pragma, as x86_avx2.c is for AVX2; dispatch.c hands these
  * functions out only when cpuid reports AVX512F, AVX512VL, AVX512BW and AVX512-VNNI too.
  */

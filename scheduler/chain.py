@@ -33,7 +33,12 @@ how the two threads raced. With the one-step bound that is at most one step's ro
 (1 + its draft), within the slack rows of a sliding-window ring and, since a recurrent pool
 drafts at most its rollback ring's length - 1 tokens, within that ring (`min_truncate_len`).
 (A request ended by a stop string inside the previous step's accepted draft may need more;
-the trim then stops at the floor and the slot keeps those exact extra rows.)
+the trim then stops at the floor and the slot keeps those exact extra rows.) A recurrent pool
+without a rollback ring cannot take back even one row, so a request with stop strings (which
+only the loop matches) is not chained there: its slot would keep the row of the token that
+completed the stop string, one more than the request's own, and a next turn that carries the
+reply without the stop string (or with it re-tokenized) could no longer extend the slot. A
+cancel can still land while the worker computes a row; such a slot keeps that row.
 
 Drafts: a chain carries speculative drafts (draft.py) as the loop's steps do. The worker
 verifies each drafted item and cuts its rejected rows itself (step.py), and builds the next
@@ -75,10 +80,11 @@ _POLL_MIN_S = 0.0005
 _POLLS = 5
 
 
-def can_chain(plan: StepPlan) -> bool:
+def can_chain(plan: StepPlan, *, rows_taken_back: bool = True) -> bool:
     """Whether the worker can run `plan` and the decode steps after it alone: no trims, captures
     or prepares, and every item a decode whose token the worker picks, of a request with no
-    capture point and no cancel pending."""
+    capture point and no cancel pending. Without `rows_taken_back` (the pool cannot cut a step
+    it ran past a request back off: recurrent, no rollback ring) no request with stop strings."""
     if plan.trims or plan.captures or plan.prepares:
         return False
     return all(
@@ -86,6 +92,7 @@ def can_chain(plan: StepPlan) -> bool:
         and e.owner.phase is Phase.DECODE
         and not e.owner.capture_points
         and not e.owner.cancel_requested
+        and (rows_taken_back or not e.owner.req.params.stop)
         for e in plan.items
     )
 

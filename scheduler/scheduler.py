@@ -167,6 +167,9 @@ class Scheduler:
         draft_max = config.draft_max or 0
         if pool.restored_min_truncate_len(1) >= 1:
             draft_max = min(draft_max, pool.rollback - 1)
+        # a chained step run past a request's end is cut back off its slot (chain.py), except on
+        # a recurrent pool without a rollback ring, which chains no request with stop strings
+        self._rows_taken_back = pool.restored_min_truncate_len(1) == 0 or pool.rollback >= 1
         self._drafter = (
             Drafter(draft_max, gate=config.spec_cost_gate, pool=NgramPool()) if draft_max >= 1 else None
         )
@@ -389,7 +392,12 @@ class Scheduler:
     def _chain_for(self, plan: StepPlan) -> DecodeChain | None:
         """A chain for `plan` if the worker can run it alone (`can_chain`) and nothing waits for
         the loop, else None."""
-        if not self._config.decode_chain or self._wake.is_set() or self._closing or not can_chain(plan):
+        if (
+            not self._config.decode_chain
+            or self._wake.is_set()
+            or self._closing
+            or not can_chain(plan, rows_taken_back=self._rows_taken_back)
+        ):
             return None
         return DecodeChain(plan, self._eos, self._pool.ctx_len, self._drafter)
 

@@ -223,6 +223,42 @@ async def test_a_stop_string_found_after_the_worker_computed_the_next_step(windo
     assert warm.tokens == reference_greedy(pool, nxt, 10)
 
 
+async def test_a_recurrent_slot_without_a_ring_ends_a_stop_string_on_the_requests_own_rows():
+    """A recurrent slot cannot be cut back: a request with stop strings is not chained there,
+    so the token that completed the stop string is never fed, and the next turn (the reply
+    without it) extends the slot. Requests without stop strings still chain."""
+    pool = make_pool(1, 512, recurrent=True)
+    prompt = prompt_of(60, 20)
+    ref = reference_greedy(pool, prompt, 40)
+    text = "".join(fake_token_bytes()[t].decode("latin-1") for t in ref)
+    m, stop = next(
+        (i + 1, text[i - 1 : i + 1])
+        for i in range(8, 40)
+        if ref[i - 1] >= 4
+        and ref[i] >= 4
+        and text[i - 1 : i + 1] not in text[:i]
+        and all(t < 60 for t in ref[: i + 1])
+    )
+    sink = RecordingSink()
+    params = SamplingParams(temperature=0, max_tokens=40, stop=(stop,))
+    async with make_scheduler(pool, stats_sink=sink) as sched:
+        h = sched.submit(make_request(prompt, params=params))
+        await wait_tokens(h, m - 1)
+        # hold the loop thread: a chain would now run steps m and m + 1 on its own
+        threading.Event().wait(0.5)
+        rest = await collect(h)
+        assert rest.finish.reason is FinishReason.STOP and rest.finish.completion_tokens == m
+        await sched.check_integrity()
+        assert chained(sink) == 0 and discarded(sink) == 0
+        live = 20 + m - 1  # the prompt and every generated token but the last
+        assert list(pool.record(0)) == prompt + ref[: m - 1]
+        nxt = prompt + ref[: m - 1] + prompt_of(61, 5)
+        warm = await run_one(sched, nxt, 10)
+        assert warm.finish.reuse.reused_tokens == live
+        assert chained(sink) > 0  # no stop strings: chained as on any pool
+    assert warm.tokens == reference_greedy(pool, nxt, 10)
+
+
 async def test_cancel_during_a_chain_is_acknowledged_and_the_slot_handed_on_exact():
     pool = make_pool(1, 512)
     sink = RecordingSink()

@@ -61,8 +61,12 @@ async def abandon_stream(client: httpx.AsyncClient, rng: random.Random) -> str:
 
 
 async def give_up(client: httpx.AsyncClient, rng: random.Random) -> str:
+    # the whole body is sent (connect and write have the client's 30 s): only the wait for the
+    # answer is cut short. The server may still see this client leave during its body: the
+    # handler reads a body already received only when it runs, and a disconnect comes first.
+    timeout = httpx.Timeout(30.0, read=rng.uniform(0.002, 0.05))
     try:
-        r = await client.post("/v1/chat/completions", json=body(rng, False), timeout=rng.uniform(0.002, 0.05))
+        r = await client.post("/v1/chat/completions", json=body(rng, False), timeout=timeout)
     except httpx.TimeoutException:
         return "gave up"
     return f"status {r.status_code}"
@@ -183,7 +187,7 @@ async def test_cancel_storm_leaves_every_slot_idle_and_gauges_at_zero(
         m = wait_idle(server.url)
         mid_body = 'slotserve_requests_total{outcome="cancelled",stage="gateway"}'
         deadline = time.monotonic() + 10  # a closed socket is noticed by the server a little later
-        while m[mid_body] != seen["left mid-body"] and time.monotonic() < deadline:
+        while m[mid_body] < seen["left mid-body"] and time.monotonic() < deadline:
             time.sleep(0.05)
             m = scrape(server.url)
         slots = httpx.get(server.url + "/slots", timeout=10).json()["data"]
@@ -205,7 +209,9 @@ async def test_cancel_storm_leaves_every_slot_idle_and_gauges_at_zero(
     assert cancels > 0
     scheduler_cancelled = m['slotserve_requests_total{outcome="cancelled",stage="scheduler"}']
     assert scheduler_cancelled == cancels  # every cancel acknowledged once, and counted once
-    assert m[mid_body] == seen["left mid-body"]
+    # every client that left during its body, and those giving up whose close the server saw
+    # before its handler read the body they had sent (it never reached the scheduler)
+    assert seen["left mid-body"] <= m[mid_body] <= seen["left mid-body"] + seen["gave up"]
     assert after['slotserve_requests_total{outcome="error",stage="scheduler"}'] == 0
     assert after['slotserve_requests_total{outcome="error",stage="gateway"}'] == 0
     assert warm == await cold_answer(pool_options, model, tmp_path)  # no slot was left corrupted

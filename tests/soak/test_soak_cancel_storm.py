@@ -3,7 +3,9 @@ plain requests, leave in the middle of their bodies, or run to the end, all at o
 every slot is idle, every level gauge reads zero, the cancels were acknowledged and counted, and
 the server answers a greedy request exactly as a cold server does. Run over full KV and over
 recurrent state (FakeSlotPool(recurrent=True): slots that can only be extended or restored), and
-over the real engine with recurrent state (`slotserve serve` on the tiny qwen35 fixture)."""
+over the real engine with recurrent state (`slotserve serve` on the tiny qwen35 fixture); each
+of full KV, the fake recurrent state and qwen35 also with speculative drafts verified in its
+steps (the recurrent ones cut back through a rollback ring)."""
 
 from __future__ import annotations
 
@@ -149,10 +151,11 @@ def storm_server(
 ) -> Iterator[tuple[ServerProcess, Path | None]]:
     """The fake engine (full KV or recurrent) in a server process, or `slotserve serve` on the
     tiny qwen35 fixture (recurrent state on the real engine), 3 slots, queue 16."""
-    if kind == "qwen35":
+    if kind.startswith("qwen35"):
         model: Path = request.getfixturevalue("qwen35_model_factory")("Q8_0")
+        spec = ("--speculative", "ngram") if kind.endswith("speculative") else ()
         server = start_serve(
-            tmp_path / "serve.log", serve_argv(model, "--parallel", "3", "--max-queue", "16")
+            tmp_path / "serve.log", serve_argv(model, "--parallel", "3", "--max-queue", "16", *spec)
         )
         try:
             yield server, model
@@ -162,7 +165,9 @@ def storm_server(
                 server.proc.wait()
         return
     runtime = {"num_slots": 3, "ctx_len": 1024, "max_queue": 16, "pool_options": POOLS[kind]}
-    if kind == "speculative":  # drafts verified in every step: cancels land between draft and verification
+    if kind.startswith(
+        "speculative"
+    ):  # drafts verified in every step: cancels land between draft and verification
         runtime.update(draft_max=6, spec_cost_gate=False)
     with fake_server(tmp_path, runtime=runtime, config={"max_tokens_limit": 64}, step_s=0.002) as server:
         yield server, None
@@ -173,11 +178,15 @@ POOLS = {
     "kv": {},
     "recurrent": {"recurrent": True},
     "qwen35": {"recurrent": True},
+    # drafts on the real engine's recurrent state: its pool keeps --draft-max + 1 = 9 states
+    "qwen35-speculative": {"recurrent": True, "rollback": 9},
     "speculative": {"copy_bias": 12.0},
+    # the same on a recurrent state, whose rejected rows are cut back through its rollback ring
+    "speculative-recurrent": {"copy_bias": 12.0, "recurrent": True, "rollback": 7},
 }
 
 
-@pytest.mark.parametrize("kind", ["kv", "recurrent", "qwen35", "speculative"])
+@pytest.mark.parametrize("kind", sorted(POOLS))
 async def test_cancel_storm_leaves_every_slot_idle_and_gauges_at_zero(
     soak_seconds: float, tmp_path: Path, kind: str, request: pytest.FixtureRequest
 ) -> None:
@@ -215,11 +224,17 @@ async def test_cancel_storm_leaves_every_slot_idle_and_gauges_at_zero(
     assert after['slotserve_requests_total{outcome="error",stage="scheduler"}'] == 0
     assert after['slotserve_requests_total{outcome="error",stage="gateway"}'] == 0
     assert warm == await cold_answer(pool_options, model, tmp_path)  # no slot was left corrupted
-    if kind == "speculative":  # (the cold answer drafted nothing)
+    if kind.startswith("speculative"):  # (the cold answer drafted nothing)
         assert m["slotserve_spec_drafted_tokens_total"] > 0 and m["slotserve_spec_accepted_tokens_total"] > 0
+    if kind == "qwen35-speculative":  # (random weights: drafts are seldom right, but they are verified)
+        assert m["slotserve_spec_drafted_tokens_total"] > 0
     assert again["choices"][0]["message"]["content"] == warm
-    # a resend: rewound (full KV), or restored from the prompt_end checkpoint at L - 1 (recurrent)
+    # a resend: rewound (full KV, or a rollback ring that reaches back past the answer), or
+    # restored from the prompt_end checkpoint at L - 1 (recurrent)
     reused = (again["slotserve"]["reuse_source"], again["slotserve"]["prefilled_tokens"])
-    assert reused == (("checkpoint_memory" if pool_options.get("recurrent") else "rewind"), 1), reused
+    sources = ("checkpoint_memory", "rewind") if pool_options.get("rollback") else ("rewind",)
+    if pool_options.get("recurrent") and not pool_options.get("rollback"):
+        sources = ("checkpoint_memory",)
+    assert reused[0] in sources and reused[1] == 1, reused
     text = server.log.read_text()
     assert "Traceback" not in text and "ERROR" not in text, text[-3000:]

@@ -76,7 +76,7 @@ static const kernel_table generic_table = {
         [GGML_TYPE_Q4_1] = dequantize_row_q4_1_avx2,                                               \
         K_DEQUANTIZE_AVX2                                                                          \
     },                                                                                             \
-    .attention_chunk = attention_chunk_avx2, .attention_fold = attention_fold_avx2,                \
+    .attention_chunk = attention_chunk_avx2_tiles, .attention_fold = attention_fold_avx2,                \
     .rmsnorm = rmsnorm_avx2, .rope = rope_avx2, .rope_neox = rope_neox_avx2,                       \
     .silu_mul = silu_mul_avx2, .gelu_tanh_mul = gelu_tanh_mul_avx2, .exp = exp_avx2,               \
     .f32_to_f16 = f32_to_f16_avx2, .f16_to_f32 = f16_to_f32_avx2,                                  \

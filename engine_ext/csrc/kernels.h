@@ -216,6 +216,10 @@ void gemm_q4_1_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, con
 void attention_chunk_avx2(float *acc, int lda, float *ml, const float *q, int ldq, const void *k,
                           const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim,
                           float scale, int window, int chunk, float *scratch);
+/* The same in query tiles for calls of several rows (arch/x86_avx2_attn.c), bit-identical. */
+void attention_chunk_avx2_tiles(float *acc, int lda, float *ml, const float *q, int ldq, const void *k,
+                                const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim,
+                                float scale, int window, int chunk, float *scratch);
 void attention_fold_avx2(float *acc, int lda, float *ml, const float *pacc, int ldp, const float *pml,
                          int n_q, int group, int head_dim);
 void rmsnorm_avx2(float *out, const float *x, const float *w, int n, float eps);

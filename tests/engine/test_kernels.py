@@ -385,39 +385,52 @@ def test_attention_query_rows_independent(variant):
         assert np.array_equal(alone[0], together[i]), f"row {i}"
 
 
-@needs_vnni
 @pytest.mark.parametrize("kv", ["f16", "f32", "q8_0"])
 @pytest.mark.parametrize("head_dim, group", [(64, 7), (256, 4), (32, 2), (24, 3), (128, 5), (96, 1)])
 @pytest.mark.parametrize(
     "pos0, n_q, window",
     [(0, 9, 0), (29, 5, 0), (70, 16, 0), (600, 64, 0), (300, 7, 40), (530, 9, 512), (1000, 3, 33)],
 )
-def test_attention_avx512_query_tiles_equal_avx2(kv, head_dim, group, pos0, n_q, window):
-    """avx512vnni's attention (arch/x86_avx512_attn.c: key and value blocks converted once, query
-    rows x heads in tiles, rows at the causal diagonal or a window edge tiled only with rows of
-    the same key range) gives the avx2 kernel's results bit for bit: f16, f32 and q8_0 KV, head
-    sizes that are not a multiple of 16, the U = 2 and U = 4 head classes of a group of 7 or 5,
-    and windows inside and across chunks."""
+def test_attention_query_tiles_equal_the_row_kernel(kv, head_dim, group, pos0, n_q, window):
+    """The query-tile kernels (arch/x86_attn_tiles.h: key and value blocks converted once per
+    call, rows x heads in register tiles; AVX2 and AVX-512) give the row-at-a-time AVX2 kernel's
+    results bit for bit: each row of a tiled call equals that row alone (a one-row call is the
+    row kernel's), and avx512vnni equals avx2. f16, f32 and q8_0 KV, head sizes that are not a
+    multiple of 16, both partial-sum classes of a group of 7 or 5, windows inside and across
+    chunks, rows at the causal diagonal."""
+    if not _engine.avx2_supported():
+        pytest.skip("no AVX2")
     if kv == "q8_0" and head_dim % 32:
         pytest.skip("q8_0 needs head_dim % 32 == 0")
-    n_q = max(1, min(n_q, 64 // group))
+    n_q = max(2, min(n_q, 64 // group))
     r = rng(pos0 + 7 * n_q + head_dim + group)
     n_keys = pos0 + n_q + 3
     q = r.standard_normal((n_q, group * head_dim)).astype(np.float32)
-    avx2, avx512 = _engine.KernelTable("avx2"), _engine.KernelTable("avx512vnni")
     scale = head_dim**-0.5
     if kv == "q8_0":
         k_raw, _ = q8_0_rows(r.standard_normal((n_keys, head_dim)) * 0.7)
         v_raw, _ = q8_0_rows(r.standard_normal((n_keys, head_dim)))
-        want = avx2.attention_q8(q, k_raw, v_raw, pos0, group, head_dim, scale, window)
-        got = avx512.attention_q8(q, k_raw, v_raw, pos0, group, head_dim, scale, window)
+
+        def attend(kt, qs, p0):
+            return kt.attention_q8(qs, k_raw, v_raw, p0, group, head_dim, scale, window)
     else:
         t = np.float16 if kv == "f16" else np.float32
         k = (r.standard_normal((n_keys, head_dim)) * 0.7).astype(t)
         v = r.standard_normal((n_keys, head_dim)).astype(t)
-        want = avx2.attention(q, k, v, pos0, group, head_dim, scale, window=window)
-        got = avx512.attention(q, k, v, pos0, group, head_dim, scale, window=window)
-    assert np.array_equal(got, want), f"largest difference {np.abs(got - want).max()}"
+
+        def attend(kt, qs, p0):
+            return kt.attention(qs, k, v, p0, group, head_dim, scale, window=window)
+
+    variants = ["avx2"] + (["avx512vnni"] if _engine.avx512vnni_supported() else [])
+    together = {}
+    for name in variants:
+        kt = _engine.KernelTable(name)
+        together[name] = attend(kt, q, pos0)
+        for i in range(n_q):
+            alone = attend(kt, q[i : i + 1].copy(), pos0 + i)
+            assert np.array_equal(alone[0], together[name][i]), f"{name} row {i}"
+    if len(variants) == 2:
+        assert np.array_equal(together["avx512vnni"], together["avx2"])
 
 
 # ---- norm, rope, element-wise ---------------------------------------------------------------

@@ -4,8 +4,8 @@
  * stays portable; dispatch.c only hands these functions out when cpuid reports AVX2, FMA and
  * F16C. Each kernel keeps one fixed per-row sequence of operations however many rows it is
  * given (see the NOTE in kernels.h): the row-tiled matmul micro-kernels are one function body
- * instantiated for 1..GEMM_TILE rows, and attention walks keys in blocks aligned to absolute
- * positions.
+ * instantiated for 1..GEMM_TILE rows. Attention's AVX2 kernels live in x86_avx2_attn.c, the
+ * math they share with this file in x86_avx2_math.h.
  */
 #if defined(__x86_64__) || defined(__i386__)
 
@@ -17,20 +17,12 @@
 
 #include "../fp16.h"
 #include "../kernels.h"
-#include "../kv_q8.h"
+#include "x86_avx2_math.h"
 
 #define GEMM_TILE 4        /* activation rows per micro-kernel call */
 #define MAX_BLOCKS (MAX_ROW_LEN / QK) /* blocks of the longest row (kernels.h) */
-#define ATTN_KEY_BLOCK 32  /* keys per attention block (aligned to absolute positions) */
 
-/* ---- helpers --------------------------------------------------------------------------- */
-
-static inline float hsum256(__m256 v) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
-    return _mm_cvtss_f32(x);
-}
+/* ---- helpers (and x86_avx2_math.h) ---------------------------------------------------- */
 
 /* dot(a, b) over n floats: 8-lane FMA chunks, lane sum, then the scalar tail in order. */
 static inline float dot_f32(const float *a, const float *b, int n) {
@@ -42,39 +34,6 @@ static inline float dot_f32(const float *a, const float *b, int n) {
     return s;
 }
 
-/* exp(x), Cephes-style: x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial, scale by 2^n.
- * Inputs are clamped to [-87.3, 88.0] (outputs ~1e-38 .. 1.6e38); about 2 ulp. */
-static inline __m256 exp256(__m256 x) {
-    x = _mm256_min_ps(x, _mm256_set1_ps(88.0f));
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500E-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-static inline float exp1(float x) {
-    float buf[8] = {x};
-    _mm256_storeu_ps(buf, exp256(_mm256_loadu_ps(buf)));
-    return buf[0];
-}
-
-/* all-ones lanes i with a <= i < b, zero elsewhere */
-static inline __m256 lane_range(int a, int b) {
-    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    __m256i hi = _mm256_cmpgt_epi32(_mm256_set1_epi32(b), idx);
-    __m256i lo = _mm256_cmpgt_epi32(_mm256_set1_epi32(a), idx); /* i < a */
-    return _mm256_castsi256_ps(_mm256_andnot_si256(lo, hi));
-}
 
 /* ---- conversions, quantization, decoding ------------------------------------------------ */
 
@@ -329,242 +288,6 @@ void gemm_f32_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, cons
 
 void gemm_f16_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate) {
     gemm_float(1, y, ldy, w, o0, o1, x, n_rows, accumulate);
-}
-
-/* ---- attention --------------------------------------------------------------------------- */
-
-#define HEAD_BATCH 4 /* query heads of one kv head whose scores share each loaded key vector */
-
-/* Scores of 8 keys (one key block) for NH heads: s[h] lane j = q_h . key j. Per (head, key) the
- * sum runs over d in U interleaved partial sums (U = 4, or 2 for a batch of 4 heads so the
- * partials fit the 16 registers), combined as (p0 + p1) + (p2 + p3), or p0 + p1.
- * NOTE: pointer-stepped loops (no index arithmetic per load): this loop is the kernel's hot path. */
-static inline __attribute__((always_inline)) void block_scores(
-    const int NH, const int F16, __m256 *s, const float *const *qh, const void *kblock, int hd) {
-    const int U = NH > 3 ? 2 : 4;
-    __m256 part[HEAD_BATCH][4];
-    for (int h = 0; h < NH; h++)
-        for (int u = 0; u < U; u++) part[h][u] = _mm256_setzero_ps();
-    const uint16_t *kh = (const uint16_t *)kblock;
-    const float *kf = (const float *)kblock;
-    const float *q0 = qh[0], *q1 = NH > 1 ? qh[1] : qh[0], *q2 = NH > 2 ? qh[2] : qh[0], *q3 = NH > 3 ? qh[3] : qh[0];
-    if (F16 == KV_Q8_0) { /* per group of 32 dims: 8 lanes' scales, then int8 lanes dim by dim (kv_q8.h) */
-        const uint8_t *kq = (const uint8_t *)kblock;
-        for (int g = 0; g < hd / KV_Q8_BLOCK; g++) {
-            const __m256 dsc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)kq));
-            kq += 2 * KEY_LANES;
-            for (int d = 0; d < KV_Q8_BLOCK; d += U, kq += U * KEY_LANES, q0 += U, q1 += U, q2 += U, q3 += U)
-                for (int u = 0; u < U; u++) {
-                    const __m256i k8 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(kq + u * KEY_LANES)));
-                    const __m256 kt = _mm256_mul_ps(_mm256_cvtepi32_ps(k8), dsc);
-                    part[0][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q0 + u), kt, part[0][u]);
-                    if (NH > 1) part[1][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q1 + u), kt, part[1][u]);
-                    if (NH > 2) part[2][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q2 + u), kt, part[2][u]);
-                    if (NH > 3) part[3][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q3 + u), kt, part[3][u]);
-                }
-        }
-    } else
-    for (int d = 0; d < hd; d += U, kh += U * KEY_LANES, kf += U * KEY_LANES, q0 += U, q1 += U, q2 += U, q3 += U)
-        for (int u = 0; u < U; u++) {
-            const __m256 kt = F16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kh + u * KEY_LANES)))
-                                  : _mm256_loadu_ps(kf + u * KEY_LANES);
-            part[0][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q0 + u), kt, part[0][u]);
-            if (NH > 1) part[1][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q1 + u), kt, part[1][u]);
-            if (NH > 2) part[2][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q2 + u), kt, part[2][u]);
-            if (NH > 3) part[3][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q3 + u), kt, part[3][u]);
-        }
-    for (int h = 0; h < NH; h++)
-        s[h] = U == 2 ? _mm256_add_ps(part[h][0], part[h][1])
-                      : _mm256_add_ps(_mm256_add_ps(part[h][0], part[h][1]), _mm256_add_ps(part[h][2], part[h][3]));
-}
-
-/* acc_h[chunks c0..c0+NC) = acc_h * corr_h + sum_j p_h[j] v[j] for NH heads: keys in order. */
-static inline __attribute__((always_inline)) void block_values(
-    const int NH, const int NC, const int F16, float *const *ah, const float *corr, const float *p,
-    int p_stride, const void *v, int t0, int nv, int hd, int c0) {
-    __m256 a[HEAD_BATCH][4];
-    for (int h = 0; h < NH; h++)
-        for (int c = 0; c < NC; c++)
-            a[h][c] = _mm256_mul_ps(_mm256_loadu_ps(ah[h] + 8 * (c0 + c)), _mm256_set1_ps(corr[h]));
-    const uint16_t *vh = (const uint16_t *)v + (size_t)t0 * hd + 8 * c0;
-    const float *vf = (const float *)v + (size_t)t0 * hd + 8 * c0;
-    const float *p0 = p, *p1 = p + p_stride, *p2 = p + 2 * p_stride, *p3 = p + 3 * p_stride;
-    if (F16 == KV_Q8_0) { /* rows of blocks [d][q x 32]: chunk c is 8 values of block c / 4 */
-        const size_t rb = kv_q8_row_bytes(hd);
-        const uint8_t *vq = (const uint8_t *)v + (size_t)t0 * rb;
-        for (int j = 0; j < nv; j++, vq += rb) {
-            const __m256 pj0 = _mm256_broadcast_ss(p0 + j);
-            const __m256 pj1 = NH > 1 ? _mm256_broadcast_ss(p1 + j) : pj0;
-            const __m256 pj2 = NH > 2 ? _mm256_broadcast_ss(p2 + j) : pj0;
-            const __m256 pj3 = NH > 3 ? _mm256_broadcast_ss(p3 + j) : pj0;
-            for (int c = 0; c < NC; c++) {
-                const uint8_t *blk = vq + (size_t)((c0 + c) / 4) * KV_Q8_BLOCK_BYTES;
-                uint16_t dh;
-                memcpy(&dh, blk, 2);
-                const __m256i v8 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * ((c0 + c) % 4))));
-                const __m256 vc = _mm256_mul_ps(_mm256_cvtepi32_ps(v8), _mm256_set1_ps(_cvtsh_ss(dh)));
-                a[0][c] = _mm256_fmadd_ps(pj0, vc, a[0][c]);
-                if (NH > 1) a[1][c] = _mm256_fmadd_ps(pj1, vc, a[1][c]);
-                if (NH > 2) a[2][c] = _mm256_fmadd_ps(pj2, vc, a[2][c]);
-                if (NH > 3) a[3][c] = _mm256_fmadd_ps(pj3, vc, a[3][c]);
-            }
-        }
-    } else
-    for (int j = 0; j < nv; j++, vh += hd, vf += hd) {
-        const __m256 pj0 = _mm256_broadcast_ss(p0 + j);
-        const __m256 pj1 = NH > 1 ? _mm256_broadcast_ss(p1 + j) : pj0;
-        const __m256 pj2 = NH > 2 ? _mm256_broadcast_ss(p2 + j) : pj0;
-        const __m256 pj3 = NH > 3 ? _mm256_broadcast_ss(p3 + j) : pj0;
-        for (int c = 0; c < NC; c++) {
-            const __m256 vc = F16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vh + 8 * c))) : _mm256_loadu_ps(vf + 8 * c);
-            a[0][c] = _mm256_fmadd_ps(pj0, vc, a[0][c]);
-            if (NH > 1) a[1][c] = _mm256_fmadd_ps(pj1, vc, a[1][c]);
-            if (NH > 2) a[2][c] = _mm256_fmadd_ps(pj2, vc, a[2][c]);
-            if (NH > 3) a[3][c] = _mm256_fmadd_ps(pj3, vc, a[3][c]);
-        }
-    }
-    for (int h = 0; h < NH; h++)
-        for (int c = 0; c < NC; c++) _mm256_storeu_ps(ah[h] + 8 * (c0 + c), a[h][c]);
-}
-
-/* One (query row, batch of NH heads) against keys [t0 + lo, t0 + nv) of a block of ATTN_KEY_BLOCK
- * (keys before t0 + lo lie outside a sliding window: probability exactly 0):
- * scores, online-softmax update of (m, l), value accumulation. sc: [HEAD_BATCH][ATTN_KEY_BLOCK]. */
-static inline __attribute__((always_inline)) void attend_block(
-    const int NH, const int F16, const float *const *qh, float *const *ah, float *const *st, const void *k,
-    const void *v, int t0, int lo, int nv, int hd, float scale, float *sc) {
-    const __m256 vscale = _mm256_set1_ps(scale);
-    __m256 vmax[HEAD_BATCH];
-    for (int h = 0; h < NH; h++) vmax[h] = _mm256_set1_ps(-INFINITY);
-    for (int j = 0; j < nv; j += KEY_LANES) {
-        __m256 s[HEAD_BATCH];
-        const size_t kb_off = F16 == KV_Q8_0 ? (size_t)(t0 + j) / KEY_LANES * KEY_LANES * kv_q8_row_bytes(hd)
-                                             : key_index(t0 + j, 0, hd) * (F16 ? 2 : 4);
-        block_scores(NH, F16, s, qh, (const char *)k + kb_off, hd);
-        const __m256 valid = lane_range(lo - j, nv - j);
-        for (int h = 0; h < NH; h++) {
-            s[h] = _mm256_mul_ps(s[h], vscale);
-            _mm256_storeu_ps(sc + h * ATTN_KEY_BLOCK + j, s[h]);
-            vmax[h] = _mm256_max_ps(vmax[h], _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), s[h], valid));
-        }
-    }
-    float corr[HEAD_BATCH];
-    for (int h = 0; h < NH; h++) {
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax[h]), _mm256_extractf128_ps(vmax[h], 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
-        const float bm = _mm_cvtss_f32(m4);
-        const float m_new = st[h][0] > bm ? st[h][0] : bm;
-        corr[h] = st[h][0] == -INFINITY ? 0.0f : exp1(st[h][0] - m_new);
-        const __m256 vm = _mm256_set1_ps(m_new);
-        __m256 lsum = _mm256_setzero_ps();
-        float *p = sc + h * ATTN_KEY_BLOCK;
-        for (int j = 0; j < nv; j += 8) {
-            __m256 e = _mm256_and_ps(exp256(_mm256_sub_ps(_mm256_loadu_ps(p + j), vm)), lane_range(lo - j, nv - j));
-            _mm256_storeu_ps(p + j, e);
-            lsum = _mm256_add_ps(lsum, e);
-        }
-        st[h][1] = st[h][1] * corr[h] + hsum256(lsum);
-        st[h][0] = m_new;
-    }
-    int c = 0;
-    const int n_chunks = hd / 8;
-    /* NOTE: 3 or 4 heads x 2 chunks of accumulators fit the 16 registers with the broadcasts;
-     * 3 x 4 would not: GCC spills one accumulator, and every key then waits on a store and a
-     * reload (it was a third of a decode step's attention time). Per element the operations
-     * are the same however the chunks are grouped. */
-    if (NH > 2)
-        for (; c + 2 <= n_chunks; c += 2) block_values(NH, 2, F16, ah, corr, sc, ATTN_KEY_BLOCK, v, t0, nv, hd, c);
-    for (; c + 4 <= n_chunks; c += 4) block_values(NH, 4, F16, ah, corr, sc, ATTN_KEY_BLOCK, v, t0, nv, hd, c);
-    switch (n_chunks - c) {
-    case 1: block_values(NH, 1, F16, ah, corr, sc, ATTN_KEY_BLOCK, v, t0, nv, hd, c); break;
-    case 2: block_values(NH, 2, F16, ah, corr, sc, ATTN_KEY_BLOCK, v, t0, nv, hd, c); break;
-    case 3: block_values(NH, 3, F16, ah, corr, sc, ATTN_KEY_BLOCK, v, t0, nv, hd, c); break;
-    default: break;
-    }
-}
-
-/* One chunk (kernels.h): online softmax over key blocks [t0, t0 + ATTN_KEY_BLOCK) aligned to
- * absolute positions; state (m, l) in ml, the unnormalised output in acc. Keys are read in
- * their blocked layout (no conversion pass: f16 lanes convert in registers), and each loaded
- * key vector serves up to HEAD_BATCH query heads. */
-void attention_chunk_avx2(float *acc, int lda, float *ml, const float *q, int ldq, const void *k,
-                          const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim,
-                          float scale, int window, int chunk, float *scratch) {
-    if (head_dim % 8 != 0 || (kv_f16 == KV_Q8_0 && head_dim % KV_Q8_BLOCK != 0)) {
-        attention_chunk_generic(acc, lda, ml, q, ldq, k, v, kv_f16, pos0, n_q, group, head_dim, scale, window,
-                                chunk, scratch);
-        return;
-    }
-    const int KB = ATTN_KEY_BLOCK, hd = head_dim;
-    float *sc = scratch; /* [HEAD_BATCH][KB] scores, then probabilities */
-    const int c0 = chunk * ATTN_CHUNK;
-    const int c1 = pos0 + n_q < c0 + ATTN_CHUNK ? pos0 + n_q : c0 + ATTN_CHUNK; /* keys any row needs */
-    for (int i = 0; i < n_q; i++)
-        for (int g = 0; g < group; g++) {
-            memset(acc + (size_t)i * lda + (size_t)g * hd, 0, sizeof(float) * hd);
-            ml[2 * (i * group + g)] = -INFINITY;
-            ml[2 * (i * group + g) + 1] = 0.0f;
-        }
-    /* with a window, blocks wholly before every row's window are skipped */
-    const int first = window > 0 && pos0 - window + 1 > c0 ? c0 + (pos0 - window + 1 - c0) / KB * KB : c0;
-    for (int t0 = first; t0 < c1; t0 += KB) {
-        const int nk = c1 - t0 < KB ? c1 - t0 : KB;
-        for (int i = 0; i < n_q; i++) {
-            const int pos = pos0 + i;
-            if (pos < t0) continue;
-            const int lo = window > 0 && pos - window + 1 > t0 ? pos - window + 1 - t0 : 0; /* first key in window */
-            if (lo >= KB) continue;
-            const int nv = pos + 1 - t0 < nk ? pos + 1 - t0 : nk; /* valid keys in block */
-            for (int h0 = 0; h0 < group; h0 += HEAD_BATCH) {
-                const int nh = group - h0 < HEAD_BATCH ? group - h0 : HEAD_BATCH;
-                const float *qh[HEAD_BATCH];
-                float *ah[HEAD_BATCH], *st[HEAD_BATCH];
-                for (int h = 0; h < nh; h++) {
-                    qh[h] = q + (size_t)i * ldq + (size_t)(h0 + h) * hd;
-                    ah[h] = acc + (size_t)i * lda + (size_t)(h0 + h) * hd;
-                    st[h] = ml + 2 * (i * group + h0 + h);
-                }
-                if (kv_f16 == KV_Q8_0) {
-                    if (nh == 4) attend_block(4, KV_Q8_0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
-                    else if (nh == 3) attend_block(3, KV_Q8_0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
-                    else if (nh == 2) attend_block(2, KV_Q8_0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
-                    else attend_block(1, KV_Q8_0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
-                } else if (kv_f16) {
-                    if (nh == 4) attend_block(4, 1, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
-                    else if (nh == 3) attend_block(3, 1, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
-                    else if (nh == 2) attend_block(2, 1, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
-                    else attend_block(1, 1, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
-                } else {
-                    if (nh == 4) attend_block(4, 0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
-                    else if (nh == 3) attend_block(3, 0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
-                    else if (nh == 2) attend_block(2, 0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
-                    else attend_block(1, 0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
-                }
-            }
-        }
-    }
-}
-
-void attention_fold_avx2(float *acc, int lda, float *ml, const float *pacc, int ldp, const float *pml,
-                         int n_q, int group, int head_dim) {
-    for (int i = 0; i < n_q; i++)
-        for (int g = 0; g < group; g++) {
-            float *st = ml + 2 * (i * group + g);
-            const float *pst = pml + 2 * (i * group + g);
-            if (pst[0] == -INFINITY) continue; /* empty partial */
-            float *ah = acc + (size_t)i * lda + (size_t)g * head_dim;
-            const float *ph = pacc + (size_t)i * ldp + (size_t)g * head_dim;
-            const float m = st[0] > pst[0] ? st[0] : pst[0];
-            const float a = st[0] == -INFINITY ? 0.0f : exp1(st[0] - m), b = exp1(pst[0] - m);
-            const __m256 va = _mm256_set1_ps(a), vb = _mm256_set1_ps(b);
-            int j = 0;
-            for (; j + 8 <= head_dim; j += 8)
-                _mm256_storeu_ps(ah + j, _mm256_fmadd_ps(_mm256_loadu_ps(ph + j), vb, _mm256_mul_ps(_mm256_loadu_ps(ah + j), va)));
-            for (; j < head_dim; j++) ah[j] = ah[j] * a + ph[j] * b;
-            st[0] = m;
-            st[1] = st[1] * a + pst[1] * b;
-        }
 }
 
 /* ---- norm, rope, element-wise ------------------------------------------------------------ */

@@ -358,7 +358,7 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = read_model(path)
     ctx_len = max(*sizes.prefill, sizes.depth + sizes.decode_steps, long_len) + 16
     if depths:
-        ctx_len = max(max(depths) + max(DEPTH_PREFILL, sizes.decode_steps), long_len) + 16
+        ctx_len = max(max(depths) + DEPTH_PREFILL, long_len) + 16
     info: dict[str, Any] = {"model": str(path), "machine": machine(), "command": "slotserve bench engine"}
     if args.synthetic:
         info["synthetic"] = args.synthetic
@@ -396,7 +396,7 @@ def run(args: argparse.Namespace) -> int:
     for t in threads:
         if depths:
             pool = SlotPool(model, 1, ctx_len, threads=t, **kv)
-            figures = measure_depth(pool, model.config.n_vocab, args.reps, depths, steps=sizes.decode_steps)
+            figures = measure_depth(pool, model.config.n_vocab, args.reps, depths)
             del pool
             info["results"][f"threads={t}"] = {k: round(v, 1) for k, v in figures.items()}
             if not args.json:

@@ -202,7 +202,7 @@ def test_bench_engine_depth_measures_prefill_and_decode_after_n_tokens(tmp_path,
         info = json.loads(capsys.readouterr().out)
         assert info["kv_type"] == kv
         results = info["results"]["threads=1"]
-        assert set(results) == {"pp512_d40", "tg4_d40", "pp512_d0", "tg4_d0"}
+        assert set(results) == {"pp512_d40", "tg128_d40", "pp512_d0", "tg128_d0"}
         assert all(v > 0 for v in results.values())
         sizes[kv] = info["kv_bytes_per_slot"]
     assert 0.5 < sizes["q8_0"] / sizes["f16"] < 0.6  # 34 bytes a 32-value block against 64

@@ -139,6 +139,7 @@ cdef class Engine:
         m.n_expert_used = moe.n_expert_used if moe is not None else 0
         m.expert_ffn = moe.expert_ffn if moe is not None else 0
         m.expert_norm = moe.norm_weights if moe is not None else 0
+        m.qk_norm_full = cfg.qk_norm_full
         m.release_rows = bool(getattr(model_file, "read_only_map", False))
         # zeroed: the weights a layer's kind lacks stay empty (NULL rows)
         cdef layer_weights *layers = <layer_weights *>calloc(cfg.n_layers, sizeof(layer_weights))
@@ -189,8 +190,9 @@ cdef class Engine:
                 layers[i].bq = _f32_opt(t, p + "attn_q.bias", cfg.n_heads * cfg.head_dim)
                 layers[i].bk = _f32_opt(t, p + "attn_k.bias", cfg.n_kv_heads * cfg.head_dim)
                 layers[i].bv = _f32_opt(t, p + "attn_v.bias", cfg.n_kv_heads * cfg.head_dim)
-                layers[i].q_norm = _f32_opt(t, p + "attn_q_norm.weight", cfg.head_dim)
-                layers[i].k_norm = _f32_opt(t, p + "attn_k_norm.weight", cfg.head_dim)
+                qn, kn = (cfg.n_heads, cfg.n_kv_heads) if cfg.qk_norm_full else (1, 1)
+                layers[i].q_norm = _f32_opt(t, p + "attn_q_norm.weight", qn * cfg.head_dim)
+                layers[i].k_norm = _f32_opt(t, p + "attn_k_norm.weight", kn * cfg.head_dim)
                 layers[i].attn_output = _weight(t[p + "attn_output.weight"])
                 if cfg.post_norms:
                     layers[i].post_attn_norm = _f32(t[p + "post_attention_norm.weight"], cfg.dim)

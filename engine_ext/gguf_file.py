@@ -3,7 +3,7 @@
 Design: `load_model_file` parses the file with the `gguf` package's GGUFReader over a read-only
 memory map and checks everything the engine relies on before any C code sees a pointer: a
 supported architecture (`ARCHITECTURES`: llama, qwen2, qwen3, gemma3, lfm2, qwen35, qwen3moe,
-qwen2moe), tensor types the kernels
+qwen2moe, olmoe), tensor types the kernels
 implement, every required tensor present, every shape consistent with the config. One
 `ModelConfig` describes every architecture: the `{arch}.*` hyper-parameters plus the switches
 (rope mode, activation, biases, q/k norms, post-norms, embedding scale) and per-layer arrays
@@ -109,6 +109,7 @@ class ArchSpec:
     activation: Activation
     qkv_bias: bool = False  # attn_{q,k,v}.bias added after the matmuls
     qk_norm: bool = False  # attn_{q,k}_norm: rmsnorm per head before RoPE
+    qk_norm_full: bool = False  # olmoe: the q, k norms over the whole projection, not per head
     post_norms: bool = False  # post_attention_norm, post_ffw_norm before each residual add
     embed_scaled: bool = False  # embeddings multiplied by sqrt(dim)
     sliding_window: bool = False  # {arch}.attention.sliding_window on SWA_PATTERN - 1 of SWA_PATTERN layers
@@ -118,6 +119,7 @@ class ArchSpec:
     moe: bool = False  # mixture-of-experts FFN on every layer (ffn_gate_inp, ffn_*_exps)
     shared_expert: bool = False  # qwen2moe: ffn_*_shexp scaled by sigmoid(ffn_gate_inp_shexp . h)
     expert_norm: bool = False  # qwen3moe: the chosen experts' weights renormalised to sum 1
+    experts_ffn_wide: bool = False  # olmoe: experts of feed_forward_length (llama.cpp's n_ff)
 
 
 ARCHITECTURES: dict[str, ArchSpec] = {
@@ -136,6 +138,9 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "qwen35": ArchSpec(RopeMode.NEOX, Activation.SILU, qk_norm=True, deltanet=True),
     "qwen3moe": ArchSpec(RopeMode.NEOX, Activation.SILU, qk_norm=True, moe=True, expert_norm=True),
     "qwen2moe": ArchSpec(RopeMode.NEOX, Activation.SILU, qkv_bias=True, moe=True, shared_expert=True),
+    "olmoe": ArchSpec(
+        RopeMode.NEOX, Activation.SILU, qk_norm=True, qk_norm_full=True, moe=True, experts_ffn_wide=True
+    ),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 
@@ -181,7 +186,8 @@ class MoeConfig:
     """A mixture-of-experts FFN as llama.cpp reads its keys: {arch}.expert_count experts of
     {arch}.expert_feed_forward_length, {arch}.expert_used_count chosen per token (softmax over
     the router's logits, top-k); qwen3moe renormalises the chosen weights (llama.cpp hard-codes
-    it per architecture: no key); qwen2moe adds a shared expert of
+    it per architecture: no key); olmoe's experts are feed_forward_length wide (llama.cpp reads
+    n_ff for its expert tensors); qwen2moe adds a shared expert of
     {arch}.expert_shared_feed_forward_length (default feed_forward_length)."""
 
     n_expert: int
@@ -212,6 +218,7 @@ class ModelConfig:
     activation: Activation = Activation.SILU
     qkv_bias: bool = False
     qk_norm: bool = False
+    qk_norm_full: bool = False  # the q, k norms span the whole projection (olmoe), not one head
     post_norms: bool = False
     embed_scale: float = 1.0  # multiplies the embeddings (gemma3: sqrt(dim))
     attn_scale: float = 0.0  # attention score scale; 0 -> 1/sqrt(head_dim)
@@ -530,6 +537,7 @@ def _read_config(path: Path, metadata: dict[str, object], tensors: dict[str, Ten
         activation=spec.activation,
         qkv_bias=spec.qkv_bias,
         qk_norm=spec.qk_norm,
+        qk_norm_full=spec.qk_norm_full,
         post_norms=spec.post_norms,
         # NOTE: llama.cpp scales by sqrtf(n_embd) in float32 (HF rounds it to the weights' dtype)
         embed_scale=float(np.float32(math.sqrt(dim))) if spec.embed_scaled else 1.0,
@@ -559,8 +567,12 @@ def _read_moe(path: Path, metadata: dict[str, object], arch: str, ffn_dim: int) 
         value = metadata.get(f"{arch}.{unsupported}", 0)
         if value and not (unsupported == "expert_weights_scale" and value == 1.0):
             raise UnsupportedModelError(f"{path}: {arch} with {arch}.{unsupported} is not supported")
-    # llama.cpp: n_ff_exp = expert_feed_forward_length, else feed_forward_length / expert_used_count
-    expert_ffn = _meta_int(path, metadata, f"{arch}.expert_feed_forward_length", ffn_dim // n_used or None)
+    if spec.experts_ffn_wide:  # olmoe.cpp: the expert tensors are n_ff wide
+        expert_ffn = _meta_int(path, metadata, f"{arch}.feed_forward_length")
+    else:  # llama.cpp: n_ff_exp = expert_feed_forward_length, else feed_forward_length / expert_used_count
+        expert_ffn = _meta_int(
+            path, metadata, f"{arch}.expert_feed_forward_length", ffn_dim // n_used or None
+        )
     shared = 0
     if spec.shared_expert:
         shared = _meta_int(path, metadata, f"{arch}.expert_shared_feed_forward_length", ffn_dim or None)
@@ -689,7 +701,8 @@ def _expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     if c.qkv_bias:
         per_layer.update({"attn_q.bias": (q_dim,), "attn_k.bias": (kv_dim,), "attn_v.bias": (kv_dim,)})
     if c.qk_norm:
-        per_layer.update({"attn_q_norm.weight": (c.head_dim,), "attn_k_norm.weight": (c.head_dim,)})
+        qn, kn = (q_dim, kv_dim) if c.qk_norm_full else (c.head_dim, c.head_dim)
+        per_layer.update({"attn_q_norm.weight": (qn,), "attn_k_norm.weight": (kn,)})
     if c.post_norms:
         per_layer.update({"post_attention_norm.weight": (c.dim,), "post_ffw_norm.weight": (c.dim,)})
     conv_layer = {  # lfm2: these replace the attention tensors

@@ -157,6 +157,7 @@ cdef extern from "engine.h" nogil:
         int q_gate
         int n_expert, n_expert_used, expert_ffn
         int expert_norm
+        int qk_norm_full
         int release_rows
         int ssm_taps, ssm_d, ssm_k_heads, ssm_v_heads
 

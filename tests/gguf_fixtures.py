@@ -254,12 +254,15 @@ def write_tiny_llama(
     w.add_context_length(ctx_train)
     w.add_embedding_length(dim)
     w.add_feed_forward_length(ffn_dim)
-    moe = architecture in ("qwen3moe", "qwen2moe")
+    moe = architecture in ("qwen3moe", "qwen2moe", "olmoe")
     expert_ffn = expert_ffn or ffn_dim
     if moe:
         w.add_expert_count(n_expert)
         w.add_expert_used_count(n_expert_used)
-        w.add_expert_feed_forward_length(expert_ffn)
+        if architecture == "olmoe":  # its experts are feed_forward_length wide (no expert key)
+            assert expert_ffn == ffn_dim
+        else:
+            w.add_expert_feed_forward_length(expert_ffn)
         if architecture == "qwen2moe":
             w.add_expert_shared_feed_forward_length(ffn_dim)
     w.add_head_count(n_heads)
@@ -374,6 +377,9 @@ def write_tiny_llama(
         if architecture in ("qwen3", "gemma3", "lfm2", "qwen3moe"):
             add_norm(f"blk.{i}.attn_q_norm.weight", head_dim)
             add_norm(f"blk.{i}.attn_k_norm.weight", head_dim)
+        if architecture == "olmoe":  # over the whole projection
+            add_norm(f"blk.{i}.attn_q_norm.weight", q_dim)
+            add_norm(f"blk.{i}.attn_k_norm.weight", kv_dim)
         add_weight(f"blk.{i}.attn_output.weight", dim, q_dim, 4.0 * q_dim**-0.5)
         if architecture == "gemma3":
             add_norm(f"blk.{i}.post_attention_norm.weight")
@@ -479,6 +485,23 @@ ARCH_MODELS: dict[str, dict[str, object]] = {
             "ffn_down_exps": "Q8_0",
             "ffn_down_shexp": "Q8_0",
         },
+    ),
+    # OLMoE-1B-7B's shape in miniature: full multi-head attention, its q/k norms over the whole
+    # projection, 4 experts (2 per token) of feed_forward_length, an untied output (llama.cpp
+    # requires output.weight), Q4_K_M's mix as for qwen3moe. Seed 2: seeds 0 and 1 put a router
+    # near-tie (0.018, 0.028 between the 2nd and 3rd expert) on a row of the reference test,
+    # which the mix's 8-bit activations flip (its all-F32 variant routes every row as the reference)
+    "olmoe": dict(
+        architecture="olmoe",
+        seed=2,
+        dim=256,
+        n_heads=4,
+        n_kv_heads=4,
+        ffn_dim=256,
+        expert_ffn=256,
+        tied=False,
+        weight_type="Q4_K",
+        tensor_types={"token_embd.weight": "Q6_K", "attn_v": "Q6_K", "ffn_down_exps": "Q6_K"},
     ),
 }
 ARCHS = tuple(ARCH_MODELS)

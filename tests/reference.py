@@ -26,6 +26,9 @@ qwen3's and qwen2's attention blocks, and the FFN a mixture of experts (`_moe`):
     qwen3moe: their weights / their sum; f = sum_i w_i * down_i(silu(gate_i h) * up_i h)
     qwen2moe: f += sigmoid(h . ffn_gate_inp_shexp) * shared expert FFN (ffn_*_shexp)
 
+olmoe (src/models/olmoe.cpp): qwen3moe's block without renormalising the chosen weights, its q
+and k norms taken over the whole projection (q_norm [n_heads * head_dim]) before the heads.
+
 lfm2 (llama.cpp's src/models/lfm2.cpp): the layers whose head_count_kv is 0 replace attention
 by a short convolution, the others are qwen3's attention block (q/k norms, NEOX rope):
 
@@ -59,7 +62,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "lfm2", "qwen35", "qwen3moe", "qwen2moe")
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "lfm2", "qwen35", "qwen3moe", "qwen2moe", "olmoe")
 
 
 class ReferenceModel:
@@ -97,7 +100,7 @@ class ReferenceModel:
         self.rope_base = float(meta.get(f"{arch}.rope.freq_base", 10000.0))
         self.eps = float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5))
         self.window = int(meta.get(f"{arch}.attention.sliding_window", 0)) if arch == "gemma3" else 0
-        if arch in ("qwen3moe", "qwen2moe"):
+        if arch in ("qwen3moe", "qwen2moe", "olmoe"):
             self.n_expert_used = int(meta[f"{arch}.expert_used_count"])
         if arch == "qwen35":
             self.rope_dim = int(meta[f"{arch}.rope.dimension_count"])
@@ -179,6 +182,9 @@ class ReferenceModel:
                 q = q + self.w[f"blk.{i}.attn_q.bias"]
                 k = k + self.w[f"blk.{i}.attn_k.bias"]
                 v = v + self.w[f"blk.{i}.attn_v.bias"]
+            if self.arch == "olmoe":  # olmoe.cpp: the norms over the whole projection, before the heads
+                q = self._rmsnorm(q, w("attn_q_norm"))
+                k = self._rmsnorm(k, w("attn_k_norm"))
             q = q.reshape(n, self.n_heads, hd)
             k = k.reshape(n, self.n_kv_heads, hd)
             v = v.reshape(n, self.n_kv_heads, hd)
@@ -204,7 +210,7 @@ class ReferenceModel:
 
     def _ffn(self, x: np.ndarray, w, gemma: bool) -> np.ndarray:
         h = self._rmsnorm(x, w("ffn_norm"))
-        if self.arch in ("qwen3moe", "qwen2moe"):
+        if self.arch in ("qwen3moe", "qwen2moe", "olmoe"):
             return self._moe(h, w)
         gate = h @ w("ffn_gate").T
         act = self._gelu_tanh(gate) if gemma else gate / (1.0 + np.exp(-gate))

@@ -1026,7 +1026,10 @@ static void qkv_row(engine *e, const layer_weights *L, int l, int r) {
         for (int i = 0; i < e->kv_dim; i++) k[i] += L->bk[i];
     if (L->bv)
         for (int i = 0; i < e->kv_dim; i++) v[i] += L->bv[i];
-    if (L->q_norm) {
+    if (L->q_norm && m->qk_norm_full) {
+        kt->rmsnorm(q, q, L->q_norm, m->n_heads * hd, m->rms_eps);
+        kt->rmsnorm(k, k, L->k_norm, m->n_kv_heads * hd, m->rms_eps);
+    } else if (L->q_norm) {
         for (int h = 0; h < m->n_heads; h++) kt->rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, m->rms_eps);
         for (int h = 0; h < m->n_kv_heads; h++) kt->rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, m->rms_eps);
     }

@@ -45,8 +45,8 @@ typedef struct {
     const float *bq;        /* [n_heads * head_dim] or NULL */
     const float *bk;        /* [n_kv_heads * head_dim] or NULL */
     const float *bv;        /* [n_kv_heads * head_dim] or NULL */
-    const float *q_norm;    /* [head_dim] or NULL */
-    const float *k_norm;    /* [head_dim] or NULL */
+    const float *q_norm;    /* [head_dim] or NULL (model_desc.qk_norm_full: [n_heads * head_dim]) */
+    const float *k_norm;    /* [head_dim] or NULL (model_desc.qk_norm_full: [n_kv_heads * head_dim]) */
     weight_t attn_output;   /* n_heads * head_dim -> dim */
     const float *post_attn_norm; /* [dim] or NULL */
     const float *ffn_norm;  /* [dim] */
@@ -104,6 +104,7 @@ typedef struct {
     int ssm_taps, ssm_d, ssm_k_heads, ssm_v_heads; /* qwen35 DeltaNet: conv taps, head width, heads; 0 = none */
     int n_expert, n_expert_used, expert_ffn; /* MoE: experts, chosen per row (top-k), width; 0 = none */
     int expert_norm;        /* MoE: the chosen weights are renormalised to sum 1 (qwen3moe) */
+    int qk_norm_full;       /* olmoe: q_norm, k_norm span the whole q (k) row, not one head */
     int release_rows;       /* the weights' rows lie in a read-only file mapping: once a matrix is
                              * packed, engine_create gives its pages back (re-read from the file if
                              * touched again), so a load never holds the file and the packed copy */

@@ -1,4 +1,4 @@
-"""Mixture-of-experts models (qwen3moe, qwen2moe): loading as llama.cpp reads the keys and the
+"""Mixture-of-experts models (qwen3moe, qwen2moe, olmoe): loading as llama.cpp reads the keys and the
 3-D expert tensors, the routing tie the fixtures carry, and the pool contract, which a MoE FFN
 leaves exactly as a dense model of the same attention shape has it.
 
@@ -31,6 +31,18 @@ def test_config_as_llama_cpp_reads_it(arch_model_factory):
     assert c.qkv_bias and not c.qk_norm and c.ffn_dim == 256  # the shared expert's width
     names = required_tensor_names(c)
     assert {"blk.0.ffn_gate_inp_shexp.weight", "blk.0.ffn_down_shexp.weight"} <= set(names)
+    # olmoe: experts of feed_forward_length (no expert key in the file), q/k norms over the
+    # whole projection (4 heads of 64), no renormalisation
+    m = model_file(arch_model_factory("olmoe"))
+    c = m.config
+    assert c.moe == MoeConfig(n_expert=4, n_expert_used=2, expert_ffn=256, norm_weights=False, shared_ffn=0)
+    assert c.qk_norm and c.qk_norm_full and not c.qkv_bias and not c.tied_output
+    assert "olmoe.expert_feed_forward_length" not in m.metadata
+    shape = {
+        name: m.tensor(f"blk.0.{name}.weight").shape
+        for name in ("attn_q_norm", "attn_k_norm", "ffn_gate_exps")
+    }
+    assert shape == {"attn_q_norm": (256,), "attn_k_norm": (256,), "ffn_gate_exps": (256, 256, 4)}
 
 
 def test_rejects_what_it_does_not_run(tmp_path, monkeypatch):
@@ -54,7 +66,7 @@ def test_rejects_what_it_does_not_run(tmp_path, monkeypatch):
         load_model_file(write_tiny_model(tmp_path / "dense.gguf", "qwen3"))
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe", "olmoe"])
 def test_the_fixture_routes_through_ties(arch_model_factory, arch):
     """The fixtures' last two router rows are equal: on some rows those experts tie for the last
     chosen place, where llama.cpp's order is the sort's and ours the lower index. The reference

@@ -1,5 +1,5 @@
 """The scheduler on the real C engine with the tiny mixture-of-experts fixtures
-(gguf_fixtures.ARCH_MODELS["qwen3moe"], ["qwen2moe"]): a MoE FFN changes nothing in the pool
+(gguf_fixtures.ARCH_MODELS["qwen3moe"], ["qwen2moe"], ["olmoe"]): a MoE FFN changes nothing in the pool
 contract (its KV is an attention model's), so rewinds, copies and checkpoint restores reuse as
 much as on a dense model and every warm answer equals a cold run token for token; the reuse
 source and count and the tokens the engine computed are asserted."""
@@ -15,7 +15,7 @@ from slotserve.scheduler.request import FinishReason, ReuseSource
 from slotserve.scheduler.scheduler import Scheduler
 
 
-@pytest.fixture(scope="module", params=["qwen3moe", "qwen2moe"])
+@pytest.fixture(scope="module", params=["qwen3moe", "qwen2moe", "olmoe"])
 def moe_path(request, arch_model_factory):
     return arch_model_factory(request.param)
 

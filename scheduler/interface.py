@@ -26,9 +26,9 @@ can only move forward or be replaced by a snapshot. For a slot of such a pool:
   An optional rollback ring of the last k states (k small, off by default; `rollback` says k)
   lowers it by at most k: every length from min_truncate_len up is reachable, exactly as for a
   ring. A forward of t tokens from length L keeps the states of lengths max(L, L + t - k) and
-  up, so a step that appends a token and a draft of at most k - 1 (k) tokens can be cut back to
-  its start (to the row after its first token): the scheduler drafts on such a pool only
-  within that reach.
+  up: a step of one token and a draft of at most k - 1 tokens can be cut back to its start, so
+  a rejected draft (and a whole step a decode chain ran past its request) is taken back exactly;
+  the scheduler drafts on such a pool only within that reach.
 - `restored_min_truncate_len(n) == n` for every n >= 1 (a snapshot holds one state, the one at
   its end), which is also how the scheduler tells such a pool from a ring (a ring answers 0 for
   n within its window). A slot restored or copied into starts with no rollback history.

@@ -7,6 +7,14 @@ last-level cache against 1, 4 and 64 activation rows:
 
     GB/s      weight bytes (file layout) / seconds per call      (1 and 4 rows: decode)
     GMAC/s    n_out * n_in * rows / seconds per call             (64 rows: prefill)
+    of peak   GMAC/s x64 / the variant's peak (below)            (block types)
+
+The peak: one thread's rate of int8 products in the instruction mix a variant's prefill tiles
+are built on, on independent accumulators (KernelTable-free `_engine.peak_macs`, kernels.h
+kernel_peak_macs): vpdpbusd on 512-bit vectors (avx512vnni, the prefill tiles), on 256-bit
+vectors (its decode tiles), and AVX2's vpmaddubsw + vpaddw. "of peak" is then how much of the
+machine a GEMM uses; what it loses is weight unpacking, scales and float work around the dot
+products.
 
 Validated first: on a small matrix the kernel variant's output must agree with the portable
 reference within a float32 summation tolerance.
@@ -36,6 +44,8 @@ _F16_AT = {
     "Q3_K": (108,),
 }
 ROWS = (1, 4, 64)
+PEAK_MIXES = ("vnni512", "vnni256", "avx2")
+PREFILL_MIX = {"avx512vnni": "vnni512", "avx2": "avx2"}  # the mix of each variant's prefill tiles
 CHECK_RTOL = 1e-5  # |variant - reference| <= CHECK_RTOL * max|reference| on the check matrix
 
 
@@ -91,6 +101,28 @@ def seconds_per_call(call: Any, min_time: float) -> float:
     return float(np.median(rounds))
 
 
+def peak_gmacs(mix: str, min_time: float) -> float:
+    """One thread's peak of an instruction mix (PEAK_MIXES) in G int8 products per CPU second,
+    0.0 if this CPU lacks it: the median of 3 rounds, each sized to a third of min_time."""
+    from slotserve.engine_ext import _engine
+
+    iters = 1 << 16
+    if _engine.peak_macs(mix, 1) == 0:
+        return 0.0
+    while True:
+        start = time.thread_time()
+        _engine.peak_macs(mix, iters)
+        if time.thread_time() - start >= min_time / 3 or iters >= 1 << 34:
+            break
+        iters *= 4
+    rounds = []
+    for _ in range(3):
+        start = time.thread_time()
+        macs = _engine.peak_macs(mix, iters)
+        rounds.append(macs / max(time.thread_time() - start, 1e-9) / 1e9)
+    return float(np.median(rounds))
+
+
 def check(kt: Any, ref: Any, type_id: int, type_name: str, n_in: int, rng: np.random.Generator) -> None:
     raw = weight_bytes(type_name, 21, n_in, rng)
     x = rng.standard_normal((3, n_in)).astype(np.float32)
@@ -110,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
     if args.n_in % 256 or args.n_in < 256 or args.n_out < 8:
         raise SystemExit("bench kernels: --n-in must be a positive multiple of 256 and --n-out >= 8")
     kt, ref = _engine.KernelTable(args.kernels), _engine.KernelTable("scalar")
+    peaks = {mix: peak_gmacs(mix, args.min_time) for mix in PEAK_MIXES}
+    peak = peaks.get(PREFILL_MIX.get(kt.name, ""), 0.0)
     rng = np.random.default_rng(0)
     results: dict[str, dict[str, float]] = {}
     for type_name in args.types:
@@ -130,11 +164,15 @@ def run(args: argparse.Namespace) -> int:
                 row[f"GB/s x{n_rows}"] = raw.nbytes / sec / 1e9
             else:
                 row[f"GMAC/s x{n_rows}"] = args.n_out * args.n_in * n_rows / sec / 1e9
+        if peak > 0 and type_name not in ("F16", "BF16"):
+            row["of peak"] = row[f"GMAC/s x{ROWS[-1]}"] / peak
         results[type_name] = row
     report = {
         "machine": machine(),
         "kernels": kt.name,
         "shape": [args.n_out, args.n_in],
+        "peak_gmacs": peaks,
+        "peak_mix": PREFILL_MIX.get(kt.name),
         "results": results,
     }
     if args.json:
@@ -142,8 +180,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     m = report["machine"]
     print(f"{m.get('cpu', '')}  kernels={kt.name}  weight {args.n_out} x {args.n_in}, one thread")
-    cols = ["MB", "GB/s x1", "GB/s x4", "GMAC/s x64"]
+    print("peak GMAC/s (int8 products, one thread): " + "  ".join(f"{k} {v:.1f}" for k, v in peaks.items()))
+    cols = ["MB", "GB/s x1", "GB/s x4", "GMAC/s x64", "of peak"]
     print(f"{'type':<6}" + "".join(f"{c:>12}" for c in cols))
     for type_name, row in results.items():
-        print(f"{type_name:<6}" + "".join(f"{row[c]:>12.2f}" for c in cols))
+        print(f"{type_name:<6}" + "".join(f"{row[c]:>12.2f}" if c in row else f"{'-':>12}" for c in cols))
     return 0

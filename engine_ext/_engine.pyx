@@ -41,6 +41,17 @@ def avx512vnni_supported() -> bool:
     return bool(kernels_avx512vnni_supported())
 
 
+def peak_macs(str mix, long iters) -> int:
+    """int8 products computed by `iters` rounds of an instruction mix ('vnni512', 'vnni256',
+    'avx2'; kernels.h kernel_peak_macs), 0 if this CPU lacks it. Runs without the GIL."""
+    cdef bytes raw = mix.encode()
+    cdef const char *name = raw
+    cdef long done
+    with nogil:
+        done = kernel_peak_macs(name, iters)
+    return done
+
+
 def row_bytes(int ggml_type, int k) -> int:
     return ggml_row_bytes(ggml_type, k)
 

@@ -108,6 +108,9 @@
 
 #define MIN_GEMM_CHUNK 16       /* fewest output rows in one dynamic matmul chunk */
 #define CHUNKS_PER_THREAD 8     /* dynamic matmul chunks per thread (load balance) */
+#define PAIRED_ROWS 9           /* from this many activation rows, matmul chunks hold whole pairs of
+                                   row groups: the avx512vnni prefill tiles take two at once
+                                   (arch/x86_gemm_z16.h Z_MIN_ROWS) */
 /* norm, qkv, rope, attention, merge, quantize, output, post-norm, norm, gate/up, act, down, post-norm,
  * and MOE_EXTRA_PHASES the MoE FFN block walks beyond the dense one (moe_block) */
 #define MOE_EXTRA_PHASES 4
@@ -901,17 +904,18 @@ static act_rows input_view(const engine *e, const float *f, int k) {
     return a;
 }
 
-/* Output rows per matmul unit: a multiple of ROW_GROUP, about CHUNKS_PER_THREAD units per
- * thread, and at least MIN_GEMM_CHUNK. */
-static int gemm_chunk(const mm_job *jobs, int n_jobs, int nth) {
+/* Output rows per matmul unit: a multiple of ROW_GROUP (of two with PAIRED_ROWS activation rows
+ * or more), about CHUNKS_PER_THREAD units per thread, and at least MIN_GEMM_CHUNK. */
+static int gemm_chunk(const mm_job *jobs, int n_jobs, int nth, int n_rows) {
+    const int align = n_rows >= PAIRED_ROWS ? 2 * ROW_GROUP : ROW_GROUP;
     int total = 0;
     for (int j = 0; j < n_jobs; j++) total += jobs[j].w->n_out;
-    int chunk = (total / (nth * CHUNKS_PER_THREAD) + ROW_GROUP - 1) / ROW_GROUP * ROW_GROUP;
+    int chunk = (total / (nth * CHUNKS_PER_THREAD) + align - 1) / align * align;
     return chunk < MIN_GEMM_CHUNK ? MIN_GEMM_CHUNK : chunk;
 }
 
 static void matmul_phase(engine *e, int p, const mm_job *jobs, int n_jobs, const act_rows *x, int n_rows, int nth) {
-    const int chunk = gemm_chunk(jobs, n_jobs, nth);
+    const int chunk = gemm_chunk(jobs, n_jobs, nth, n_rows);
     int n = 0;
     for (int j = 0; j < n_jobs; j++) n += (jobs[j].w->n_out + chunk - 1) / chunk;
     FOR_EACH_UNIT(e, p, n, u) {
@@ -1241,7 +1245,7 @@ static int moe_block(engine *e, const layer_weights *L, int l, int p, int nth) {
     /* gate, up: (active expert, gate|up, chunk) units, then the shared expert's */
     mm_job sh_gu[2] = {{&L->ffn_gate, e->gate, m->ffn_dim, 0}, {&L->ffn_up, e->up, m->ffn_dim, 0}};
     const int na = e->mn_active[l], ch_gu = expert_chunk(na, F, 2, nth), nc_gu = (F + ch_gu - 1) / ch_gu;
-    const int sh_chunk = shexp ? gemm_chunk(sh_gu, 2, nth) : 1, n_sh_gu = shexp ? mm_units(sh_gu, 2, sh_chunk) : 0;
+    const int sh_chunk = shexp ? gemm_chunk(sh_gu, 2, nth, 1) : 1, n_sh_gu = shexp ? mm_units(sh_gu, 2, sh_chunk) : 0;
     FOR_EACH_UNIT(e, p, na * 2 * nc_gu + n_sh_gu, u) {
         if (u >= na * 2 * nc_gu) {
             act_rows in = input_view(e, e->xb, dim);
@@ -1281,7 +1285,7 @@ static int moe_block(engine *e, const layer_weights *L, int l, int p, int nth) {
     /* down: (active expert, chunk) units into each pair's output row, then the shared expert's */
     mm_job sh_d = {&L->ffn_down, e->proj, dim, 0};
     const int ch_d = expert_chunk(na, dim, 1, nth), nc_d = (dim + ch_d - 1) / ch_d;
-    const int shd_chunk = shexp ? gemm_chunk(&sh_d, 1, nth) : 1, n_sh_d = shexp ? mm_units(&sh_d, 1, shd_chunk) : 0;
+    const int shd_chunk = shexp ? gemm_chunk(&sh_d, 1, nth, 1) : 1, n_sh_d = shexp ? mm_units(&sh_d, 1, shd_chunk) : 0;
     FOR_EACH_UNIT(e, p, na * nc_d + n_sh_d, u) {
         if (u >= na * nc_d) {
             act_rows in = input_view(e, e->gate, m->ffn_dim);

@@ -168,6 +168,10 @@ struct kernel_table {
 const kernel_table *kernels_select(const char *name);
 int kernels_avx2_supported(void);
 int kernels_avx512vnni_supported(void);
+/* arch/x86_peak.c: int8 products computed by `iters` rounds of a variant's multiply-accumulate
+ * instruction mix ("vnni512", "vnni256", "avx2") on independent accumulators, or 0 when this
+ * CPU lacks it: the throughput peak `slotserve bench kernels` reports the GEMMs against. */
+long kernel_peak_macs(const char *mix, long iters);
 
 /* Generic (portable) kernels. */
 void quantize_q8a_generic(int8_t *qs, float *d, float *s, const float *x, int k);

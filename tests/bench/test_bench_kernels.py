@@ -23,9 +23,32 @@ def test_reports_every_type_and_row_count(capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["shape"] == [24, 256]
     assert set(report["results"]) == {"Q4_K", "Q6_K", "Q5_0", "BF16"}
-    for row in report["results"].values():
-        assert set(row) == {"MB", "GB/s x1", "GB/s x4", "GMAC/s x64"}
+    figures = {"MB", "GB/s x1", "GB/s x4", "GMAC/s x64"}
+    peak = report["peak_gmacs"].get(report["peak_mix"] or "", 0.0)
+    for name, row in report["results"].items():
+        # block types on a variant with a peak mix also report their fraction of it
+        assert set(row) == (figures | {"of peak"} if peak > 0 and name != "BF16" else figures)
         assert all(v > 0 for v in row.values())
+    for name in ("Q4_K", "Q6_K", "Q5_0"):
+        if peak > 0:
+            assert report["results"][name]["of peak"] == report["results"][name]["GMAC/s x64"] / peak
+
+
+def test_peak_of_each_instruction_mix():
+    """The peak loop counts the products of the mix it ran (64 per 512-bit vpdpbusd, 32 per
+    256-bit one or vpmaddubsw, 12 accumulators a round), and 0 where the CPU lacks the mix."""
+    from slotserve.engine_ext import _engine
+
+    width = {"vnni512": 64, "vnni256": 32, "avx2": 32}
+    have = {
+        "vnni512": _engine.avx512vnni_supported(),
+        "vnni256": _engine.avx512vnni_supported(),
+        "avx2": _engine.avx2_supported(),
+    }
+    for mix in kernels.PEAK_MIXES:
+        assert _engine.peak_macs(mix, 10) == (10 * 12 * width[mix] if have[mix] else 0)
+        assert kernels.peak_gmacs(mix, 0.01) > 0 if have[mix] else kernels.peak_gmacs(mix, 0.01) == 0
+    assert _engine.peak_macs("unknown", 10) == 0
 
 
 def test_a_wrong_kernel_stops_the_benchmark(monkeypatch):

@@ -5,9 +5,9 @@
  * Design: the row-group layouts stay as they are (quant_k.h, blocks.h: one x8 block holds run j
  * of 8 rows in 32 bytes); a tile loads the same run of groups g and g+1 into the two halves of
  * one zmm, so lane i is weight row 8g + i for i < 8 and 8(g+1) + i - 8 above. Each weight run is
- * unpacked once per tile and then multiplied by Z_TILE activation rows (vpdpbusd with the four
- * activation bytes broadcast from memory, {1to16}): 64 int8 products per instruction, twice the
- * 256-bit tiles' 32, at the same unpacking cost per weight byte spread over twice the lanes.
+ * unpacked once per tile into registers and then multiplied by Z_TILE activation rows (vpdpbusd
+ * with the four activation bytes broadcast from memory, {1to16}): 64 int8 products per
+ * instruction, twice the 256-bit tiles' 32, and the unpacking spread over 16 rows.
  *
  * Per lane the operations are the 256-bit VNNI tiles' (x86_gemm_k.h, x86_gemm_x8.h), in the same
  * order: exact int32 block sums (sub-block scales by vpmulld), then per block
@@ -19,7 +19,7 @@
 #ifndef SLOTSERVE_X86_GEMM_Z16_H
 #define SLOTSERVE_X86_GEMM_Z16_H
 
-#define Z_TILE 8      /* activation rows per tile */
+#define Z_TILE 16     /* activation rows per tile */
 #define Z_MIN_ROWS 9  /* fewer rows (decode steps) stay on the 256-bit tiles */
 #define Z_LANES 16    /* weight rows per tile: two row groups */
 
@@ -74,6 +74,10 @@ Z_AI const int8_t *z_arow(const act_rows *x, int r) { return x->qs + (size_t)r *
 
 /* ---- K-quant kinds (x86_gemm_k.h) ---------------------------------------------------------- */
 
+/* Every tile unpacks one unit of weights (8 vectors: a block of 32, or half a Q4_K/Q5_K chunk)
+ * into registers, then runs each activation row over it: a row's integer sum is a few short
+ * chains, and 8 weight vectors + Z_TILE accumulators fit the 32 registers without spilling. */
+
 /* Q5_0 / Q5_1: ga, gb point at the two groups' first x8 blocks. */
 Z_AI void ztile_q5(int kind, const int R, const void *ga, const void *gb, const act_rows *x, int r0, __m512 *acc,
                    __m512 *cor) {
@@ -90,21 +94,21 @@ Z_AI void ztile_q5(int kind, const int R, const void *ga, const void *gb, const 
             qa = A->qs, qb = B->qs, ha = A->qh, hb = B->qh, da = A->d, db = B->d;
         }
         const __m512i vh = z_ld(ha, hb);
-        __m512i s_lo[Z_TILE], s_hi[Z_TILE];
-        for (int r = 0; r < R; r++) s_lo[r] = s_hi[r] = _mm512_setzero_si512();
+        __m512i lo[4], hi[4];
         for (int j = 0; j < 4; j++) {
             const __m512i w = z_ld(qa + 32 * j, qb + 32 * j);
-            const __m512i lo = _mm512_or_si512(_mm512_and_si512(w, low4), z_bit_to_4(vh, j));
-            const __m512i hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(w, 4), low4), z_bit_to_4(vh, 4 + j));
-            for (int r = 0; r < R; r++) {
-                const int8_t *a = z_arow(x, r0 + r) + b * QK;
-                s_lo[r] = z_dp(s_lo[r], lo, a + 4 * j);
-                s_hi[r] = z_dp(s_hi[r], hi, a + 16 + 4 * j);
-            }
+            lo[j] = _mm512_or_si512(_mm512_and_si512(w, low4), z_bit_to_4(vh, j));
+            hi[j] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(w, 4), low4), z_bit_to_4(vh, 4 + j));
         }
         const __m512 d16 = z_ph(da, db);
         for (int r = 0; r < R; r++) {
-            const __m512i isum = _mm512_add_epi32(s_lo[r], s_hi[r]);
+            const int8_t *a = z_arow(x, r0 + r) + b * QK;
+            __m512i s_lo = z_dp(_mm512_setzero_si512(), lo[0], a), s_hi = z_dp(_mm512_setzero_si512(), hi[0], a + 16);
+            for (int j = 1; j < 4; j++) {
+                s_lo = z_dp(s_lo, lo[j], a + 4 * j);
+                s_hi = z_dp(s_hi, hi[j], a + 16 + 4 * j);
+            }
+            const __m512i isum = _mm512_add_epi32(s_lo, s_hi);
             acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d16, _mm512_set1_ps(x->d[(size_t)(r0 + r) * nb + b])), acc[r]);
         }
     }
@@ -118,7 +122,9 @@ Z_AI void ztile_q5(int kind, const int R, const void *ga, const void *gb, const 
     }
 }
 
-/* Q4_K / Q5_K: chunk c of 64 = sub-blocks 2c (low nibbles) and 2c+1 (high), 8 runs each. */
+/* Q4_K / Q5_K: chunk c of 64 = sub-blocks 2c (low nibbles) and 2c+1 (high), 8 runs each; the
+ * low half's 8 vectors for every row, then the high half's (each row's acc takes the low
+ * sub-block, then the high one, as in x86_gemm_k.h). */
 Z_AI void ztile_k4(int kind, const int R, const void *ga, const void *gb, const act_rows *x, int r0, __m512 *acc,
                    __m512 *cor) {
     const int nb = x->k / QK, ns = x->k / QK_K, five = kind == KIND_Q5_K;
@@ -135,31 +141,27 @@ Z_AI void ztile_k4(int kind, const int R, const void *ga, const void *gb, const 
             da = A->d, db = B->d, sa = A->sc, sb = B->sc, qa = A->qs, qb = B->qs;
         }
         const __m512 d16 = z_ph(da, db);
-        for (int c = 0; c < 4; c++) {
-            __m512i s_lo[Z_TILE], s_hi[Z_TILE];
-            for (int r = 0; r < R; r++) s_lo[r] = s_hi[r] = _mm512_setzero_si512();
-            for (int rr = 0; rr < 8; rr++) {
-                const __m512i w = z_ld(qa + 32 * (8 * c + rr), qb + 32 * (8 * c + rr));
-                __m512i lo = _mm512_and_si512(w, low4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
-                if (five) {
-                    const __m512i vh = z_ld(ha + 32 * rr, hb + 32 * rr);
-                    lo = _mm512_or_si512(lo, z_bit_to_4(vh, 2 * c));
-                    hi = _mm512_or_si512(hi, z_bit_to_4(vh, 2 * c + 1));
+        for (int c = 0; c < 4; c++)
+            for (int half = 0; half < 2; half++) {
+                __m512i q[8];
+                for (int rr = 0; rr < 8; rr++) {
+                    const __m512i w = z_ld(qa + 32 * (8 * c + rr), qb + 32 * (8 * c + rr));
+                    q[rr] = half ? _mm512_and_si512(_mm512_srli_epi16(w, 4), low4) : _mm512_and_si512(w, low4);
+                    if (five) q[rr] = _mm512_or_si512(q[rr], z_bit_to_4(z_ld(ha + 32 * rr, hb + 32 * rr), 2 * c + half));
                 }
+                const __m512i scv = z_u8(sa[2 * c + half], sb[2 * c + half]);
                 for (int r = 0; r < R; r++) {
-                    const int8_t *a = z_arow(x, r0 + r) + (size_t)s * QK_K + 64 * c;
-                    s_lo[r] = z_dp(s_lo[r], lo, a + 4 * rr);
-                    s_hi[r] = z_dp(s_hi[r], hi, a + 32 + 4 * rr);
+                    const int8_t *a = z_arow(x, r0 + r) + (size_t)s * QK_K + 64 * c + 32 * half;
+                    __m512i s0 = z_dp(_mm512_setzero_si512(), q[0], a), s1 = z_dp(_mm512_setzero_si512(), q[1], a + 4);
+                    for (int rr = 2; rr < 8; rr += 2) {
+                        s0 = z_dp(s0, q[rr], a + 4 * rr);
+                        s1 = z_dp(s1, q[rr + 1], a + 4 * rr + 4);
+                    }
+                    const __m512i isum = _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), scv);
+                    const size_t rb = (size_t)(r0 + r) * nb + (size_t)s * 8 + 2 * c + half;
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d16, _mm512_set1_ps(x->d[rb])), acc[r]);
                 }
             }
-            const __m512i sc_lo = z_u8(sa[2 * c], sb[2 * c]), sc_hi = z_u8(sa[2 * c + 1], sb[2 * c + 1]);
-            for (int r = 0; r < R; r++) {
-                const size_t rb = (size_t)(r0 + r) * nb + (size_t)s * 8 + 2 * c;
-                const __m512i i_lo = _mm512_mullo_epi32(s_lo[r], sc_lo), i_hi = _mm512_mullo_epi32(s_hi[r], sc_hi);
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i_lo), _mm512_mul_ps(d16, _mm512_set1_ps(x->d[rb])), acc[r]);
-                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i_hi), _mm512_mul_ps(d16, _mm512_set1_ps(x->d[rb + 1])), acc[r]);
-            }
-        }
     }
     /* the mins (k4_min_correction's operations, per super-block in order) */
     for (int s = 0; s < ns; s++) {
@@ -181,7 +183,7 @@ Z_AI void ztile_k4(int kind, const int R, const void *ga, const void *gb, const 
     }
 }
 
-/* Q6_K: unsigned quants (q + 32) into vpdpbusd, 32 x the per-16 activation sums (k6_asum, rows
+/* Q6_K: unsigned quants (q + 32) into vpdpbusd, 32 x the per-16 activation sums (asum, rows
  * from r0) taken off before the sub-block scale: x86_gemm_k.h's VNNI tile_q6_K. */
 Z_AI void ztile_q6_K(const int R, const void *ga, const void *gb, const act_rows *x, int r0, __m512 *acc,
                      const int32_t *asum) {
@@ -193,28 +195,27 @@ Z_AI void ztile_q6_K(const int R, const void *ga, const void *gb, const act_rows
         for (int n = 0; n < 2; n++)
             for (int g = 0; g < 4; g++) {
                 const int b = 4 * n + g;
-                __m512i isum[Z_TILE];
-                for (int h = 0; h < 2; h++) {
-                    __m512i dot[Z_TILE];
-                    for (int r = 0; r < R; r++) dot[r] = _mm512_setzero_si512();
-                    for (int rr = 4 * h; rr < 4 * h + 4; rr++) {
-                        const size_t lo_at = 32 * (16 * n + 8 * (g & 1) + rr), hi_at = 32 * (8 * n + rr);
-                        const __m512i vl = z_ld(A->ql + lo_at, B->ql + lo_at);
-                        const __m512i vh = z_ld(A->qh + hi_at, B->qh + hi_at);
-                        const __m512i nib = g < 2 ? _mm512_and_si512(vl, low4) : _mm512_and_si512(_mm512_srli_epi16(vl, 4), low4);
-                        const __m512i q = _mm512_or_si512(nib, z_q6_high(vh, g));
-                        for (int r = 0; r < R; r++) dot[r] = z_dp(dot[r], q, z_arow(x, r0 + r) + (size_t)s * QK_K + QK * b + 4 * rr);
-                    }
-                    const __m512i scv = z_i8(A->sc[2 * b + h], B->sc[2 * b + h]);
-                    const size_t e16 = ((size_t)s * QK_K + QK * b) / 16 + h;
-                    for (int r = 0; r < R; r++) {
-                        const __m512i t = _mm512_mullo_epi32(_mm512_sub_epi32(dot[r], _mm512_set1_epi32(asum[(size_t)r * n16 + e16])), scv);
-                        isum[r] = h ? _mm512_add_epi32(isum[r], t) : t;
-                    }
+                __m512i q[8];
+                for (int rr = 0; rr < 8; rr++) {
+                    const size_t lo_at = 32 * (16 * n + 8 * (g & 1) + rr), hi_at = 32 * (8 * n + rr);
+                    const __m512i vl = z_ld(A->ql + lo_at, B->ql + lo_at);
+                    const __m512i nib = g < 2 ? _mm512_and_si512(vl, low4) : _mm512_and_si512(_mm512_srli_epi16(vl, 4), low4);
+                    q[rr] = _mm512_or_si512(nib, z_q6_high(z_ld(A->qh + hi_at, B->qh + hi_at), g));
                 }
+                const __m512i sc0 = z_i8(A->sc[2 * b], B->sc[2 * b]), sc1 = z_i8(A->sc[2 * b + 1], B->sc[2 * b + 1]);
+                const size_t e16 = ((size_t)s * QK_K + QK * b) / 16;
                 for (int r = 0; r < R; r++) {
+                    const int8_t *a = z_arow(x, r0 + r) + (size_t)s * QK_K + QK * b;
+                    __m512i d0 = z_dp(_mm512_setzero_si512(), q[0], a), d1 = z_dp(_mm512_setzero_si512(), q[4], a + 16);
+                    for (int rr = 1; rr < 4; rr++) {
+                        d0 = z_dp(d0, q[rr], a + 4 * rr);
+                        d1 = z_dp(d1, q[4 + rr], a + 16 + 4 * rr);
+                    }
+                    const int32_t *as = asum + (size_t)r * n16 + e16;
+                    const __m512i t0 = _mm512_mullo_epi32(_mm512_sub_epi32(d0, _mm512_set1_epi32(as[0])), sc0);
+                    const __m512i t1 = _mm512_mullo_epi32(_mm512_sub_epi32(d1, _mm512_set1_epi32(as[1])), sc1);
                     const size_t rb = (size_t)(r0 + r) * nb + (size_t)s * 8 + b;
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(d16, _mm512_set1_ps(x->d[rb])), acc[r]);
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(t0, t1)), _mm512_mul_ps(d16, _mm512_set1_ps(x->d[rb])), acc[r]);
                 }
             }
     }
@@ -228,23 +229,15 @@ Z_AI void ztile_x8(int kind, const int R, const void *ga, const void *gb, const 
     const int nb = x->k / QK;
     const __m512i low4 = _mm512_set1_epi8(15);
     for (int b = 0; b < nb; b++) {
-        __m512i isum[Z_TILE], isum2[Z_TILE];
-        for (int r = 0; r < R; r++) isum[r] = isum2[r] = _mm512_setzero_si512();
+        /* Q8_0: q[j] = run j (+128); Q4: q[2j] low nibbles of run j (elements 4j..), q[2j+1] high
+         * (16 + 4j..) */
+        __m512i q[8];
         const uint16_t *da, *db;
         if (kind == KIND_Q8_0) {
             const block_q8_0x8 *A = (const block_q8_0x8 *)ga + b, *B = (const block_q8_0x8 *)gb + b;
             da = A->d, db = B->d;
             const __m512i bias = _mm512_set1_epi8((char)0x80);
-            for (int j = 0; j < QK / 4; j++) {
-                const __m512i wu = _mm512_xor_si512(z_ld(A->qs + 32 * j, B->qs + 32 * j), bias);
-                for (int r = 0; r < R; r++) {
-                    const int8_t *a = z_arow(x, r0 + r) + b * QK + 4 * j;
-                    if (j & 1) isum2[r] = z_dp(isum2[r], wu, a);
-                    else isum[r] = z_dp(isum[r], wu, a);
-                }
-            }
-            for (int r = 0; r < R; r++)
-                isum[r] = _mm512_sub_epi32(_mm512_add_epi32(isum[r], isum2[r]), _mm512_set1_epi32(abias[(size_t)r * nb + b]));
+            for (int j = 0; j < 8; j++) q[j] = _mm512_xor_si512(z_ld(A->qs + 32 * j, B->qs + 32 * j), bias);
         } else {
             const uint8_t *qa, *qb;
             if (kind == KIND_Q4_0) {
@@ -254,20 +247,33 @@ Z_AI void ztile_x8(int kind, const int R, const void *ga, const void *gb, const 
                 const block_q4_1x8 *A = (const block_q4_1x8 *)ga + b, *B = (const block_q4_1x8 *)gb + b;
                 da = A->d, db = B->d, qa = A->qs, qb = B->qs;
             }
-            for (int j = 0; j < QK / 8; j++) {
+            for (int j = 0; j < 4; j++) {
                 const __m512i w = z_ld(qa + 32 * j, qb + 32 * j);
-                const __m512i lo = _mm512_and_si512(w, low4), hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
-                for (int r = 0; r < R; r++) {
-                    const int8_t *a = z_arow(x, r0 + r) + b * QK;
-                    isum[r] = z_dp(isum[r], lo, a + 4 * j);
-                    isum2[r] = z_dp(isum2[r], hi, a + 16 + 4 * j);
-                }
+                q[2 * j] = _mm512_and_si512(w, low4);
+                q[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
             }
-            for (int r = 0; r < R; r++) isum[r] = _mm512_add_epi32(isum[r], isum2[r]);
         }
         const __m512 d16 = z_ph(da, db);
-        for (int r = 0; r < R; r++)
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(d16, _mm512_set1_ps(x->d[(size_t)(r0 + r) * nb + b])), acc[r]);
+        for (int r = 0; r < R; r++) {
+            const int8_t *a = z_arow(x, r0 + r) + b * QK;
+            __m512i s0, s1;
+            if (kind == KIND_Q8_0) {
+                s0 = z_dp(_mm512_setzero_si512(), q[0], a), s1 = z_dp(_mm512_setzero_si512(), q[1], a + 4);
+                for (int j = 2; j < 8; j += 2) {
+                    s0 = z_dp(s0, q[j], a + 4 * j);
+                    s1 = z_dp(s1, q[j + 1], a + 4 * j + 4);
+                }
+            } else {
+                s0 = z_dp(_mm512_setzero_si512(), q[0], a), s1 = z_dp(_mm512_setzero_si512(), q[1], a + 16);
+                for (int j = 1; j < 4; j++) {
+                    s0 = z_dp(s0, q[2 * j], a + 4 * j);
+                    s1 = z_dp(s1, q[2 * j + 1], a + 16 + 4 * j);
+                }
+            }
+            __m512i isum = _mm512_add_epi32(s0, s1);
+            if (kind == KIND_Q8_0) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(abias[(size_t)r * nb + b]));
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d16, _mm512_set1_ps(x->d[(size_t)(r0 + r) * nb + b])), acc[r]);
+        }
     }
     if (kind == KIND_Q8_0) return;
     for (int b = 0; b < nb; b++) {
@@ -316,6 +322,7 @@ Z_AI void gemm_z_rows(int x8, int kind, float *y, int ldy, const gemm_weight *w,
 #define Z_REST(n)                                                                                                      \
     case n: z_tile(x8, kind, n, y, ldy, ga, gb, o, x, r, accumulate, tab ? tab + (size_t)(r - r0) * tab_row : NULL); break;
         Z_REST(1) Z_REST(2) Z_REST(3) Z_REST(4) Z_REST(5) Z_REST(6) Z_REST(7)
+        Z_REST(8) Z_REST(9) Z_REST(10) Z_REST(11) Z_REST(12) Z_REST(13) Z_REST(14) Z_REST(15)
 #undef Z_REST
         default: break;
         }

@@ -64,9 +64,12 @@ static void z_act_sums(int32_t *out, const act_rows *x, int r0, int n, int width
     }
 }
 
-/* Rows per pass of a per-row table of `per_row` ints: a multiple of Z_TILE (MAX_ROW_LEN / 16 *
- * Z_TILE fits the table). */
-static inline int z_pass_rows(size_t per_row) { return (int)(Z_TAB_INTS / per_row / Z_TILE * Z_TILE); }
+/* Rows per pass of a per-row table of `per_row` ints: a multiple of Z_TILE where the table holds
+ * that many (at least 8: MAX_ROW_LEN / 16 * 8 fits). */
+static inline int z_pass_rows(size_t per_row) {
+    const int per = (int)(Z_TAB_INTS / per_row);
+    return per >= Z_TILE ? per / Z_TILE * Z_TILE : per;
+}
 
 static inline __attribute__((always_inline)) void gemm_vnni(int kind, gemm_fn avx2, float *y, int ldy,
                                                             const gemm_weight *w, int o0, int o1, const act_rows *x,

@@ -1,0 +1,62 @@
+/* The integer multiply-accumulate peak of each x86 kernel variant's instruction mix, for
+ * `slotserve bench kernels` (the GEMM figures are reported as a fraction of it).
+ *
+ * Each loop runs PEAK_CHAINS independent accumulators (more than the latency x throughput of
+ * any of these instructions on current cores), so it is bound by the instruction's throughput:
+ *   vnni512   vpdpbusd zmm: 64 u8 x s8 products into int32 per instruction (the prefill tiles)
+ *   vnni256   vpdpbusd ymm: 32 per instruction (the decode tiles of the avx512vnni variant)
+ *   avx2      vpmaddubsw ymm + vpaddw: 32 per pair (the avx2 variant's int16 stage; the
+ *             widening vpmaddwd that follows every 4-8 of them is not counted)
+ * kernel_peak_macs returns the products computed (0 when the CPU lacks the instructions or the
+ * mix is unknown), so products / CPU seconds is the peak rate of one thread.
+ */
+#include <string.h>
+
+#include "../kernels.h"
+
+#define PEAK_CHAINS 12
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+/* PEAK_CHAINS accumulators as named variables (an array indexed in a loop may live in memory),
+ * each kept in a register and every instruction kept (the empty asm) */
+#define PEAK_LOOP(T, ZERO, STEP, WIDTH)                                                            \
+    T a0 = ZERO, a1 = ZERO, a2 = ZERO, a3 = ZERO, a4 = ZERO, a5 = ZERO, a6 = ZERO, a7 = ZERO,     \
+      a8 = ZERO, a9 = ZERO, a10 = ZERO, a11 = ZERO;                                                \
+    for (long n = 0; n < iters; n++) {                                                             \
+        a0 = STEP(a0), a1 = STEP(a1), a2 = STEP(a2), a3 = STEP(a3), a4 = STEP(a4), a5 = STEP(a5);  \
+        a6 = STEP(a6), a7 = STEP(a7), a8 = STEP(a8), a9 = STEP(a9), a10 = STEP(a10), a11 = STEP(a11); \
+        __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5));       \
+        __asm__ volatile("" : "+v"(a6), "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));     \
+    }                                                                                              \
+    return iters * PEAK_CHAINS * (WIDTH)
+
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static long peak_vnni512(long iters) {
+    const __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(5);
+#define STEP512(a) _mm512_dpbusd_epi32(a, w, x)
+    PEAK_LOOP(__m512i, _mm512_setzero_si512(), STEP512, 64);
+}
+
+__attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static long peak_vnni256(long iters) {
+    const __m256i w = _mm256_set1_epi8(3), x = _mm256_set1_epi8(5);
+#define STEP256(a) _mm256_dpbusd_epi32(a, w, x)
+    PEAK_LOOP(__m256i, _mm256_setzero_si256(), STEP256, 32);
+}
+
+__attribute__((target("avx2"))) static long peak_avx2(long iters) {
+    const __m256i w = _mm256_set1_epi8(3), x = _mm256_set1_epi8(5);
+#define STEP_AVX2(a) _mm256_add_epi16(a, _mm256_maddubs_epi16(w, x))
+    PEAK_LOOP(__m256i, _mm256_setzero_si256(), STEP_AVX2, 32);
+}
+#endif
+
+long kernel_peak_macs(const char *mix, long iters) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (strcmp(mix, "vnni512") == 0 && kernels_avx512vnni_supported()) return peak_vnni512(iters);
+    if (strcmp(mix, "vnni256") == 0 && kernels_avx512vnni_supported()) return peak_vnni256(iters);
+    if (strcmp(mix, "avx2") == 0 && kernels_avx2_supported()) return peak_avx2(iters);
+#endif
+    (void)mix, (void)iters;
+    return 0;
+}

@@ -1,0 +1,379 @@
+/* The avx512vnni variant's decode-size matmuls: one to ROWS_MAX activation rows against the row
+ * groups of Q6_K, Q4_K and Q5_K weights (gemm_q6_K_vnni, gemm_q4_K_vnni and gemm_q5_K_vnni in
+ * x86_vnni.c hand a call of that size here, and its rows outside whole groups to x86_gemm_k.h).
+ *
+ * Design: a decode step reads each weight once for a few rows, so what bounds it is the work of
+ * unpacking a block, not the dot products. Here that work is done on 512-bit vectors holding
+ * two row groups side by side (lanes 0-7: group g, lanes 8-15: group g + 1: one 32-byte load
+ * of each), so every unpacking instruction serves 16 weight rows, and each unpacked 6-bit run
+ * of Q6_K serves two quarters of its half (the low nibbles one, the high nibbles the other; one
+ * load of the high bits both). The two groups of a vector are i and i + half of the call's
+ * range, so that each half streams in order; an odd last group runs in both halves and keeps
+ * the low one.
+ *
+ * Q6_K is dispatched for one row only (x86_vnni.c): from memory its 4-row form measured no
+ * faster than the tile's. Each (super-)block asks the prefetcher for both groups' block
+ * PF_AHEAD bytes on.
+ *
+ * NOTE: bit-identical to x86_gemm_k.h's VNNI tiles (and so to the avx2 variant): lane i is
+ * weight row 8g + i exactly as there, every integer sum is exact (the order of integer adds is
+ * free), and per lane the float operations are the same ones in the same order: per
+ * activation block b, acc = fma(float(isum_b), d * ad_b, acc); Q4_K/Q5_K's mins
+ * cor = fnmadd(dmin * m_j, as_b, cor) in block order; y = acc + cor (+ y).
+ * tests/engine/test_kernels_kquants.py holds the avx512vnni variant to the avx2 one with ==.
+ */
+#if defined(__x86_64__) || defined(__i386__)
+
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni")
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "../kernels.h"
+#include "../quant_k.h"
+#include "x86_vnni_rows.h"
+
+/* acc += 4-byte activation run a (broadcast to 16 lanes) . w, per int32 lane (vpdpbusd). */
+static inline __m512i dp16(__m512i acc, __m512i w, const int8_t *a) {
+    __asm__("vpdpbusd %[a]%{1to16%}, %[w], %[acc]" : [acc] "+v"(acc) : [w] "v"(w), [a] "m"(*(const int32_t *)a));
+    return acc;
+}
+
+/* 32 bytes at p (group g) and at p + gap (group g + 1) as one vector. */
+static inline __m512i ld2(const uint8_t *p, size_t gap) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)),
+                              _mm256_loadu_si256((const __m256i *)(p + gap)), 1);
+}
+
+/* 8 bytes at p and at p + gap, widened to 16 int32 lanes (signed or unsigned). */
+static inline __m512i sc2_i8(const int8_t *p, size_t gap) {
+    const __m128i v = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)p), _mm_loadl_epi64((const __m128i *)(p + gap)));
+    return _mm512_cvtepi8_epi32(v);
+}
+
+static inline __m512i sc2_u8(const uint8_t *p, size_t gap) {
+    const __m128i v = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)p), _mm_loadl_epi64((const __m128i *)(p + gap)));
+    return _mm512_cvtepu8_epi32(v);
+}
+
+/* 8 f16 at p and at p + gap as 16 floats. */
+static inline __m512 f16x2(const uint16_t *p, size_t gap) {
+    const __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p)),
+                                              _mm_loadu_si128((const __m128i *)((const char *)p + gap)), 1);
+    return _mm512_cvtph_ps(v);
+}
+
+/* (a & b) | c, bitwise */
+#define AND_OR 0xEA
+
+/* Prefetch distance of the two streams (bytes ahead of the block being read). NOTE: two
+ * streams a thread reads in lockstep are not followed by the hardware prefetcher as well as
+ * one; this asks for each ahead, and past the end of a pair's groups it reaches the next pair's
+ * (the groups of the low half are contiguous, and so are those of the high half). */
+#define PF_AHEAD 2048
+
+static inline void prefetch2(const uint8_t *p, size_t gap, size_t bytes) {
+    for (size_t i = 0; i < bytes; i += 64) {
+        _mm_prefetch((const char *)p + PF_AHEAD + i, _MM_HINT_T0);
+        _mm_prefetch((const char *)p + gap + PF_AHEAD + i, _MM_HINT_T0);
+    }
+}
+
+/* y rows 0..R-1: lanes 0-7 to columns o .. o+8, lanes 8-15 (when o_hi >= 0) to o_hi .. o_hi+8;
+ * each = acc + cor (+ y). */
+static inline __attribute__((always_inline)) void store16(float *y, int ldy, int o, int o_hi, const int R,
+                                                          const __m512 *acc, const __m512 *cor, int accumulate) {
+    for (int r = 0; r < R; r++) {
+        float *row = y + (size_t)r * ldy;
+        const __m512 v = _mm512_add_ps(acc[r], cor[r]);
+        __m256 lo = _mm512_castps512_ps256(v);
+        if (accumulate) lo = _mm256_add_ps(_mm256_loadu_ps(row + o), lo);
+        _mm256_storeu_ps(row + o, lo);
+        if (o_hi >= 0) {
+            __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+            if (accumulate) hi = _mm256_add_ps(_mm256_loadu_ps(row + o_hi), hi);
+            _mm256_storeu_ps(row + o_hi, hi);
+        }
+    }
+}
+
+/* acc[r] = fma(float(isum[r]), d * ad of row r's block b, acc[r]) */
+static inline __attribute__((always_inline)) void fold_block(const int R, __m512 *acc, const __m512i *isum, __m512 d,
+                                                             const act_rows *x, size_t b) {
+    const size_t nb = (size_t)x->k / QK;
+    for (int r = 0; r < R; r++)
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(d, _mm512_set1_ps(x->d[r * nb + b])), acc[r]);
+}
+
+/* ---- Q6_K -------------------------------------------------------------------------------------
+ * Half n of a super-block holds four blocks of 32 (quarters g = 0..3, block 4n + g). Quarters 0
+ * and 2 are the low and high nibbles of the same ql runs, 1 and 3 those of the next 8 runs; the
+ * high two bits of all four come from the same qh runs (bits 0-1, 2-3, 4-5, 6-7). One pass over
+ * runs rr = 0..7 yields quarters p and p + 2 (p = 0, 1); quarter 2's sum waits for quarter 1's
+ * (blocks are added in order). The 6-bit values go into vpdpbusd unsigned (q + 32) and each
+ * sub-block of 16 takes off 32 x its activation sum (asum) before its scale, as the tiles do. */
+static inline __attribute__((always_inline)) void q6_pair(const int R, float *y, int ldy, const uint8_t *g0, size_t gap,
+                                                          int nsb, const act_rows *x, const int32_t *asum, int o,
+                                                          int o_hi, int accumulate) {
+    const int k = x->k, n16 = k / 16;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    __m512 acc[ROWS_MAX], cor[ROWS_MAX];
+    for (int r = 0; r < R; r++) acc[r] = cor[r] = _mm512_setzero_ps();
+    for (int s = 0; s < nsb; s++) {
+        const block_q6_Kx8 *blk = (const block_q6_Kx8 *)g0 + s;
+        prefetch2((const uint8_t *)blk, gap, sizeof *blk);
+        const __m512 d = f16x2(blk->d, gap);
+#pragma GCC unroll 2
+        for (int n = 0; n < 2; n++) {
+            __m512i wait[ROWS_MAX]; /* quarter 2's sum, added after quarter 1's */
+            for (int r = 0; r < R; r++) wait[r] = _mm512_setzero_si512();
+#pragma GCC unroll 2
+            for (int p = 0; p < 2; p++) {
+                const int blo = 4 * n + p, bhi = blo + 2; /* blocks of this pass's two quarters */
+                __m512i ilo[ROWS_MAX], ihi[ROWS_MAX];
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    __m512i dlo[ROWS_MAX], dhi[ROWS_MAX];
+                    for (int r = 0; r < R; r++) dlo[r] = dhi[r] = _mm512_setzero_si512();
+                    for (int rr = 4 * h; rr < 4 * h + 4; rr++) {
+                        const __m512i ql = ld2(blk->ql + 32 * (16 * n + 8 * p + rr), gap);
+                        const __m512i qh = ld2(blk->qh + 32 * (8 * n + rr), gap);
+                        /* p = 0: quarter 0 takes qh bits 0-1, quarter 2 bits 4-5; p = 1: 2-3 and 6-7 */
+                        const __m512i hlo = _mm512_and_si512(p ? _mm512_slli_epi16(qh, 2) : _mm512_slli_epi16(qh, 4), m30);
+                        const __m512i hhi = _mm512_and_si512(p ? _mm512_srli_epi16(qh, 2) : qh, m30);
+                        const __m512i qlo = _mm512_ternarylogic_epi32(ql, m4, hlo, AND_OR);
+                        const __m512i qhi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), m4, hhi, AND_OR);
+                        for (int r = 0; r < R; r++) {
+                            const int8_t *a = x->qs + (size_t)r * k + (size_t)s * QK_K + 4 * rr;
+                            dlo[r] = dp16(dlo[r], qlo, a + QK * blo);
+                            dhi[r] = dp16(dhi[r], qhi, a + QK * bhi);
+                        }
+                    }
+                    const __m512i slo = sc2_i8(blk->sc[2 * blo + h], gap), shi = sc2_i8(blk->sc[2 * bhi + h], gap);
+                    const size_t e16 = (size_t)s * 16 + h; /* sub-block of 16 of block 0 */
+                    for (int r = 0; r < R; r++) {
+                        const int32_t *as = asum + (size_t)r * n16 + e16;
+                        const __m512i tlo = _mm512_mullo_epi32(_mm512_sub_epi32(dlo[r], _mm512_set1_epi32(as[2 * blo])), slo);
+                        const __m512i thi = _mm512_mullo_epi32(_mm512_sub_epi32(dhi[r], _mm512_set1_epi32(as[2 * bhi])), shi);
+                        ilo[r] = h ? _mm512_add_epi32(ilo[r], tlo) : tlo;
+                        ihi[r] = h ? _mm512_add_epi32(ihi[r], thi) : thi;
+                    }
+                }
+                fold_block(R, acc, ilo, d, x, (size_t)s * 8 + blo);
+                if (p == 0) {
+                    for (int r = 0; r < R; r++) wait[r] = ihi[r];
+                } else {
+                    fold_block(R, acc, wait, d, x, (size_t)s * 8 + blo + 1);
+                    fold_block(R, acc, ihi, d, x, (size_t)s * 8 + bhi);
+                }
+            }
+        }
+    }
+    store16(y, ldy, o, o_hi, R, acc, cor, accumulate);
+}
+
+/* ---- Q4_K / Q5_K ------------------------------------------------------------------------------
+ * Chunk c of 64 of a super-block: runs rr = 0..7 of qs, low nibbles sub-block 2c, high nibbles
+ * 2c + 1 (Q5_K: the fifth bits are bits 2c and 2c + 1 of qh run rr). The mins correction runs
+ * beside, in block order (k4_min_correction's). */
+static inline __attribute__((always_inline)) void k4_pair(const int R, const int five, float *y, int ldy,
+                                                          const uint8_t *g0, size_t gap, int nsb, const act_rows *x,
+                                                          int o, int o_hi, int accumulate) {
+    const int k = x->k, nb = k / QK;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
+    __m512 acc[ROWS_MAX], cor[ROWS_MAX];
+    for (int r = 0; r < R; r++) acc[r] = cor[r] = _mm512_setzero_ps();
+    for (int s = 0; s < nsb; s++) {
+        const uint16_t *dp, *dminp;
+        const uint8_t(*sc)[ROW_GROUP], (*mn)[ROW_GROUP], *qs, *qh = NULL;
+        if (five) {
+            const block_q5_Kx8 *blk = (const block_q5_Kx8 *)g0 + s;
+            dp = blk->d, dminp = blk->dmin, sc = blk->sc, mn = blk->m, qs = blk->qs, qh = blk->qh;
+        } else {
+            const block_q4_Kx8 *blk = (const block_q4_Kx8 *)g0 + s;
+            dp = blk->d, dminp = blk->dmin, sc = blk->sc, mn = blk->m, qs = blk->qs;
+        }
+        prefetch2((const uint8_t *)dp, gap, five ? sizeof(block_q5_Kx8) : sizeof(block_q4_Kx8));
+        const __m512 d = f16x2(dp, gap);
+        for (int c = 0; c < 4; c++) {
+            /* two chains per sum with few rows (odd runs apart): one chain's latency would bound it */
+            __m512i slo[ROWS_MAX], shi[ROWS_MAX], slo2[ROWS_MAX], shi2[ROWS_MAX];
+            for (int r = 0; r < R; r++) slo[r] = shi[r] = slo2[r] = shi2[r] = _mm512_setzero_si512();
+            for (int rr = 0; rr < 8; rr++) {
+                const __m512i w = ld2(qs + 32 * (8 * c + rr), gap);
+                __m512i lo, hi;
+                if (five) {
+                    const __m512i vh = ld2(qh + 32 * rr, gap);
+                    /* bit 2c (2c + 1) of each byte to bit 4 */
+                    const __m512i blo = _mm512_and_si512(c < 2 ? _mm512_slli_epi16(vh, 4 - 2 * c) : _mm512_srli_epi16(vh, 2 * c - 4), m10);
+                    const __m512i bhi = _mm512_and_si512(c < 2 ? _mm512_slli_epi16(vh, 3 - 2 * c) : _mm512_srli_epi16(vh, 2 * c - 3), m10);
+                    lo = _mm512_ternarylogic_epi32(w, m4, blo, AND_OR);
+                    hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(w, 4), m4, bhi, AND_OR);
+                } else {
+                    lo = _mm512_and_si512(w, m4);
+                    hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
+                }
+                for (int r = 0; r < R; r++) {
+                    const int8_t *a = x->qs + (size_t)r * k + (size_t)s * QK_K + 64 * c + 4 * rr;
+                    if (R <= 2 && (rr & 1)) {
+                        slo2[r] = dp16(slo2[r], lo, a);
+                        shi2[r] = dp16(shi2[r], hi, a + 32);
+                    } else {
+                        slo[r] = dp16(slo[r], lo, a);
+                        shi[r] = dp16(shi[r], hi, a + 32);
+                    }
+                }
+            }
+            const __m512i sclo = sc2_u8(sc[2 * c], gap), schi = sc2_u8(sc[2 * c + 1], gap);
+            __m512i ilo[ROWS_MAX], ihi[ROWS_MAX];
+            for (int r = 0; r < R; r++) {
+                if (R <= 2) {
+                    slo[r] = _mm512_add_epi32(slo[r], slo2[r]);
+                    shi[r] = _mm512_add_epi32(shi[r], shi2[r]);
+                }
+                ilo[r] = _mm512_mullo_epi32(slo[r], sclo);
+                ihi[r] = _mm512_mullo_epi32(shi[r], schi);
+            }
+            fold_block(R, acc, ilo, d, x, (size_t)s * 8 + 2 * c);
+            fold_block(R, acc, ihi, d, x, (size_t)s * 8 + 2 * c + 1);
+        }
+        /* cor -= dmin * m_j * as_b over the super-block's 8 blocks, in order */
+        const __m512 dmin = f16x2(dminp, gap);
+        for (int j = 0; j < 8; j++) {
+            const __m512 mf = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(sc2_u8(mn[j], gap)));
+            for (int r = 0; r < R; r++)
+                cor[r] = _mm512_fnmadd_ps(mf, _mm512_set1_ps(x->s[(size_t)r * nb + (size_t)s * 8 + j]), cor[r]);
+        }
+    }
+    store16(y, ldy, o, o_hi, R, acc, cor, accumulate);
+}
+
+/* ---- Q8_0, Q5_0, Q5_1: blocks of 32 -----------------------------------------------------------
+ * Q8_0 runs biased (w + 128, unsigned) and takes 128 x each activation block's sum off (abias),
+ * as x86_gemm_x8.h's KIND_Q8_0_BIASED; Q5_0/Q5_1 as x86_gemm_k.h's tile_q5 (the fifth bits of
+ * run j's low nibbles are bit j of each qh byte, of its high nibbles bit 4 + j). The
+ * correction cor = fma(c, as_b, cor) (Q5_0: c = -16 d; Q5_1: m; Q8_0: none) runs beside. */
+static inline __attribute__((always_inline)) void b32_pair(const int R, const int kind, float *y, int ldy,
+                                                           const uint8_t *g0, size_t gap, int nb, const act_rows *x,
+                                                           const int32_t *abias, int o, int o_hi, int accumulate) {
+    const int k = x->k;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10), bias = _mm512_set1_epi8((char)0x80);
+    __m512 acc[ROWS_MAX], cor[ROWS_MAX];
+    for (int r = 0; r < R; r++) acc[r] = cor[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m512i s1[ROWS_MAX], s2[ROWS_MAX];
+        for (int r = 0; r < R; r++) s1[r] = s2[r] = _mm512_setzero_si512();
+        const uint16_t *dp, *mp = NULL;
+        prefetch2(g0 + (size_t)b * (kind == ROWS_Q8_0 ? sizeof(block_q8_0x8) : kind == ROWS_Q5_0 ? sizeof(block_q5_0x8) : sizeof(block_q5_1x8)), gap,
+                  kind == ROWS_Q8_0 ? sizeof(block_q8_0x8) : kind == ROWS_Q5_0 ? sizeof(block_q5_0x8) : sizeof(block_q5_1x8));
+        if (kind == ROWS_Q8_0) {
+            const block_q8_0x8 *blk = (const block_q8_0x8 *)g0 + b;
+            dp = blk->d;
+            for (int j = 0; j < QK / 4; j++) {
+                const __m512i wu = _mm512_xor_si512(ld2((const uint8_t *)blk->qs + 32 * j, gap), bias);
+                for (int r = 0; r < R; r++) {
+                    const int8_t *a = x->qs + (size_t)r * k + (size_t)b * QK + 4 * j;
+                    if (j & 1) s2[r] = dp16(s2[r], wu, a);
+                    else s1[r] = dp16(s1[r], wu, a);
+                }
+            }
+            for (int r = 0; r < R; r++)
+                s1[r] = _mm512_sub_epi32(_mm512_add_epi32(s1[r], s2[r]), _mm512_set1_epi32(abias[(size_t)r * nb + b]));
+        } else {
+            const uint8_t *qs, *qh;
+            if (kind == ROWS_Q5_0) {
+                const block_q5_0x8 *blk = (const block_q5_0x8 *)g0 + b;
+                dp = blk->d, qs = blk->qs, qh = blk->qh;
+            } else {
+                const block_q5_1x8 *blk = (const block_q5_1x8 *)g0 + b;
+                dp = blk->d, mp = blk->m, qs = blk->qs, qh = blk->qh;
+            }
+            const __m512i vh = ld2(qh, gap);
+            for (int j = 0; j < 4; j++) {
+                const __m512i w = ld2(qs + 32 * j, gap);
+                const __m512i hl = _mm512_and_si512(_mm512_slli_epi16(vh, 4 - j), m10);
+                const __m512i hh = _mm512_and_si512(j ? _mm512_srli_epi16(vh, j) : vh, m10);
+                const __m512i lo = _mm512_ternarylogic_epi32(w, m4, hl, AND_OR);
+                const __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(w, 4), m4, hh, AND_OR);
+                for (int r = 0; r < R; r++) {
+                    const int8_t *a = x->qs + (size_t)r * k + (size_t)b * QK + 4 * j;
+                    s1[r] = dp16(s1[r], lo, a);
+                    s2[r] = dp16(s2[r], hi, a + 16);
+                }
+            }
+            for (int r = 0; r < R; r++) s1[r] = _mm512_add_epi32(s1[r], s2[r]);
+        }
+        const __m512 d = f16x2(dp, gap);
+        fold_block(R, acc, s1, d, x, (size_t)b);
+        if (kind != ROWS_Q8_0) {
+            const __m512 c = kind == ROWS_Q5_0 ? _mm512_mul_ps(_mm512_set1_ps(-16.0f), d) : f16x2(mp, gap);
+            for (int r = 0; r < R; r++) cor[r] = _mm512_fmadd_ps(c, _mm512_set1_ps(x->s[(size_t)r * nb + b]), cor[r]);
+        }
+    }
+    store16(y, ldy, o, o_hi, R, acc, cor, accumulate);
+}
+
+/* The whole groups of [o0, o1), two at a time. */
+static inline __attribute__((always_inline)) int rows_groups(int kind, const int R, float *y, int ldy,
+                                                             const gemm_weight *w, int o0, int o1, const act_rows *x,
+                                                             int accumulate, const int32_t *asum) {
+    int end = w->x8 ? w->n_out / ROW_GROUP * ROW_GROUP : o0;
+    if (end > o1) end = o1;
+    if (end <= o0) return o0;
+    static const size_t blk_bytes[] = {[ROWS_Q6_K] = sizeof(block_q6_Kx8), [ROWS_Q4_K] = sizeof(block_q4_Kx8),
+                                       [ROWS_Q5_K] = sizeof(block_q5_Kx8), [ROWS_Q8_0] = sizeof(block_q8_0x8),
+                                       [ROWS_Q5_0] = sizeof(block_q5_0x8), [ROWS_Q5_1] = sizeof(block_q5_1x8)};
+    const int k_quant = kind == ROWS_Q6_K || kind == ROWS_Q4_K || kind == ROWS_Q5_K;
+    const int nsb = w->n_in / (k_quant ? QK_K : QK); /* (super-)blocks per row */
+    const size_t gap = blk_bytes[kind] * (size_t)nsb;
+    /* group i beside group i + half: each half of the range streams in order (neighbouring
+     * pairs, which jump every two groups, measured 2x slower from memory), an odd last group
+     * alone */
+    const int groups = (end - o0) / ROW_GROUP, half = groups / 2;
+    for (int i = 0; i < groups - half; i++) {
+        const int two = i < half;
+        const int lo_g = two ? i : 2 * half; /* the low half's group (or the odd last one) */
+        const uint8_t *g0 = (const uint8_t *)w->x8 + (size_t)(o0 / ROW_GROUP + lo_g) * gap;
+        const size_t g = two ? (size_t)half * gap : 0;
+        const int o = o0 + ROW_GROUP * lo_g, o_hi = two ? o + ROW_GROUP * half : -1;
+        if (kind == ROWS_Q6_K) q6_pair(R, y, ldy, g0, g, nsb, x, asum, o, o_hi, accumulate);
+        else if (kind == ROWS_Q4_K || kind == ROWS_Q5_K) k4_pair(R, kind == ROWS_Q5_K, y, ldy, g0, g, nsb, x, o, o_hi, accumulate);
+        else b32_pair(R, kind, y, ldy, g0, g, nsb, x, asum, o, o_hi, accumulate);
+    }
+    return end;
+}
+
+int gemm_rows_vnni(int kind, float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows,
+                   int accumulate) {
+    int32_t asum[ROWS_MAX * (MAX_ROW_LEN / 16)];
+    if (kind == ROWS_Q6_K) {
+        /* 32 x each row's sum of its quantized activations over every 16 (x86_gemm_k.h k6_asum) */
+        const int n16 = w->n_in / 16;
+        for (int r = 0; r < n_rows; r++)
+            for (int i = 0; i < n16; i++) {
+                const int8_t *a = x->qs + (size_t)r * x->k + 16 * (size_t)i;
+                int sum = 0;
+                for (int e = 0; e < 16; e++) sum += a[e];
+                asum[(size_t)r * n16 + i] = 32 * sum;
+            }
+    } else if (kind == ROWS_Q8_0) {
+        /* 128 x each row's sum of its quantized activations over every block (x86_vnni.c's abias) */
+        const int nb = w->n_in / QK;
+        for (int r = 0; r < n_rows; r++)
+            for (int b = 0; b < nb; b++) {
+                const int8_t *a = x->qs + (size_t)r * x->k + (size_t)b * QK;
+                int sum = 0;
+                for (int e = 0; e < QK; e++) sum += a[e];
+                asum[(size_t)r * nb + b] = 128 * sum;
+            }
+    }
+    switch (n_rows) {
+    case 1: return rows_groups(kind, 1, y, ldy, w, o0, o1, x, accumulate, asum);
+    case 2: return rows_groups(kind, 2, y, ldy, w, o0, o1, x, accumulate, asum);
+    case 3: return rows_groups(kind, 3, y, ldy, w, o0, o1, x, accumulate, asum);
+    case 4: return rows_groups(kind, 4, y, ldy, w, o0, o1, x, accumulate, asum);
+    default: return o0;
+    }
+}
+
+#endif /* x86 */

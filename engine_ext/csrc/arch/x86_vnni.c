@@ -117,9 +117,7 @@ static inline __attribute__((always_inline)) void gemm_vnni(int kind, gemm_fn av
 }
 
 void gemm_q8_0_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate) {
-    /* a decode step's few rows: whole row groups on x86_vnni_rows.c's kernel, the rest here */
-    if (n_rows <= ROWS_MAX) o0 = gemm_rows_vnni(ROWS_Q8_0, y, ldy, w, o0, o1, x, n_rows, accumulate);
-    if (o0 < o1) gemm_vnni(KIND_Q8_0, gemm_q8_0_avx2, y, ldy, w, o0, o1, x, n_rows, accumulate);
+    gemm_vnni(KIND_Q8_0, gemm_q8_0_avx2, y, ldy, w, o0, o1, x, n_rows, accumulate);
 }
 
 void gemm_q4_0_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate) {
@@ -166,11 +164,11 @@ static inline __attribute__((always_inline)) void gemm_k_or_rows(int kind, int r
 }
 
 void gemm_q5_0_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate) {
-    gemm_k_or_rows(KIND_Q5_0, ROWS_Q5_0, ROWS_MAX, y, ldy, w, o0, o1, x, n_rows, accumulate);
+    gemm_k_vnni(KIND_Q5_0, y, ldy, w, o0, o1, x, n_rows, accumulate);
 }
 
 void gemm_q5_1_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate) {
-    gemm_k_or_rows(KIND_Q5_1, ROWS_Q5_1, ROWS_MAX, y, ldy, w, o0, o1, x, n_rows, accumulate);
+    gemm_k_vnni(KIND_Q5_1, y, ldy, w, o0, o1, x, n_rows, accumulate);
 }
 
 void gemm_q4_K_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate) {

@@ -80,7 +80,7 @@ class ServeConfig:
     kv_type: str = "f16"  # KV element type: f16, or q8_0 (8-bit keys and values, 53% of the bytes)
     max_batch_tokens: int | None = None  # rows of one engine step (and of a ring past the window); None = 512
     speculative: str = (
-        "off"  # ngram: speculative drafts from the conversation itself (scheduler/draft.py); off
+        "ngram"  # ngram (default): speculative drafts from the conversation itself (scheduler/draft.py); off
     )
     draft_max: int = 8  # most draft tokens one slot's step carries (with --speculative ngram)
     log_level: LogLevel = LogLevel.INFO
@@ -436,7 +436,7 @@ OPTIONS: tuple[Option, ...] = (
         "ngram: each decoding slot's step also verifies a draft of its next tokens copied from "
         "the conversation itself (prompt lookup), where the measured cost of a row pays for it; "
         "output unchanged (greedy: token for token; sampled: same distribution, same seeded "
-        "tokens); off (default)",
+        "tokens) (default); off",
         metavar="ngram|off",
     ),
     Option(

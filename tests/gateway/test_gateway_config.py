@@ -65,7 +65,7 @@ def test_every_option_has_an_env_var_that_parses() -> None:
         if opt.field == "prefill_order":
             env[opt.env] = "fifo"
         if opt.field == "speculative":
-            env[opt.env] = "ngram"
+            env[opt.env] = "off"
         if opt.field == "kv_type":
             env[opt.env] = "q8_0"
         if opt.field == "reasoning_format":
@@ -249,7 +249,7 @@ def test_speculative_opens_a_recurrent_pool_with_a_rollback_ring(
         return open_served_model(config).bundle.pool
 
     qwen35 = qwen35_model_factory()
-    off, on = pool(qwen35), pool(qwen35, speculative="ngram", draft_max=4)
+    off, on = pool(qwen35, speculative="off"), pool(qwen35, speculative="ngram", draft_max=4)
     assert (off.rollback, on.rollback) == (0, 5)
     assert on.kv_bytes - off.kv_bytes == 2 * 5 * on.state_bytes > 0
     assert pool(tiny_model_factory("Q8_0"), speculative="ngram").rollback == 0

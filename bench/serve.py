@@ -148,6 +148,10 @@ def start_server(model: Path, args: argparse.Namespace, port: int, log: Path) ->
         str(args.parallel),
         "--log-level",
         "warning",
+        # served decode is compared with the engine's one-token steps and a bandwidth bound:
+        # speculative drafts (on by default in `serve`) would change what a step computes
+        "--speculative",
+        "off",
     ]
     if args.threads is not None:
         cmd += ["--threads", str(args.threads)]

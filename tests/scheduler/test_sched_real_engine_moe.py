@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 import pytest
-from sched_support import CountingPool, collect, make_config, make_request
-from slotserve.scheduler.request import FinishReason, ReuseSource
+from real_sched_support import cold_run, multi_turn_and_identical_repeat, real_scheduler
+from real_sched_support import random_ids as ids
+from sched_support import CountingPool, collect, make_request
+from slotserve.scheduler.request import ReuseSource
 from slotserve.scheduler.scheduler import Scheduler
 
 
@@ -25,6 +26,7 @@ def open_pool(moe_path):
     from slotserve.engine_ext.loader import open_model
 
     def make(num_slots: int, ctx_len: int = 512):
+        # two threads: a step's expert groups are split between them
         bundle = open_model(moe_path, num_slots=num_slots, ctx_len=ctx_len, threads=2)
         assert bundle.model_file.config.moe is not None
         return CountingPool(bundle.pool), bundle.tokenizer
@@ -34,35 +36,15 @@ def open_pool(moe_path):
 
 def sched_for(pool, tok, **kw) -> Scheduler:
     kw.setdefault("segment_tokens", 32)
-    return Scheduler(pool, make_config(**kw), token_bytes=tok.token_bytes, eos_token_ids=tok.eos_token_ids)
-
-
-def ids(seed: int, n: int, n_vocab: int = 299) -> list[int]:
-    return [int(t) for t in np.random.default_rng(seed).integers(3, n_vocab, n)]
+    return real_scheduler(pool, tok, **kw)
 
 
 async def cold(open_pool, prompt, max_tokens) -> list[int]:
-    pool, tok = open_pool(1)
-    async with sched_for(pool, tok) as sched:
-        out = await collect(sched.submit(make_request(prompt, max_tokens)))
-    assert out.finish.reuse.reused_tokens == 0 and out.finish.reason is FinishReason.LENGTH
-    return out.tokens
+    return (await cold_run(open_pool, sched_for, prompt, max_tokens)).tokens
 
 
-async def test_multi_turn_rewind_equals_cold(open_pool):
-    pool, tok = open_pool(2)
-    turn1 = ids(1, 150)
-    async with sched_for(pool, tok) as sched:
-        a = await collect(sched.submit(make_request(turn1, 8)))
-        turn2 = turn1 + a.tokens + ids(2, 40)
-        before = pool.num_computed_tokens
-        b = await collect(sched.submit(make_request(turn2, 8)))
-        assert b.finish.reuse.source is ReuseSource.REWIND
-        assert b.finish.reuse.reused_tokens == 150 + 7
-        assert pool.num_computed_tokens - before == len(turn2) - 157 + 7
-        await sched.check_integrity()
-    assert a.tokens == await cold(open_pool, turn1, 8)
-    assert b.tokens == await cold(open_pool, turn2, 8)
+async def test_multi_turn_and_identical_repeat(open_pool):
+    await multi_turn_and_identical_repeat(open_pool, sched_for, cold)
 
 
 async def test_shared_prefix_copy_and_checkpoint_restore_equal_cold(open_pool):

@@ -495,10 +495,10 @@ cdef class KernelTable:
         return out
 
     def attention_q8(self, const float[:, ::1] q, k_rows, v_rows, int pos0, int group, int head_dim, float scale,
-                     int window=0):
+                     int window=0, int repeat=1):
         """attention() on q8_0 KV: k_rows, v_rows uint8 [>= pos0+n_q, head_dim / 32 * 34], each row
         head_dim / 32 blocks of an f16 scale (little-endian) and 32 int8 values (kv_q8.h); the keys
-        are rearranged here into the engine's blocked q8_0 key layout."""
+        are rearranged here into the engine's blocked q8_0 key layout. repeat: as attention()'s."""
         cdef int n_q = q.shape[0]
         if n_q < 1 or group < 1 or n_q * group > ATTN_MAX_ROWS or q.shape[1] != group * head_dim \
                 or not 0 < head_dim <= MAX_ROW_LEN or head_dim % 32 or window < 0 or pos0 < 0:
@@ -513,16 +513,20 @@ cdef class KernelTable:
         padded[: kr.shape[0]] = kr.reshape(-1, n_groups, 34)
         blocks = padded.reshape(n_blocks, KEY_LANES, n_groups, 34)
         scales = blocks[..., :2].transpose(0, 2, 1, 3).reshape(n_blocks, n_groups, 2 * KEY_LANES)
-        values = blocks[..., 2:].transpose(0, 2, 3, 1).reshape(n_blocks, n_groups, 32 * KEY_LANES)
+        # per group: quads of 4 dims, each key by key (kv_q8.h): [block][group][quad][lane][4]
+        values = blocks[..., 2:].reshape(n_blocks, KEY_LANES, n_groups, 8, 4).transpose(0, 2, 3, 1, 4)
+        values = values.reshape(n_blocks, n_groups, 32 * KEY_LANES)
         kc = np.ascontiguousarray(np.concatenate([scales, values], axis=2)).reshape(-1)
         cdef const uint8_t[::1] kb = kc, vb = vr.reshape(-1)
         out = np.zeros((n_q, group * head_dim), np.float32)
         scratch = np.zeros(attn_scratch_floats(n_blocks * KEY_LANES, head_dim), np.float32)
         cdef float[:, ::1] ov = out
         cdef float[::1] sv = scratch
+        cdef int i
         with nogil:
-            attention_rows(self.kt, &ov[0, 0], group * head_dim, &q[0, 0], group * head_dim, &kb[0], &vb[0],
-                           2, pos0, n_q, group, head_dim, scale, window, &sv[0])
+            for i in range(repeat):
+                attention_rows(self.kt, &ov[0, 0], group * head_dim, &q[0, 0], group * head_dim, &kb[0], &vb[0],
+                               2, pos0, n_q, group, head_dim, scale, window, &sv[0])
         return out
 
     def rmsnorm(self, const float[::1] x, const float[::1] w, float eps):

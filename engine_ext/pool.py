@@ -63,7 +63,7 @@ import numpy as np
 from . import _engine
 from .gguf_file import ModelFile, load_model_file
 
-LAYOUT_VERSION = 2  # bump whenever the KV layout or the snapshot format changes
+LAYOUT_VERSION = 3  # bump whenever the KV layout or the snapshot format changes (3: q8_0 keys in quads)
 SNAP_MAGIC = b"SSKVSNAP"
 HEADER = struct.Struct("<8s8I")
 KV_DTYPE_CODES = {"f16": 1, "f32": 2, "q8_0": 3}

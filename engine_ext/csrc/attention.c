@@ -4,6 +4,7 @@
  * For query position p and head h: s_t = scale * q.k_t for lo <= t <= p (lo = 0, or p-w+1 with
  * a sliding window w); over each chunk of
  * ATTN_CHUNK keys a partial state (m, l, acc); the states folded in chunk order; out = acc / l.
+ * On q8_0 keys q.k_t is the integer-dot score of kv_q8.h (the query quantized per block of 32).
  */
 #include <math.h>
 #include <string.h>
@@ -17,11 +18,11 @@
 size_t attn_scratch_floats(int ctx_len, int head_dim) {
     (void)ctx_len;
     /* running and partial states [2][ATTN_MAX_ROWS][head_dim + 2], then the chunk kernel's own:
-     * generic: a converted row [head_dim] + scores [ATTN_CHUNK];
+     * generic: a converted row [head_dim] + scores [ATTN_CHUNK] + a quantized query head row;
      * SIMD: a block of keys and of values in f32 and the scores of up to ATTN_MAX_ROWS (row,
      * head) pairs against it (arch/x86_avx512_attn.c; AVX2 uses less). */
     size_t states = 2 * (size_t)ATTN_MAX_ROWS * (head_dim + 2);
-    size_t generic = (size_t)head_dim + ATTN_CHUNK;
+    size_t generic = (size_t)head_dim + ATTN_CHUNK + (kv_q8_query_bytes(head_dim) + 3) / 4;
     size_t simd = 2 * (size_t)ATTN_KEY_BLOCK * head_dim + (size_t)ATTN_MAX_ROWS * ATTN_KEY_BLOCK;
     return states + (generic > simd ? generic : simd) + 16;
 }
@@ -38,10 +39,6 @@ static inline void load_row(float *dst, const void *src, int kv_f16, size_t row,
 }
 
 static inline void load_key(float *dst, const void *k, int kv_f16, int t, int head_dim) {
-    if (kv_f16 == KV_Q8_0) {
-        kv_q8_load_key(dst, k, t, head_dim);
-        return;
-    }
     for (int d = 0; d < head_dim; d++) {
         size_t at = key_index(t, d, head_dim);
         dst[d] = kv_f16 ? fp16_to_f32(((const uint16_t *)k)[at]) : ((const float *)k)[at];
@@ -53,6 +50,7 @@ void attention_chunk_generic(float *acc, int lda, float *ml, const float *q, int
                              float scale, int window, int chunk, float *scratch) {
     float *row = scratch;                 /* [head_dim] */
     float *scores = scratch + head_dim;   /* [ATTN_CHUNK] */
+    uint8_t *qrow = (uint8_t *)(scores + ATTN_CHUNK); /* q8_0: the quantized query head row */
     for (int i = 0; i < n_q; i++) {
         const int lo = window > 0 ? pos0 + i - window + 1 : 0;
         int t0 = chunk * ATTN_CHUNK > lo ? chunk * ATTN_CHUNK : lo;
@@ -66,10 +64,15 @@ void attention_chunk_generic(float *acc, int lda, float *ml, const float *q, int
             st[1] = 0.0f;
             if (t1 <= t0) continue;
             float mx = -INFINITY;
+            if (kv_f16 == KV_Q8_0) kv_q8_quantize_query(qrow, qh, head_dim);
             for (int t = t0; t < t1; t++) {
-                load_key(row, k, kv_f16, t, head_dim);
                 float dot = 0.0f;
-                for (int j = 0; j < head_dim; j++) dot += qh[j] * row[j];
+                if (kv_f16 == KV_Q8_0) {
+                    dot = kv_q8_key_score(k, t, qrow, head_dim);
+                } else {
+                    load_key(row, k, kv_f16, t, head_dim);
+                    for (int j = 0; j < head_dim; j++) dot += qh[j] * row[j];
+                }
                 scores[t - t0] = dot * scale;
                 mx = scores[t - t0] > mx ? scores[t - t0] : mx;
             }

@@ -38,11 +38,12 @@
  *
  * q8_0 (kv_type KV_Q8_0, kv_q8.h): a head row is head_dim / 32 blocks of an f16 scale and 32
  * int8 values (34 bytes, kv_row); v rows are those blocks in order; a k block keeps, per group of
- * 32 dimensions, the 8 positions' scales and then the group's values dimension-major, so keys
- * still stream front to back, 8 lanes per load, and a block is KEY_LANES * kv_row bytes:
+ * 32 dimensions, the 8 positions' scales and then the group's values in quads of 4 dimensions,
+ * key by key, so keys still stream front to back, 8 lanes of 4 dimensions per load (int8 dot
+ * products), and a block is KEY_LANES * kv_row bytes:
  *
  *   v row p   | d q[0..31] | d q[32..63] | ...
- *   k block   | group 0: d[p0..p7] | dim0 q[p0..p7] ... dim31 q[p0..p7] | group 1: d[p0..p7] | ...
+ *   k block   | group 0: d[p0..p7] | p0 q[0..3] ... p7 q[0..3] | p0 q[4..7] ... | group 1: ...
  *
  * Rows are quantized as they are stored (store_kv), never re-quantized after.
  *
@@ -744,12 +745,12 @@ static void ring_rows(const engine *e, int slot, int l, int h, int lo, int n, ch
 /* Zero the lanes of key positions n.. in the last (partial) block of a k plane copy. */
 static void clear_tail_lanes(const engine *e, char *kplane, int n) {
     if (n % KEY_LANES == 0) return;
-    if (e->kv_type == KV_Q8_0) { /* per group: the lanes' scales, then their values dim by dim */
+    if (e->kv_type == KV_Q8_0) { /* per group: the lanes' scales, then per quad the lanes' 4 bytes */
         for (int g = 0; g < e->m.head_dim / KV_Q8_BLOCK; g++) {
             char *grp = kplane + kv_q8_key_group(n, g, e->m.head_dim);
             memset(grp + 2 * (n % KEY_LANES), 0, 2 * (KEY_LANES - n % KEY_LANES));
-            for (int j = 0; j < KV_Q8_BLOCK; j++)
-                memset(grp + 2 * KEY_LANES + j * KEY_LANES + n % KEY_LANES, 0, KEY_LANES - n % KEY_LANES);
+            for (int j = 0; j < KV_Q8_BLOCK; j += 4)
+                memset(grp + kv_q8_key_byte(n % KEY_LANES, j), 0, 4 * (KEY_LANES - n % KEY_LANES));
         }
         return;
     }

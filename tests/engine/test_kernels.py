@@ -280,29 +280,51 @@ def q8_0_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return raw.reshape(n, -1), (qv.astype(np.float32) * d.astype(np.float32)).reshape(n, hd)
 
 
-@pytest.mark.parametrize("head_dim, group", [(32, 4), (64, 3), (96, 1), (256, 2)])
+def q8_0_queries(q: np.ndarray) -> np.ndarray:
+    """The queries as the q8_0 kernels score them (kv_q8.h kv_q8_quantize_query): per block of 32,
+    an f32 scale d = max|x| / 127 and round(x * (1 / d)) (half away from zero), dequantized."""
+    b = q.reshape(q.shape[0], -1, 32).astype(np.float32)
+    d = np.abs(b).max(axis=2, keepdims=True) / np.float32(127)
+    inv = np.where(d == 0, np.float32(0), np.float32(1) / np.where(d == 0, np.float32(1), d)).astype(
+        np.float32
+    )
+    y = (b * inv).astype(np.float32).astype(np.float64)
+    qv = np.sign(y) * np.floor(np.abs(y) + 0.5)
+    return (qv * d.astype(np.float64)).reshape(q.shape)
+
+
+@pytest.mark.parametrize("head_dim, group", [(32, 4), (64, 3), (96, 1), (256, 2), (256, 4)])
 @pytest.mark.parametrize(
-    "pos0, n_q, window", [(0, 1, 0), (5, 3, 0), (31, 2, 0), (70, 5, 0), (600, 2, 0), (300, 3, 40)]
+    "pos0, n_q, window",
+    [(0, 1, 0), (5, 3, 0), (31, 2, 0), (70, 5, 0), (600, 2, 0), (300, 3, 40), (530, 16, 512)],
 )
 def test_attention_q8_0_variants_match_numpy(head_dim, group, pos0, n_q, window):
-    """q8_0 KV (scalar reference and the AVX2 kernel, which reads the blocked int8 keys and value
-    rows itself): against float64 attention over the dequantized keys and values, the f32 bound."""
-    r = rng(pos0 * 10 + n_q + head_dim)
+    """q8_0 KV (scalar reference, the AVX2 kernel and its query tiles, the AVX-512 VNNI tiles),
+    scored in integers as llama.cpp scores a q8_0 K cache: against float64 attention of the
+    quantized queries (kv_q8.h) over the dequantized keys and values, the f32 bound. The same
+    outputs miss attention of the unquantized queries by more than that bound (where a row has two
+    keys to weigh): the integer scores are what ran."""
+    r = rng(pos0 * 10 + n_q + head_dim + group)
     n_keys = pos0 + n_q + 3
+    n_q = min(n_q, 64 // group)
     q = r.standard_normal((n_q, group * head_dim)).astype(np.float32)
     k_raw, k = q8_0_rows(r.standard_normal((n_keys, head_dim)) * 0.7)
     v_raw, v = q8_0_rows(r.standard_normal((n_keys, head_dim)))
     scale = head_dim**-0.5
-    want, mag = attention_numpy(q, k, v, pos0, group, head_dim, scale, window)
+    want, mag = attention_numpy(q8_0_queries(q), k, v, pos0, group, head_dim, scale, window)
+    plain, _ = attention_numpy(q, k, v, pos0, group, head_dim, scale, window)
     variants = ["scalar"] + (["avx2"] if _engine.avx2_supported() else [])
+    variants += ["avx512vnni"] if _engine.avx512vnni_supported() else []
     outs = {}
     for name in variants:
         outs[name] = _engine.KernelTable(name).attention_q8(
             q, k_raw, v_raw, pos0, group, head_dim, scale, window
         )
         assert_close(outs[name], want, mag, 8 * SUM_RTOL, f"{name} q8_0 attention vs numpy")
-    if len(outs) == 2:
-        assert_close(outs["avx2"], outs["scalar"], mag, 8 * SUM_RTOL, "avx2 vs generic q8_0 attention")
+        if pos0 + n_q > 1:  # (one key alone: its value whatever the score)
+            assert np.any(np.abs(outs[name] - plain) > 8 * SUM_RTOL * mag), f"{name}: unquantized queries"
+    for name in variants[1:]:
+        assert_close(outs[name], outs["scalar"], mag, 8 * SUM_RTOL, f"{name} vs generic q8_0 attention")
 
 
 @pytest.mark.parametrize("kv_dtype", [np.float16, np.float32])

@@ -22,7 +22,7 @@
 
 #define ATTN_KEY_BLOCK KB /* keys per attention block (aligned to absolute positions) */
 
-/* Scores of 8 keys (one key block) for NH heads: s[h] lane j = q_h . key j. Per (head, key) the
+/* Scores of 8 keys (one f16 or f32 key block) for NH heads: s[h] lane j = q_h . key j. Per (head, key) the
  * sum runs over d in U interleaved partial sums (U = 4, or 2 for a batch of 4 heads so the
  * partials fit the 16 registers), combined as (p0 + p1) + (p2 + p3), or p0 + p1.
  * NOTE: pointer-stepped loops (no index arithmetic per load): this loop is the kernel's hot path. */
@@ -35,22 +35,6 @@ static inline __attribute__((always_inline)) void block_scores(
     const uint16_t *kh = (const uint16_t *)kblock;
     const float *kf = (const float *)kblock;
     const float *q0 = qh[0], *q1 = NH > 1 ? qh[1] : qh[0], *q2 = NH > 2 ? qh[2] : qh[0], *q3 = NH > 3 ? qh[3] : qh[0];
-    if (F16 == KV_Q8_0) { /* per group of 32 dims: 8 lanes' scales, then int8 lanes dim by dim (kv_q8.h) */
-        const uint8_t *kq = (const uint8_t *)kblock;
-        for (int g = 0; g < hd / KV_Q8_BLOCK; g++) {
-            const __m256 dsc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)kq));
-            kq += 2 * KEY_LANES;
-            for (int d = 0; d < KV_Q8_BLOCK; d += U, kq += U * KEY_LANES, q0 += U, q1 += U, q2 += U, q3 += U)
-                for (int u = 0; u < U; u++) {
-                    const __m256i k8 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(kq + u * KEY_LANES)));
-                    const __m256 kt = _mm256_mul_ps(_mm256_cvtepi32_ps(k8), dsc);
-                    part[0][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q0 + u), kt, part[0][u]);
-                    if (NH > 1) part[1][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q1 + u), kt, part[1][u]);
-                    if (NH > 2) part[2][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q2 + u), kt, part[2][u]);
-                    if (NH > 3) part[3][u] = _mm256_fmadd_ps(_mm256_broadcast_ss(q3 + u), kt, part[3][u]);
-                }
-        }
-    } else
     for (int d = 0; d < hd; d += U, kh += U * KEY_LANES, kf += U * KEY_LANES, q0 += U, q1 += U, q2 += U, q3 += U)
         for (int u = 0; u < U; u++) {
             const __m256 kt = F16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kh + u * KEY_LANES)))
@@ -115,11 +99,12 @@ static inline __attribute__((always_inline)) void block_values(
 }
 
 /* One (query row, batch of NH heads) against keys [t0 + lo, t0 + nv) of a block of ATTN_KEY_BLOCK
- * (keys before t0 + lo lie outside a sliding window: probability exactly 0):
+ * (keys before t0 + lo lie outside a sliding window: probability exactly 0); q8_0 keys are scored
+ * with the heads' quantized queries qr (x86_attn_tiles.h q8_scores8), others with qh:
  * scores, online-softmax update of (m, l), value accumulation. sc: [HEAD_BATCH][ATTN_KEY_BLOCK]. */
 static inline __attribute__((always_inline)) void attend_block(
-    const int NH, const int F16, const float *const *qh, float *const *ah, float *const *st, const void *k,
-    const void *v, int t0, int lo, int nv, int hd, float scale, float *sc) {
+    const int NH, const int F16, const float *const *qh, const uint8_t *const *qr, float *const *ah,
+    float *const *st, const void *k, const void *v, int t0, int lo, int nv, int hd, float scale, float *sc) {
     const __m256 vscale = _mm256_set1_ps(scale);
     __m256 vmax[HEAD_BATCH];
     for (int h = 0; h < NH; h++) vmax[h] = _mm256_set1_ps(-INFINITY);
@@ -127,7 +112,8 @@ static inline __attribute__((always_inline)) void attend_block(
         __m256 s[HEAD_BATCH];
         const size_t kb_off = F16 == KV_Q8_0 ? (size_t)(t0 + j) / KEY_LANES * KEY_LANES * kv_q8_row_bytes(hd)
                                              : key_index(t0 + j, 0, hd) * (F16 ? 2 : 4);
-        block_scores(NH, F16, s, qh, (const char *)k + kb_off, hd);
+        if (F16 == KV_Q8_0) q8_scores8(NH, s, qr, (const uint8_t *)k + kb_off, hd); /* quantized queries */
+        else block_scores(NH, F16, s, qh, (const char *)k + kb_off, hd);
         const __m256 valid = lane_range(lo - j, nv - j);
         for (int h = 0; h < NH; h++) {
             s[h] = _mm256_mul_ps(s[h], vscale);
@@ -185,6 +171,9 @@ void attention_chunk_avx2(float *acc, int lda, float *ml, const float *q, int ld
     }
     const int hd = head_dim;
     float *sc = scratch; /* [HEAD_BATCH][KB] scores, then probabilities */
+    uint8_t *qbuf = (uint8_t *)(sc + HEAD_BATCH * KB); /* q8_0: every (row, head) query quantized */
+    const size_t qbytes = kv_q8_query_bytes(hd);
+    if (kv_f16 == KV_Q8_0) attn_q8_queries(qbuf, q, ldq, n_q, group, hd);
     const int c0 = chunk * ATTN_CHUNK;
     const int c1 = pos0 + n_q < c0 + ATTN_CHUNK ? pos0 + n_q : c0 + ATTN_CHUNK; /* keys any row needs */
     for (int i = 0; i < n_q; i++)
@@ -206,27 +195,29 @@ void attention_chunk_avx2(float *acc, int lda, float *ml, const float *q, int ld
             for (int h0 = 0; h0 < group; h0 += HEAD_BATCH) {
                 const int nh = group - h0 < HEAD_BATCH ? group - h0 : HEAD_BATCH;
                 const float *qh[HEAD_BATCH];
+                const uint8_t *qr[HEAD_BATCH];
                 float *ah[HEAD_BATCH], *st[HEAD_BATCH];
                 for (int h = 0; h < nh; h++) {
                     qh[h] = q + (size_t)i * ldq + (size_t)(h0 + h) * hd;
+                    qr[h] = qbuf + (size_t)(i * group + h0 + h) * qbytes;
                     ah[h] = acc + (size_t)i * lda + (size_t)(h0 + h) * hd;
                     st[h] = ml + 2 * (i * group + h0 + h);
                 }
                 if (kv_f16 == KV_Q8_0) {
-                    if (nh == 4) attend_block(4, KV_Q8_0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
-                    else if (nh == 3) attend_block(3, KV_Q8_0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
-                    else if (nh == 2) attend_block(2, KV_Q8_0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
-                    else attend_block(1, KV_Q8_0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
+                    if (nh == 4) attend_block(4, KV_Q8_0, qh, qr, ah, st, k, v, t0, lo, nv, hd, scale, sc);
+                    else if (nh == 3) attend_block(3, KV_Q8_0, qh, qr, ah, st, k, v, t0, lo, nv, hd, scale, sc);
+                    else if (nh == 2) attend_block(2, KV_Q8_0, qh, qr, ah, st, k, v, t0, lo, nv, hd, scale, sc);
+                    else attend_block(1, KV_Q8_0, qh, qr, ah, st, k, v, t0, lo, nv, hd, scale, sc);
                 } else if (kv_f16) {
-                    if (nh == 4) attend_block(4, 1, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
-                    else if (nh == 3) attend_block(3, 1, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
-                    else if (nh == 2) attend_block(2, 1, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
-                    else attend_block(1, 1, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
+                    if (nh == 4) attend_block(4, 1, qh, qr, ah, st, k, v, t0, lo, nv, hd, scale, sc);
+                    else if (nh == 3) attend_block(3, 1, qh, qr, ah, st, k, v, t0, lo, nv, hd, scale, sc);
+                    else if (nh == 2) attend_block(2, 1, qh, qr, ah, st, k, v, t0, lo, nv, hd, scale, sc);
+                    else attend_block(1, 1, qh, qr, ah, st, k, v, t0, lo, nv, hd, scale, sc);
                 } else {
-                    if (nh == 4) attend_block(4, 0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
-                    else if (nh == 3) attend_block(3, 0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
-                    else if (nh == 2) attend_block(2, 0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
-                    else attend_block(1, 0, qh, ah, st, k, v, t0, lo, nv, hd, scale, sc);
+                    if (nh == 4) attend_block(4, 0, qh, qr, ah, st, k, v, t0, lo, nv, hd, scale, sc);
+                    else if (nh == 3) attend_block(3, 0, qh, qr, ah, st, k, v, t0, lo, nv, hd, scale, sc);
+                    else if (nh == 2) attend_block(2, 0, qh, qr, ah, st, k, v, t0, lo, nv, hd, scale, sc);
+                    else attend_block(1, 0, qh, qr, ah, st, k, v, t0, lo, nv, hd, scale, sc);
                 }
             }
         }
@@ -328,7 +319,7 @@ static inline __attribute__((always_inline)) void tile8_values(const int NP, con
 static void run_pairs8(int U, int n, const float *const *qp, float *const *ap, float *const *sp, float *sc,
                        const float *kf, const float *vf, int lo, int nv, int hd, float scale) {
     const int tile = U == 2 ? T8_U2 : T8_U4, n_sub = (nv + KEY_LANES - 1) / KEY_LANES;
-    for (int p0 = 0; p0 < n; p0 += tile) {
+    for (int p0 = 0; qp && p0 < n; p0 += tile) { /* q8_0 (qp NULL): scores already in sc */
         const int np = n - p0 < tile ? n - p0 : tile;
         float *s = sc + (size_t)p0 * KB;
         for (int b = 0; b < n_sub; b++) {
@@ -369,15 +360,39 @@ static void run_pairs8(int U, int n, const float *const *qp, float *const *ap, f
     }
 }
 
+/* q8_0 scores of pairs [0, n) against the block at kb: the row kernel's q8_scores8, 4 pairs at
+ * a time, times the scale (attend_block's order). */
+static void q8_scores_tiles8(int n, const uint8_t *const *qr, float *sc, const uint8_t *kb, const float *kscr,
+                             int n_sub, int hd, float scale) {
+    (void)kscr;
+    const __m256 vs = _mm256_set1_ps(scale);
+    const size_t block = KEY_LANES * kv_q8_row_bytes(hd);
+    for (int p0 = 0; p0 < n; p0 += HEAD_BATCH) {
+        const int np = n - p0 < HEAD_BATCH ? n - p0 : HEAD_BATCH;
+        for (int b = 0; b < n_sub; b++) {
+            __m256 s[HEAD_BATCH];
+            switch (np) {
+            case 1: q8_scores8(1, s, qr + p0, kb + b * block, hd); break;
+            case 2: q8_scores8(2, s, qr + p0, kb + b * block, hd); break;
+            case 3: q8_scores8(3, s, qr + p0, kb + b * block, hd); break;
+            default: q8_scores8(4, s, qr + p0, kb + b * block, hd); break;
+            }
+            for (int p = 0; p < np; p++) _mm256_storeu_ps(sc + (size_t)(p0 + p) * KB + 8 * b, _mm256_mul_ps(s[p], vs));
+        }
+    }
+}
+
+static const attn_tiles_variant TILES8 = {run_pairs8, NULL, q8_scores_tiles8};
+
 /* The avx2 table's chunk kernel: query tiles for calls of several rows, the row kernel else. */
 void attention_chunk_avx2_tiles(float *acc, int lda, float *ml, const float *q, int ldq, const void *k,
                                 const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim,
                                 float scale, int window, int chunk, float *scratch) {
-    if (n_q < 2 || head_dim % 8 != 0 || (kv_f16 == KV_Q8_0 && head_dim % KV_Q8_BLOCK != 0))
+    if (!attn_tiles_eligible(n_q, kv_f16, head_dim))
         attention_chunk_avx2(acc, lda, ml, q, ldq, k, v, kv_f16, pos0, n_q, group, head_dim, scale, window, chunk,
                              scratch);
     else
-        attn_tiles_chunk(run_pairs8, acc, lda, ml, q, ldq, k, v, kv_f16, pos0, n_q, group, head_dim, scale, window,
+        attn_tiles_chunk(&TILES8, acc, lda, ml, q, ldq, k, v, kv_f16, pos0, n_q, group, head_dim, scale, window,
                          chunk, scratch);
 }
 

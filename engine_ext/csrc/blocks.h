@@ -120,10 +120,22 @@ typedef struct {
     uint8_t sc[8][ROW_GROUP]; uint8_t m[8][ROW_GROUP];
     uint8_t qh[QK_K / 8 * ROW_GROUP]; uint8_t qs[QK_K / 2 * ROW_GROUP];
 } block_q5_Kx8; /* 1440 bytes (8 rows: 1408) */
+/* Q6_K's x8 runs (32 bytes: run j of the 8 rows' ql or qh arrays, as above) are stored in the
+ * order the kernels read them, so that a decode step streams each block front to back: half n
+ * (q[768n ..]) holds ql run 16n + i beside qh run 8n + i for i = 0..7 (64 bytes each: the pass
+ * of quarters 0 and 2, which take those qh runs' bits 0-1 and 4-5), then ql runs 16n + 8 .. 16n + 15
+ * (the pass of quarters 1 and 3, which read the same qh runs again, from cache). With ql and qh
+ * in two separate arrays, the same one-row kernel streamed 2x slower from memory (the reads
+ * went back and forth between two regions of the block). q6x8_ql / q6x8_qh give a run's
+ * place; quant_k.c packs with them and every x8 kernel reads with them. */
 typedef struct {
     uint16_t d[ROW_GROUP]; int8_t sc[QK_K / 16][ROW_GROUP];
-    uint8_t ql[QK_K / 2 * ROW_GROUP]; uint8_t qh[QK_K / 4 * ROW_GROUP];
+    uint8_t q[(QK_K / 2 + QK_K / 4) * ROW_GROUP]; /* runs as above */
 } block_q6_Kx8; /* 1680 bytes */
+
+/* Byte offset in block_q6_Kx8.q of ql run j (0..31) and of qh run j (0..15). */
+static inline int q6x8_ql(int j) { return 768 * (j >> 4) + ((j & 8) ? 512 + 32 * (j & 7) : 64 * (j & 7)); }
+static inline int q6x8_qh(int j) { return 768 * (j >> 3) + 64 * (j & 7) + 32; }
 
 _Static_assert(sizeof(block_q5_0x8) == 176 && sizeof(block_q5_1x8) == 192, "x8 sizes");
 _Static_assert(sizeof(block_q2_Kx8) == 672 && sizeof(block_q3_Kx8) == 912, "x8 sizes");

@@ -310,13 +310,13 @@ static void convert_q6_K(block_q6_Kx8 *g, block_q6_K *b, int i, int to_x8) {
     if (to_x8) {
         g->d[i] = b->d;
         for (int j = 0; j < QK_K / 16; j++) g->sc[j][i] = b->scales[j];
-        put_runs(g->ql, b->ql, QK_K / 2, i);
-        put_runs(g->qh, b->qh, QK_K / 4, i);
+        for (int j = 0; j < QK_K / 8; j++) memcpy(g->q + q6x8_ql(j) + 4 * i, b->ql + 4 * j, 4);
+        for (int j = 0; j < QK_K / 16; j++) memcpy(g->q + q6x8_qh(j) + 4 * i, b->qh + 4 * j, 4);
     } else {
         b->d = g->d[i];
         for (int j = 0; j < QK_K / 16; j++) b->scales[j] = g->sc[j][i];
-        get_runs(b->ql, g->ql, QK_K / 2, i);
-        get_runs(b->qh, g->qh, QK_K / 4, i);
+        for (int j = 0; j < QK_K / 8; j++) memcpy(b->ql + 4 * j, g->q + q6x8_ql(j) + 4 * i, 4);
+        for (int j = 0; j < QK_K / 16; j++) memcpy(b->qh + 4 * j, g->q + q6x8_qh(j) + 4 * i, 4);
     }
 }
 

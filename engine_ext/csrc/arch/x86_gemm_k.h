@@ -227,8 +227,8 @@ static inline __attribute__((always_inline)) void tile_q6_K(const int R, const v
                     __m256i p[K_TILE];
                     for (int r = 0; r < R; r++) p[r] = _mm256_setzero_si256();
                     for (int rr = 4 * h; rr < 4 * h + 4; rr++) {
-                        const __m256i vl = _mm256_loadu_si256((const __m256i *)(blk->ql + 32 * (16 * n + 8 * (g & 1) + rr)));
-                        const __m256i vh = _mm256_loadu_si256((const __m256i *)(blk->qh + 32 * (8 * n + rr)));
+                        const __m256i vl = _mm256_loadu_si256((const __m256i *)(blk->q + q6x8_ql(16 * n + 8 * (g & 1) + rr)));
+                        const __m256i vh = _mm256_loadu_si256((const __m256i *)(blk->q + q6x8_qh(8 * n + rr)));
                         const __m256i nib = g < 2 ? _mm256_and_si256(vl, low4) : _mm256_and_si256(_mm256_srli_epi16(vl, 4), low4);
                         const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nib, q6_high(vh, g)), off);
                         const __m256i qa = _mm256_sign_epi8(q, q);
@@ -454,8 +454,8 @@ static inline __attribute__((always_inline)) void tile_q6_K(const int R, const v
                     __m256i dot[K_TILE];
                     for (int r = 0; r < R; r++) dot[r] = _mm256_setzero_si256();
                     for (int rr = 4 * h; rr < 4 * h + 4; rr++) {
-                        const __m256i vl = _mm256_loadu_si256((const __m256i *)(blk->ql + 32 * (16 * n + 8 * (g & 1) + rr)));
-                        const __m256i vh = _mm256_loadu_si256((const __m256i *)(blk->qh + 32 * (8 * n + rr)));
+                        const __m256i vl = _mm256_loadu_si256((const __m256i *)(blk->q + q6x8_ql(16 * n + 8 * (g & 1) + rr)));
+                        const __m256i vh = _mm256_loadu_si256((const __m256i *)(blk->q + q6x8_qh(8 * n + rr)));
                         const __m256i nib = g < 2 ? _mm256_and_si256(vl, low4) : _mm256_and_si256(_mm256_srli_epi16(vl, 4), low4);
                         const __m256i q = _mm256_or_si256(nib, q6_high(vh, g));
                         for (int r = 0; r < R; r++) {

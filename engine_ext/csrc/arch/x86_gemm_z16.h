@@ -197,10 +197,10 @@ Z_AI void ztile_q6_K(const int R, const void *ga, const void *gb, const act_rows
                 const int b = 4 * n + g;
                 __m512i q[8];
                 for (int rr = 0; rr < 8; rr++) {
-                    const size_t lo_at = 32 * (16 * n + 8 * (g & 1) + rr), hi_at = 32 * (8 * n + rr);
-                    const __m512i vl = z_ld(A->ql + lo_at, B->ql + lo_at);
+                    const size_t lo_at = q6x8_ql(16 * n + 8 * (g & 1) + rr), hi_at = q6x8_qh(8 * n + rr);
+                    const __m512i vl = z_ld(A->q + lo_at, B->q + lo_at);
                     const __m512i nib = g < 2 ? _mm512_and_si512(vl, low4) : _mm512_and_si512(_mm512_srli_epi16(vl, 4), low4);
-                    q[rr] = _mm512_or_si512(nib, z_q6_high(z_ld(A->qh + hi_at, B->qh + hi_at), g));
+                    q[rr] = _mm512_or_si512(nib, z_q6_high(z_ld(A->q + hi_at, B->q + hi_at), g));
                 }
                 const __m512i sc0 = z_i8(A->sc[2 * b], B->sc[2 * b]), sc1 = z_i8(A->sc[2 * b + 1], B->sc[2 * b + 1]);
                 const size_t e16 = ((size_t)s * QK_K + QK * b) / 16;

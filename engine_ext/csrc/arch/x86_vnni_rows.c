@@ -139,8 +139,8 @@ static inline __attribute__((always_inline)) void q6_pair(const int R, float *y,
                     __m512i dlo[ROWS_MAX], dhi[ROWS_MAX];
                     for (int r = 0; r < R; r++) dlo[r] = dhi[r] = _mm512_setzero_si512();
                     for (int rr = 4 * h; rr < 4 * h + 4; rr++) {
-                        const __m512i ql = ld2(blk->ql + 32 * (16 * n + 8 * p + rr), gap);
-                        const __m512i qh = ld2(blk->qh + 32 * (8 * n + rr), gap);
+                        const __m512i ql = ld2(blk->q + q6x8_ql(16 * n + 8 * p + rr), gap);
+                        const __m512i qh = ld2(blk->q + q6x8_qh(8 * n + rr), gap);
                         /* p = 0: quarter 0 takes qh bits 0-1, quarter 2 bits 4-5; p = 1: 2-3 and 6-7 */
                         const __m512i hlo = _mm512_and_si512(p ? _mm512_slli_epi16(qh, 2) : _mm512_slli_epi16(qh, 4), m30);
                         const __m512i hhi = _mm512_and_si512(p ? _mm512_srli_epi16(qh, 2) : qh, m30);

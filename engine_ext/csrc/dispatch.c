@@ -105,6 +105,8 @@ static const kernel_table avx512vnni_table = {
     .name = "avx512vnni",
     X86_COMMON,
     .attention_chunk = attention_chunk_avx512, /* overrides X86_COMMON's: query tiles, same results */
+    /* these too: the same results as AVX2's on 512-bit vectors */
+    .gdn_step = gdn_step_avx512, .ssm_conv = ssm_conv_avx512, .shortconv = shortconv_avx512,
     .gemm = X86_GEMMS(gemm_q8_0_vnni, gemm_q4_0_vnni, gemm_q4_1_vnni, gemm_q5_0_vnni, gemm_q5_1_vnni,
                       gemm_q4_K_vnni, gemm_q5_K_vnni, gemm_q6_K_vnni, gemm_q2_K_avx2, gemm_q3_K_avx2),
 };

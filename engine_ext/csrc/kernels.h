@@ -247,6 +247,13 @@ void gdn_gates_avx2(float *alpha, float *beta, const float *dt, const float *a, 
 void attention_chunk_avx512(float *acc, int lda, float *ml, const float *q, int ldq, const void *k,
                             const void *v, int kv_f16, int pos0, int n_q, int group, int head_dim,
                             float scale, int window, int chunk, float *scratch);
+/* The recurrence kernels on AVX-512 (arch/x86_avx512_recurrent.c), bit-identical to their AVX2
+ * variants; the avx512vnni table's. */
+void gdn_step_avx512(float *S, float *o, const float *q, const float *k, const float *v, float decay, float beta,
+                     float scale, int d);
+void ssm_conv_avx512(float *out, float *tail, const float *x, const float *w, int taps, int n, int ld);
+void shortconv_avx512(float *out, const float *gate, const void *const *rows, int rows_f16, const float *w, int taps,
+                      int n);
 /* AVX512-VNNI matmuls (arch/x86_vnni.c); only called when the CPU has AVX512F/VL/BW/VNNI. */
 void gemm_q8_0_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);
 void gemm_q4_0_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate);

@@ -1,6 +1,6 @@
 """LFM2's short convolution kernel (kernels.h shortconv): the portable reference against NumPy
-and the AVX2 variant against the reference, bit for bit, at channel counts that hit the
-8-lane tails, with f32 and f16 stored rows and taps before position 0."""
+and the AVX2 and AVX-512 variants against the reference, bit for bit, at channel counts that
+hit the 16- and 8-lane tails, with f32 and f16 stored rows and taps before position 0."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ import numpy as np
 import pytest
 from slotserve.engine_ext import _engine
 
-VARIANTS = ["scalar"] + (["avx2"] if _engine.avx2_supported() else [])
+VARIANTS = (
+    ["scalar"]
+    + (["avx2"] if _engine.avx2_supported() else [])
+    + (["avx512vnni"] if _engine.avx512vnni_supported() else [])
+)
 
 
 def numpy_shortconv(gate: np.ndarray, rows: list, w: np.ndarray) -> np.ndarray:
@@ -51,6 +55,18 @@ def test_shortconv_avx2_identical_to_generic_at_random_sizes(dtype):
         n, taps = int(rng.integers(1, 300)), int(rng.integers(2, 8))
         gate, rows, w = case(n, taps, dtype, int(rng.integers(0, taps)), seed=int(rng.integers(1 << 30)))
         a, b = generic.shortconv(gate, rows, w), avx2.shortconv(gate, rows, w)
+        assert np.array_equal(a, b), f"n={n} taps={taps}: largest difference {np.abs(a - b).max()}"
+
+
+@pytest.mark.skipif(not _engine.avx512vnni_supported(), reason="this CPU has no AVX-512")
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_shortconv_avx512_identical_to_generic_at_random_sizes(dtype):
+    generic, wide = _engine.KernelTable("scalar"), _engine.KernelTable("avx512vnni")
+    rng = np.random.default_rng(6)
+    for _ in range(40):
+        n, taps = int(rng.integers(1, 300)), int(rng.integers(2, 8))
+        gate, rows, w = case(n, taps, dtype, int(rng.integers(0, taps)), seed=int(rng.integers(1 << 30)))
+        a, b = generic.shortconv(gate, rows, w), wide.shortconv(gate, rows, w)
         assert np.array_equal(a, b), f"n={n} taps={taps}: largest difference {np.abs(a - b).max()}"
 
 

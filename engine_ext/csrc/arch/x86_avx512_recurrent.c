@@ -1,0 +1,205 @@
+/* The avx512vnni table's recurrence kernels (contracts in kernels.h): the delta-rule update of
+ * one Gated DeltaNet head (gdn_step), the causal conv step of its inputs (ssm_conv) and LFM2's
+ * short convolution (shortconv), on 512-bit vectors.
+ *
+ * NOTE: each is bit-identical to its AVX2 variant (arch/x86_avx2_recurrent.c, x86_avx2_conv.c),
+ * so the avx2 and avx512vnni tables keep one pool fingerprint and a snapshot of one restores into
+ * the other (tests/engine/test_kernels_recurrent.py, test_kernels_conv.py):
+ *   - gdn_step holds two state rows in one vector (lanes 0-7 columns i..i+7 of row j, lanes 8-15
+ *     those of row j + 1), so each lane runs the AVX2 kernel's own operations in its order, the
+ *     8-lane sums end with its horizontal sum and its scalar tail. What it gains is 8 rows in
+ *     flight (4 vectors): the AVX2 kernel's one row at a time waits on one chain of dependent
+ *     FMAs per pass.
+ *   - ssm_conv and shortconv are lane-wise (the same FMA or multiply-then-add per tap, in tap
+ *     order), 16 channels a vector, then 8, then AVX2's scalar tail.
+ */
+#if defined(__x86_64__) || defined(__i386__)
+
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512vl")
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "../fp16.h"
+#include "../kernels.h"
+
+/* gdn_avx2's hsum8, the same adds in the same order */
+static inline float hsum8(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
+    return _mm_cvtss_f32(x);
+}
+
+static inline __m512 ld_rows2(const float *a, const float *b) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(a))),
+                                               _mm256_castps_pd(_mm256_loadu_ps(b)), 1));
+}
+
+static inline void st_rows2(float *a, float *b, __m512 v) {
+    _mm256_storeu_ps(a, _mm512_castps512_ps256(v));
+    _mm256_storeu_ps(b, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+
+/* 8 floats at p in both halves */
+static inline __m512 bcast8(const float *p) { return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(p)))); }
+
+static inline float lo_sum(__m512 v) { return hsum8(_mm512_castps512_ps256(v)); }
+static inline float hi_sum(__m512 v) { return hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))); }
+
+/* One row as gdn_step_avx2 runs it. */
+static void gdn_row(float *row, float *o, const float *q, const float *k, float v, float decay, float beta,
+                    float scale, int d) {
+    const __m256 vdecay = _mm256_set1_ps(decay);
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= d; i += 8) {
+        __m256 r = _mm256_mul_ps(_mm256_loadu_ps(row + i), vdecay);
+        _mm256_storeu_ps(row + i, r);
+        acc = _mm256_fmadd_ps(r, _mm256_loadu_ps(k + i), acc);
+    }
+    float sk = hsum8(acc);
+    for (; i < d; i++) {
+        row[i] *= decay;
+        sk = fmaf(row[i], k[i], sk);
+    }
+    const float delta = (v - sk) * beta;
+    const __m256 vdelta = _mm256_set1_ps(delta);
+    acc = _mm256_setzero_ps();
+    i = 0;
+    for (; i + 8 <= d; i += 8) {
+        __m256 r = _mm256_fmadd_ps(vdelta, _mm256_loadu_ps(k + i), _mm256_loadu_ps(row + i));
+        _mm256_storeu_ps(row + i, r);
+        acc = _mm256_fmadd_ps(r, _mm256_loadu_ps(q + i), acc);
+    }
+    float sq = hsum8(acc);
+    for (; i < d; i++) {
+        row[i] = fmaf(delta, k[i], row[i]);
+        sq = fmaf(row[i], q[i], sq);
+    }
+    *o = sq * scale;
+}
+
+#define PAIRS 4 /* vectors of two rows in flight */
+
+void gdn_step_avx512(float *S, float *o, const float *q, const float *k, const float *v, float decay, float beta,
+                     float scale, int d) {
+    const int d8 = d / 8 * 8;
+    const __m512 vdecay = _mm512_set1_ps(decay);
+    int j = 0;
+    for (; j + 2 * PAIRS <= d; j += 2 * PAIRS) {
+        float *row[2 * PAIRS];
+        for (int r = 0; r < 2 * PAIRS; r++) row[r] = S + (size_t)(j + r) * d;
+        __m512 acc[PAIRS];
+        for (int p = 0; p < PAIRS; p++) acc[p] = _mm512_setzero_ps();
+        for (int i = 0; i < d8; i += 8) {
+            const __m512 kk = bcast8(k + i);
+            for (int p = 0; p < PAIRS; p++) {
+                const __m512 r = _mm512_mul_ps(ld_rows2(row[2 * p] + i, row[2 * p + 1] + i), vdecay);
+                st_rows2(row[2 * p] + i, row[2 * p + 1] + i, r);
+                acc[p] = _mm512_fmadd_ps(r, kk, acc[p]);
+            }
+        }
+        float delta[2 * PAIRS];
+        for (int p = 0; p < PAIRS; p++) {
+            const float sums[2] = {lo_sum(acc[p]), hi_sum(acc[p])};
+            for (int h = 0; h < 2; h++) {
+                float *rw = row[2 * p + h], sk = sums[h];
+                for (int i = d8; i < d; i++) {
+                    rw[i] *= decay;
+                    sk = fmaf(rw[i], k[i], sk);
+                }
+                delta[2 * p + h] = (v[j + 2 * p + h] - sk) * beta;
+            }
+        }
+        __m512 vdelta[PAIRS];
+        for (int p = 0; p < PAIRS; p++) {
+            vdelta[p] = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_set1_ps(delta[2 * p]))),
+                                                            _mm256_castps_pd(_mm256_set1_ps(delta[2 * p + 1])), 1));
+            acc[p] = _mm512_setzero_ps();
+        }
+        for (int i = 0; i < d8; i += 8) {
+            const __m512 kk = bcast8(k + i);
+            const __m512 qq = bcast8(q + i);
+            for (int p = 0; p < PAIRS; p++) {
+                const __m512 r = _mm512_fmadd_ps(vdelta[p], kk, ld_rows2(row[2 * p] + i, row[2 * p + 1] + i));
+                st_rows2(row[2 * p] + i, row[2 * p + 1] + i, r);
+                acc[p] = _mm512_fmadd_ps(r, qq, acc[p]);
+            }
+        }
+        for (int p = 0; p < PAIRS; p++) {
+            const float sums[2] = {lo_sum(acc[p]), hi_sum(acc[p])};
+            for (int h = 0; h < 2; h++) {
+                float *rw = row[2 * p + h], sq = sums[h];
+                const float dl = delta[2 * p + h];
+                for (int i = d8; i < d; i++) {
+                    rw[i] = fmaf(dl, k[i], rw[i]);
+                    sq = fmaf(rw[i], q[i], sq);
+                }
+                o[j + 2 * p + h] = sq * scale;
+            }
+        }
+    }
+    for (; j < d; j++) gdn_row(S + (size_t)j * d, o + j, q, k, v[j], decay, beta, scale, d);
+}
+
+void ssm_conv_avx512(float *out, float *tail, const float *x, const float *w, int taps, int n, int ld) {
+    const float *wl = w + (size_t)(taps - 1) * ld;
+    int c = 0;
+    for (; c + 16 <= n; c += 16) {
+        __m512 sum = _mm512_setzero_ps();
+        for (int j = 0; j < taps - 1; j++)
+            sum = _mm512_fmadd_ps(_mm512_loadu_ps(w + (size_t)j * ld + c), _mm512_loadu_ps(tail + (size_t)j * ld + c), sum);
+        _mm512_storeu_ps(out + c, _mm512_fmadd_ps(_mm512_loadu_ps(wl + c), _mm512_loadu_ps(x + c), sum));
+    }
+    for (; c + 8 <= n; c += 8) {
+        __m256 sum = _mm256_setzero_ps();
+        for (int j = 0; j < taps - 1; j++)
+            sum = _mm256_fmadd_ps(_mm256_loadu_ps(w + (size_t)j * ld + c), _mm256_loadu_ps(tail + (size_t)j * ld + c), sum);
+        _mm256_storeu_ps(out + c, _mm256_fmadd_ps(_mm256_loadu_ps(wl + c), _mm256_loadu_ps(x + c), sum));
+    }
+    for (; c < n; c++) {
+        float sum = 0.0f;
+        for (int j = 0; j < taps - 1; j++) sum = fmaf(w[(size_t)j * ld + c], tail[(size_t)j * ld + c], sum);
+        out[c] = fmaf(wl[c], x[c], sum);
+    }
+    for (int j = 0; j + 1 < taps - 1; j++) memcpy(tail + (size_t)j * ld, tail + (size_t)(j + 1) * ld, sizeof(float) * n);
+    memcpy(tail + (size_t)(taps - 2) * ld, x, sizeof(float) * n);
+}
+
+void shortconv_avx512(float *out, const float *gate, const void *const *rows, int rows_f16, const float *w, int taps,
+                      int n) {
+    int c = 0;
+    for (; c + 16 <= n; c += 16) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int i = 0; i < taps; i++) {
+            if (!rows[i]) continue;
+            const __m512 x = rows_f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)rows[i] + c)))
+                                      : _mm512_loadu_ps((const float *)rows[i] + c);
+            acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(w + (size_t)i * n + c), x));
+        }
+        _mm512_storeu_ps(out + c, _mm512_mul_ps(_mm512_loadu_ps(gate + c), acc));
+    }
+    for (; c + 8 <= n; c += 8) { /* the rest as shortconv_avx2 */
+        __m256 acc = _mm256_setzero_ps();
+        for (int i = 0; i < taps; i++) {
+            if (!rows[i]) continue;
+            const __m256 x = rows_f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)rows[i] + c)))
+                                      : _mm256_loadu_ps((const float *)rows[i] + c);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(w + (size_t)i * n + c), x));
+        }
+        _mm256_storeu_ps(out + c, _mm256_mul_ps(_mm256_loadu_ps(gate + c), acc));
+    }
+    for (; c < n; c++) {
+        float acc = 0.0f;
+        for (int i = 0; i < taps; i++) {
+            if (!rows[i]) continue;
+            const float x = rows_f16 ? fp16_to_f32(((const uint16_t *)rows[i])[c]) : ((const float *)rows[i])[c];
+            acc = acc + w[(size_t)i * n + c] * x;
+        }
+        out[c] = gate[c] * acc;
+    }
+}
+
+#endif

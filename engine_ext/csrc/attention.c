@@ -19,11 +19,13 @@ size_t attn_scratch_floats(int ctx_len, int head_dim) {
     (void)ctx_len;
     /* running and partial states [2][ATTN_MAX_ROWS][head_dim + 2], then the chunk kernel's own:
      * generic: a converted row [head_dim] + scores [ATTN_CHUNK] + a quantized query head row;
-     * SIMD: a block of keys and of values in f32 and the scores of up to ATTN_MAX_ROWS (row,
-     * head) pairs against it (arch/x86_avx512_attn.c; AVX2 uses less). */
+     * SIMD: a block of keys and of values in f32, the scores of up to ATTN_MAX_ROWS (row, head)
+     * pairs against it, and (q8_0) their quantized queries (arch/x86_attn_tiles.h; the AVX2 row
+     * kernel uses less). */
     size_t states = 2 * (size_t)ATTN_MAX_ROWS * (head_dim + 2);
     size_t generic = (size_t)head_dim + ATTN_CHUNK + (kv_q8_query_bytes(head_dim) + 3) / 4;
-    size_t simd = 2 * (size_t)ATTN_KEY_BLOCK * head_dim + (size_t)ATTN_MAX_ROWS * ATTN_KEY_BLOCK;
+    size_t simd = 2 * (size_t)ATTN_KEY_BLOCK * head_dim + (size_t)ATTN_MAX_ROWS * ATTN_KEY_BLOCK +
+                  (ATTN_MAX_ROWS * kv_q8_query_bytes(head_dim) + 3) / 4;
     return states + (generic > simd ? generic : simd) + 16;
 }
 

@@ -74,8 +74,10 @@ static inline size_t key_index(int t, int d, int head_dim) {
     return (size_t)(t / KEY_LANES) * head_dim * KEY_LANES + (size_t)d * KEY_LANES + t % KEY_LANES;
 }
 
-/* Largest n_q * group an attention call may take (callers tile queries to fit). */
-#define ATTN_MAX_ROWS 64
+/* Largest n_q * group an attention call may take (callers tile queries to fit). The engine's
+ * prefill tiles are this many (row, head) pairs: each key block a call converts serves them all,
+ * so a larger tile reads a slot's KV fewer times (128: 32 rows of Gemma 3's 4 heads a pass). */
+#define ATTN_MAX_ROWS 128
 
 /* The partial state of chunk `chunk` for every (row, head); a row none of whose keys is in the
  * chunk gets the empty state (m = -inf, l = 0, acc = 0). window: 0 or the sliding window.

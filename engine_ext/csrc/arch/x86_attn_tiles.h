@@ -198,14 +198,15 @@ typedef struct {
 #define ATTN_Q8_KSCR_FLOATS(hd) (9 * (size_t)(hd)) /* a block's 32 keys' bytes and f32 scales */
 
 /* One chunk (kernels.h attn_chunk_fn) in query tiles; scratch: kf [KB * hd], vf [KB * hd],
- * sc [ATTN_MAX_ROWS * KB] (attn_scratch_floats). q8_0 keys use kf's room for the rearranged
- * block (ATTN_Q8_KSCR_FLOATS) and the quantized queries (ATTN_MAX_ROWS kv_q8_query_bytes). */
+ * sc [ATTN_MAX_ROWS * KB], then (q8_0) the quantized queries [ATTN_MAX_ROWS] of
+ * kv_q8_query_bytes (attn_scratch_floats); q8_0 keys use kf's room for the rearranged block
+ * (ATTN_Q8_KSCR_FLOATS). */
 static void attn_tiles_chunk(const attn_tiles_variant *var, float *acc, int lda, float *ml, const float *q, int ldq,
                              const void *k, const void *v, int kv_type, int pos0, int n_q, int group, int hd,
                              float scale, int window, int chunk, float *scratch) {
     float *kf = scratch, *vf = kf + (size_t)KB * hd, *sc = vf + (size_t)KB * hd;
     const int q8 = kv_type == KV_Q8_0;
-    uint8_t *qbuf = (uint8_t *)(kf + ATTN_Q8_KSCR_FLOATS(hd));
+    uint8_t *qbuf = (uint8_t *)(sc + (size_t)ATTN_MAX_ROWS * KB);
     const size_t qbytes = kv_q8_query_bytes(hd);
     if (q8) attn_q8_queries(qbuf, q, ldq, n_q, group, hd);
     const int c0 = chunk * ATTN_CHUNK;

@@ -297,24 +297,36 @@ static inline float pair_softmax8(float *p, float *st, int lo, int nv) {
     return corr;
 }
 
-/* acc_p[chunks c0 .. c0 + NC) = acc_p * corr_p + sum_{j < nv} pr_p[j] v[j] for NP pairs. */
+/* acc_p[chunks c0 .. c0 + NC) = acc_p * corr_p + sum_{j < nv} pr_p[j] v[j] for NP pairs.
+ * NOTE: named accumulators (as x86_avx512_attn.c's value tiles): an array of them GCC also
+ * stored to the stack after every FMA. */
+#define T8_ALL(X) X(0, 0) X(0, 1) X(0, 2) X(1, 0) X(1, 1) X(1, 2) X(2, 0) X(2, 1) X(2, 2) X(3, 0) X(3, 1) X(3, 2)
 static inline __attribute__((always_inline)) void tile8_values(const int NP, const int NC, float *const *ap,
                                                                const float *corr, const float *sc, const float *vf,
                                                                int nv, int hd, int c0) {
-    __m256 a[T8_V][T8_VC];
-    for (int p = 0; p < NP; p++)
-        for (int c = 0; c < NC; c++)
-            a[p][c] = _mm256_mul_ps(_mm256_loadu_ps(ap[p] + 8 * (c0 + c)), _mm256_set1_ps(corr[p]));
+#define T8_DECL(p, c) __m256 a##p##c = _mm256_setzero_ps();
+#define T8_INIT(p, c) \
+    if (NP > p && NC > c) a##p##c = _mm256_mul_ps(_mm256_loadu_ps(ap[p] + 8 * (c0 + c)), _mm256_set1_ps(corr[p]));
+#define T8_FMA(p, c) \
+    if (NP > p && NC > c) a##p##c = _mm256_fmadd_ps(_mm256_set1_ps(sc[(size_t)p * KB + j]), v##c, a##p##c);
+#define T8_STORE(p, c) \
+    if (NP > p && NC > c) _mm256_storeu_ps(ap[p] + 8 * (c0 + c), a##p##c);
+    T8_ALL(T8_DECL)
+    T8_ALL(T8_INIT)
     for (int j = 0; j < nv; j++) {
         const float *vj = vf + (size_t)j * hd + 8 * c0;
-        for (int c = 0; c < NC; c++) {
-            const __m256 vc = _mm256_loadu_ps(vj + 8 * c);
-            for (int p = 0; p < NP; p++) a[p][c] = _mm256_fmadd_ps(_mm256_set1_ps(sc[(size_t)p * KB + j]), vc, a[p][c]);
-        }
+        const __m256 v0 = _mm256_loadu_ps(vj);
+        const __m256 v1 = NC > 1 ? _mm256_loadu_ps(vj + 8) : v0;
+        const __m256 v2 = NC > 2 ? _mm256_loadu_ps(vj + 16) : v0;
+        T8_ALL(T8_FMA)
     }
-    for (int p = 0; p < NP; p++)
-        for (int c = 0; c < NC; c++) _mm256_storeu_ps(ap[p] + 8 * (c0 + c), a[p][c]);
+    T8_ALL(T8_STORE)
+#undef T8_DECL
+#undef T8_INIT
+#undef T8_FMA
+#undef T8_STORE
 }
+#undef T8_ALL
 
 static void run_pairs8(int U, int n, const float *const *qp, float *const *ap, float *const *sp, float *sc,
                        const float *kf, const float *vf, int lo, int nv, int hd, float scale) {

@@ -109,6 +109,9 @@
 
 #define MIN_GEMM_CHUNK 16       /* fewest output rows in one dynamic matmul chunk */
 #define CHUNKS_PER_THREAD 8     /* dynamic matmul chunks per thread (load balance) */
+#define PAIRED_CHUNKS_PER_THREAD 4 /* the same for calls of PAIRED_ROWS rows or more: each call
+                                      repacks its activation tiles (arch/x86_gemm_z16.h), so
+                                      fewer, wider chunks */
 #define PAIRED_ROWS 9           /* from this many activation rows, matmul chunks hold whole pairs of
                                    row groups: the avx512vnni prefill tiles take two at once
                                    (arch/x86_gemm_z16.h Z_MIN_ROWS) */
@@ -908,12 +911,14 @@ static act_rows input_view(const engine *e, const float *f, int k) {
 }
 
 /* Output rows per matmul unit: a multiple of ROW_GROUP (of two with PAIRED_ROWS activation rows
- * or more), about CHUNKS_PER_THREAD units per thread, and at least MIN_GEMM_CHUNK. */
+ * or more), about CHUNKS_PER_THREAD units per thread (PAIRED_CHUNKS_PER_THREAD from PAIRED_ROWS
+ * rows), and at least MIN_GEMM_CHUNK. */
 static int gemm_chunk(const mm_job *jobs, int n_jobs, int nth, int n_rows) {
     const int align = n_rows >= PAIRED_ROWS ? 2 * ROW_GROUP : ROW_GROUP;
     int total = 0;
     for (int j = 0; j < n_jobs; j++) total += jobs[j].w->n_out;
-    int chunk = (total / (nth * CHUNKS_PER_THREAD) + align - 1) / align * align;
+    const int per_thread = n_rows >= PAIRED_ROWS ? PAIRED_CHUNKS_PER_THREAD : CHUNKS_PER_THREAD;
+    int chunk = (total / (nth * per_thread) + align - 1) / align * align;
     return chunk < MIN_GEMM_CHUNK ? MIN_GEMM_CHUNK : chunk;
 }
 

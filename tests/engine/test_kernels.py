@@ -211,14 +211,15 @@ def test_gemm_rows_independent_of_grouping(variant, type_name, n_rows):
 
 @needs_vnni
 @pytest.mark.parametrize("type_name", BLOCK_TYPES)
-@pytest.mark.parametrize("n_out, k", [(8, 32), (43, 96), (69, 576)])
+@pytest.mark.parametrize("n_out, k", [(8, 32), (43, 96), (69, 576), (280, 2304)])
 def test_vnni_gemm_identical_to_avx2(type_name, n_out, k):
     """avx512vnni (x86_gemm_x8.h with vpdpbusd) gives the avx2 variant's results bit for bit:
     the same exact integer sums, the same float operations per row. Every tile width 1..9 rows
     (Q8_0: up to 8 rows on biased weights, 9 with the signs moved), and 17 and 29 rows: a prefill
     chunk's 512-bit tiles over pairs of groups (x86_gemm_z16.h), two and three tiles of 8 and a
     rest; row groups, a group left over from the pairs and the rows past them (n_out % 8), an
-    output sub-range starting at an odd group, accumulate."""
+    output sub-range starting at an odd group, accumulate; 280 x 2304: more pairs than one
+    block of outputs of the 512-bit tiles (Z_OB) and rows of three slices (Z_KS)."""
     avx2, vnni = _engine.KernelTable("avx2"), _engine.KernelTable("avx512vnni")
     raw, _ = weight_bytes(type_name, n_out, k, seed=n_out)
     if type_name == "Q8_0":

@@ -4,10 +4,19 @@
  *
  * Design: the row-group layouts stay as they are (quant_k.h, blocks.h: one x8 block holds run j
  * of 8 rows in 32 bytes); a tile loads the same run of groups g and g+1 into the two halves of
- * one zmm, so lane i is weight row 8g + i for i < 8 and 8(g+1) + i - 8 above. Each weight run is
- * unpacked once per tile into registers and then multiplied by Z_TILE activation rows (vpdpbusd
- * with the four activation bytes broadcast from memory, {1to16}): 64 int8 products per
- * instruction, twice the 256-bit tiles' 32, and the unpacking spread over 16 rows.
+ * one zmm, so lane i is weight row 8g + i for i < 8 and 8(g+1) + i - 8 above. Each weight unit
+ * (8 vectors: a block of 32, or half a Q4_K/Q5_K chunk) is unpacked once into registers and then
+ * multiplied by Z_TILE activation rows (vpdpbusd with the four activation bytes broadcast from
+ * memory, {1to16}): 64 int8 products per instruction, the unpacking spread over 16 rows.
+ *
+ * Loop order (gemm_z_rows): tiles of Z_TILE activation rows outer, the pairs of groups of the
+ * call inner, so a tile's activations are repacked once (z_pack) into a buffer that stays in L1
+ * while every pair's weights stream past it: per block, the tile's 16 rows' 32 quantized bytes
+ * side by side, then their 16 scales and sums (and the per-row integer sums Q8_0 and Q6_K take
+ * off). Every broadcast is then at a fixed offset from one pointer, the row loop is unrolled
+ * with each row's float accumulator in a register, and no address arithmetic runs per row. Rows
+ * longer than Z_KS elements run in slices of Z_KS (the buffer's size), the pairs' accumulators
+ * kept in a stash between slices (stored floats: exact).
  *
  * Per lane the operations are the 256-bit VNNI tiles' (x86_gemm_k.h, x86_gemm_x8.h), in the same
  * order: exact int32 block sums (sub-block scales by vpmulld), then per block
@@ -22,8 +31,31 @@
 #define Z_TILE 16     /* activation rows per tile */
 #define Z_MIN_ROWS 9  /* fewer rows (decode steps) stay on the 256-bit tiles */
 #define Z_LANES 16    /* weight rows per tile: two row groups */
+#define Z_KS 1024     /* activation elements per slice of a tile (the buffer's row length) */
+#define Z_NB (Z_KS / QK)
+#define Z_OB 16       /* pairs per block of outputs (the accumulator stash) */
 
 #define Z_AI static inline __attribute__((always_inline))
+#define Z_UNROLL _Pragma("GCC unroll 16")
+
+/* The kinds of the tiles: x86_gemm_x8.h's and x86_gemm_k.h's enums overlap, so z_kind maps
+ * (x8, kind) onto one. */
+enum { Z_Q8_0, Z_Q4_0, Z_Q4_1, Z_Q5_0, Z_Q5_1, Z_Q4_K, Z_Q5_K, Z_Q6_K };
+
+static inline int z_kind(int x8, int kind) {
+    if (x8) return kind == KIND_Q8_0 ? Z_Q8_0 : kind == KIND_Q4_0 ? Z_Q4_0 : Z_Q4_1;
+    static const int k[] = {[KIND_Q5_0] = Z_Q5_0, [KIND_Q5_1] = Z_Q5_1, [KIND_Q4_K] = Z_Q4_K,
+                            [KIND_Q5_K] = Z_Q5_K, [KIND_Q6_K] = Z_Q6_K};
+    return k[kind];
+}
+
+/* A tile's activations, slice [e0, e0 + Z_KS) of rows r .. r + Z_TILE - 1 (z_pack). */
+typedef struct {
+    _Alignas(64) int8_t qs[Z_NB][Z_TILE][QK]; /* block b, row i: its 32 quantized values */
+    _Alignas(64) float d[Z_NB][Z_TILE];       /* scales */
+    _Alignas(64) float s[Z_NB][Z_TILE];       /* sums d * sum(qs) */
+    _Alignas(64) int32_t t[Z_KS / 16][Z_TILE]; /* Q6_K: 32 x the sum of each 16; Q8_0: 128 x each 32's */
+} z_act;
 
 /* 32 bytes at a (low half) and at b (high half) */
 Z_AI __m512i z_ld(const void *a, const void *b) {
@@ -53,6 +85,23 @@ Z_AI __m512i z_dp(__m512i acc, __m512i w, const int8_t *a) {
     return acc;
 }
 
+/* The integer dot product of 8 weight vectors q[j] with a row's 32 bytes at a: q[j] against
+ * bytes 4j.. (order: the runs of the unit as the caller lists them). One chain: exact int32. */
+Z_AI __m512i z_dot8(const __m512i *q, const int8_t *a) {
+#ifdef Z_CHAINS1
+    __m512i s = z_dp(_mm512_setzero_si512(), q[0], a);
+    for (int j = 1; j < 8; j++) s = z_dp(s, q[j], a + 4 * j);
+    return s;
+#else
+    __m512i s0 = z_dp(_mm512_setzero_si512(), q[0], a), s1 = z_dp(_mm512_setzero_si512(), q[1], a + 4);
+    for (int j = 2; j < 8; j += 2) {
+        s0 = z_dp(s0, q[j], a + 4 * j);
+        s1 = z_dp(s1, q[j + 1], a + 4 * j + 4);
+    }
+    return _mm512_add_epi32(s0, s1);
+#endif
+}
+
 /* bit `bit` of every byte moved to bit 4 (x86_gemm_k.h bit_to_4) */
 Z_AI __m512i z_bit_to_4(__m512i v, int bit) {
     __m512i s = bit <= 4 ? _mm512_sll_epi16(v, _mm_cvtsi32_si128(4 - bit)) : _mm512_srl_epi16(v, _mm_cvtsi32_si128(bit - 4));
@@ -70,23 +119,111 @@ Z_AI __m512i z_q6_high(__m512i vh, int g) {
     }
 }
 
-Z_AI const int8_t *z_arow(const act_rows *x, int r) { return x->qs + (size_t)r * x->k; }
+/* ---- the activation tile ------------------------------------------------------------------- */
 
-/* ---- K-quant kinds (x86_gemm_k.h) ---------------------------------------------------------- */
+/* Rows r .. r + R - 1 of x, elements [e0, e0 + ne), into t (rows R .. Z_TILE - 1 zeroed, so a
+ * tile always runs Z_TILE rows of finite numbers); `sums` 16: t->t = Q6_K's 32 x sums of 16,
+ * 32: Q8_0's 128 x sums of 32, 0: none. */
+static void z_pack(z_act *t, const act_rows *x, int r, int R, int e0, int ne, int sums) {
+    const int nb = ne / QK, xnb = x->k / QK, b0 = e0 / QK;
+    const __m256i ones = _mm256_set1_epi8(1);
+    for (int i = 0; i < Z_TILE; i++) {
+        if (i >= R) {
+            for (int b = 0; b < nb; b++) {
+                _mm256_store_si256((__m256i *)t->qs[b][i], _mm256_setzero_si256());
+                t->d[b][i] = t->s[b][i] = 0.0f;
+            }
+            for (int g = 0; g < ne / 16; g++) t->t[g][i] = 0;
+            continue;
+        }
+        const int8_t *a = x->qs + (size_t)(r + i) * x->k + e0;
+        const float *d = x->d + (size_t)(r + i) * xnb + b0, *s = x->s + (size_t)(r + i) * xnb + b0;
+        for (int b = 0; b < nb; b++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(a + QK * b));
+            _mm256_store_si256((__m256i *)t->qs[b][i], v);
+            t->d[b][i] = d[b];
+            t->s[b][i] = s[b];
+            if (sums) {
+                /* 8 sums of 4 bytes, then of 16 (lanes 0-1 of each half) */
+                __m256i q4 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, v);
+                q4 = _mm256_add_epi32(q4, _mm256_shuffle_epi32(q4, 0xB1));
+                q4 = _mm256_add_epi32(q4, _mm256_shuffle_epi32(q4, 0x4E));
+                const int lo = _mm256_cvtsi256_si32(q4), hi = _mm256_extract_epi32(q4, 4);
+                if (sums == 16) {
+                    t->t[2 * b][i] = 32 * lo;
+                    t->t[2 * b + 1][i] = 32 * hi;
+                } else {
+                    t->t[b][i] = 128 * (lo + hi);
+                }
+            }
+        }
+    }
+}
 
-/* Every tile unpacks one unit of weights (8 vectors: a block of 32, or half a Q4_K/Q5_K chunk)
- * into registers, then runs each activation row over it: a row's integer sum is a few short
- * chains, and 8 weight vectors + Z_TILE accumulators fit the 32 registers without spilling. */
+/* ---- tiles: one pair of groups against the tile's Z_TILE rows over the slice's blocks --------
+ * ga, gb: the two groups' first blocks of the slice; acc/cor: the pair's stash (Z_TILE each),
+ * read and written back. */
 
-/* Q5_0 / Q5_1: ga, gb point at the two groups' first x8 blocks. */
-Z_AI void ztile_q5(int kind, const int R, const void *ga, const void *gb, const act_rows *x, int r0, __m512 *acc,
-                   __m512 *cor) {
-    const int nb = x->k / QK;
+/* Q8_0 (biased), Q4_0, Q4_1: blocks of 32 */
+Z_AI void zt_x8(int zk, const char *ga, const char *gb, int nbs, const z_act *t, __m512 *acc_st, __m512 *cor_st) {
     const __m512i low4 = _mm512_set1_epi8(15);
-    for (int b = 0; b < nb; b++) {
+    __m512 acc[Z_TILE];
+    Z_UNROLL for (int i = 0; i < Z_TILE; i++) acc[i] = acc_st[i];
+    for (int b = 0; b < nbs; b++) {
+        /* Q8_0: q[j] = run j (+128); Q4: q[j] low nibbles of run j (elements 4j..), q[4 + j] high (16 + 4j..) */
+        __m512i q[8];
+        const uint16_t *da, *db;
+        if (zk == Z_Q8_0) {
+            const block_q8_0x8 *A = (const block_q8_0x8 *)ga + b, *B = (const block_q8_0x8 *)gb + b;
+            da = A->d, db = B->d;
+            const __m512i bias = _mm512_set1_epi8((char)0x80);
+            for (int j = 0; j < 8; j++) q[j] = _mm512_xor_si512(z_ld(A->qs + 32 * j, B->qs + 32 * j), bias);
+        } else {
+            const uint8_t *qa, *qb;
+            if (zk == Z_Q4_0) {
+                const block_q4_0x8 *A = (const block_q4_0x8 *)ga + b, *B = (const block_q4_0x8 *)gb + b;
+                da = A->d, db = B->d, qa = A->qs, qb = B->qs;
+            } else {
+                const block_q4_1x8 *A = (const block_q4_1x8 *)ga + b, *B = (const block_q4_1x8 *)gb + b;
+                da = A->d, db = B->d, qa = A->qs, qb = B->qs;
+            }
+            for (int j = 0; j < 4; j++) {
+                const __m512i w = z_ld(qa + 32 * j, qb + 32 * j);
+                q[j] = _mm512_and_si512(w, low4);
+                q[4 + j] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
+            }
+        }
+        const __m512 d16 = z_ph(da, db);
+        Z_UNROLL for (int i = 0; i < Z_TILE; i++) {
+            __m512i isum = z_dot8(q, t->qs[b][i]);
+            if (zk == Z_Q8_0) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(t->t[b][i]));
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d16, _mm512_set1_ps(t->d[b][i])), acc[i]);
+        }
+    }
+    Z_UNROLL for (int i = 0; i < Z_TILE; i++) acc_st[i] = acc[i];
+    if (zk == Z_Q8_0) return;
+    __m512 cor[Z_TILE];
+    Z_UNROLL for (int i = 0; i < Z_TILE; i++) cor[i] = cor_st[i];
+    for (int b = 0; b < nbs; b++) {
+        __m512 c16;
+        if (zk == Z_Q4_0)
+            c16 = _mm512_mul_ps(_mm512_set1_ps(-8.0f), z_ph(((const block_q4_0x8 *)ga + b)->d, ((const block_q4_0x8 *)gb + b)->d));
+        else
+            c16 = z_ph(((const block_q4_1x8 *)ga + b)->m, ((const block_q4_1x8 *)gb + b)->m);
+        Z_UNROLL for (int i = 0; i < Z_TILE; i++) cor[i] = _mm512_fmadd_ps(c16, _mm512_set1_ps(t->s[b][i]), cor[i]);
+    }
+    Z_UNROLL for (int i = 0; i < Z_TILE; i++) cor_st[i] = cor[i];
+}
+
+/* Q5_0 / Q5_1: blocks of 32 */
+Z_AI void zt_q5(int zk, const char *ga, const char *gb, int nbs, const z_act *t, __m512 *acc_st, __m512 *cor_st) {
+    const __m512i low4 = _mm512_set1_epi8(15);
+    __m512 acc[Z_TILE];
+    Z_UNROLL for (int i = 0; i < Z_TILE; i++) acc[i] = acc_st[i];
+    for (int b = 0; b < nbs; b++) {
         const uint8_t *qa, *qb, *ha, *hb;
         const uint16_t *da, *db;
-        if (kind == KIND_Q5_0) {
+        if (zk == Z_Q5_0) {
             const block_q5_0x8 *A = (const block_q5_0x8 *)ga + b, *B = (const block_q5_0x8 *)gb + b;
             qa = A->qs, qb = B->qs, ha = A->qh, hb = B->qh, da = A->d, db = B->d;
         } else {
@@ -94,42 +231,41 @@ Z_AI void ztile_q5(int kind, const int R, const void *ga, const void *gb, const 
             qa = A->qs, qb = B->qs, ha = A->qh, hb = B->qh, da = A->d, db = B->d;
         }
         const __m512i vh = z_ld(ha, hb);
-        __m512i lo[4], hi[4];
+        __m512i q[8]; /* q[j] low nibbles of run j (elements 4j..), q[4 + j] high (16 + 4j..) */
         for (int j = 0; j < 4; j++) {
             const __m512i w = z_ld(qa + 32 * j, qb + 32 * j);
-            lo[j] = _mm512_or_si512(_mm512_and_si512(w, low4), z_bit_to_4(vh, j));
-            hi[j] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(w, 4), low4), z_bit_to_4(vh, 4 + j));
+            q[j] = _mm512_or_si512(_mm512_and_si512(w, low4), z_bit_to_4(vh, j));
+            q[4 + j] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(w, 4), low4), z_bit_to_4(vh, 4 + j));
         }
         const __m512 d16 = z_ph(da, db);
-        for (int r = 0; r < R; r++) {
-            const int8_t *a = z_arow(x, r0 + r) + b * QK;
-            __m512i s_lo = z_dp(_mm512_setzero_si512(), lo[0], a), s_hi = z_dp(_mm512_setzero_si512(), hi[0], a + 16);
-            for (int j = 1; j < 4; j++) {
-                s_lo = z_dp(s_lo, lo[j], a + 4 * j);
-                s_hi = z_dp(s_hi, hi[j], a + 16 + 4 * j);
-            }
-            const __m512i isum = _mm512_add_epi32(s_lo, s_hi);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d16, _mm512_set1_ps(x->d[(size_t)(r0 + r) * nb + b])), acc[r]);
+        Z_UNROLL for (int i = 0; i < Z_TILE; i++) {
+            const __m512i isum = z_dot8(q, t->qs[b][i]);
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d16, _mm512_set1_ps(t->d[b][i])), acc[i]);
         }
     }
-    for (int b = 0; b < nb; b++) {
+    Z_UNROLL for (int i = 0; i < Z_TILE; i++) acc_st[i] = acc[i];
+    __m512 cor[Z_TILE];
+    Z_UNROLL for (int i = 0; i < Z_TILE; i++) cor[i] = cor_st[i];
+    for (int b = 0; b < nbs; b++) {
         __m512 c16;
-        if (kind == KIND_Q5_0)
+        if (zk == Z_Q5_0)
             c16 = _mm512_mul_ps(_mm512_set1_ps(-16.0f), z_ph(((const block_q5_0x8 *)ga + b)->d, ((const block_q5_0x8 *)gb + b)->d));
         else
             c16 = z_ph(((const block_q5_1x8 *)ga + b)->m, ((const block_q5_1x8 *)gb + b)->m);
-        for (int r = 0; r < R; r++) cor[r] = _mm512_fmadd_ps(c16, _mm512_set1_ps(x->s[(size_t)(r0 + r) * nb + b]), cor[r]);
+        Z_UNROLL for (int i = 0; i < Z_TILE; i++) cor[i] = _mm512_fmadd_ps(c16, _mm512_set1_ps(t->s[b][i]), cor[i]);
     }
+    Z_UNROLL for (int i = 0; i < Z_TILE; i++) cor_st[i] = cor[i];
 }
 
-/* Q4_K / Q5_K: chunk c of 64 = sub-blocks 2c (low nibbles) and 2c+1 (high), 8 runs each; the
- * low half's 8 vectors for every row, then the high half's (each row's acc takes the low
- * sub-block, then the high one, as in x86_gemm_k.h). */
-Z_AI void ztile_k4(int kind, const int R, const void *ga, const void *gb, const act_rows *x, int r0, __m512 *acc,
-                   __m512 *cor) {
-    const int nb = x->k / QK, ns = x->k / QK_K, five = kind == KIND_Q5_K;
+/* Q4_K / Q5_K: super-blocks of 256; chunk c of 64 = sub-blocks 2c (low nibbles) and 2c+1
+ * (high), 8 runs each: the low half's 8 vectors for every row, then the high half's (each row's
+ * acc takes the low sub-block, then the high one, as in x86_gemm_k.h). nss: super-blocks. */
+Z_AI void zt_k4(int zk, const char *ga, const char *gb, int nss, const z_act *t, __m512 *acc_st, __m512 *cor_st) {
+    const int five = zk == Z_Q5_K;
     const __m512i low4 = _mm512_set1_epi8(15);
-    for (int s = 0; s < ns; s++) {
+    __m512 acc[Z_TILE];
+    Z_UNROLL for (int i = 0; i < Z_TILE; i++) acc[i] = acc_st[i];
+    for (int s = 0; s < nss; s++) {
         const uint16_t *da, *db;
         const uint8_t(*sa)[ROW_GROUP], (*sb)[ROW_GROUP];
         const uint8_t *qa, *qb, *ha = NULL, *hb = NULL;
@@ -150,21 +286,18 @@ Z_AI void ztile_k4(int kind, const int R, const void *ga, const void *gb, const 
                     if (five) q[rr] = _mm512_or_si512(q[rr], z_bit_to_4(z_ld(ha + 32 * rr, hb + 32 * rr), 2 * c + half));
                 }
                 const __m512i scv = z_u8(sa[2 * c + half], sb[2 * c + half]);
-                for (int r = 0; r < R; r++) {
-                    const int8_t *a = z_arow(x, r0 + r) + (size_t)s * QK_K + 64 * c + 32 * half;
-                    __m512i s0 = z_dp(_mm512_setzero_si512(), q[0], a), s1 = z_dp(_mm512_setzero_si512(), q[1], a + 4);
-                    for (int rr = 2; rr < 8; rr += 2) {
-                        s0 = z_dp(s0, q[rr], a + 4 * rr);
-                        s1 = z_dp(s1, q[rr + 1], a + 4 * rr + 4);
-                    }
-                    const __m512i isum = _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), scv);
-                    const size_t rb = (size_t)(r0 + r) * nb + (size_t)s * 8 + 2 * c + half;
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d16, _mm512_set1_ps(x->d[rb])), acc[r]);
+                const int b = 8 * s + 2 * c + half; /* the activation block in the slice */
+                Z_UNROLL for (int i = 0; i < Z_TILE; i++) {
+                    const __m512i isum = _mm512_mullo_epi32(z_dot8(q, t->qs[b][i]), scv);
+                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d16, _mm512_set1_ps(t->d[b][i])), acc[i]);
                 }
             }
     }
+    Z_UNROLL for (int i = 0; i < Z_TILE; i++) acc_st[i] = acc[i];
     /* the mins (k4_min_correction's operations, per super-block in order) */
-    for (int s = 0; s < ns; s++) {
+    __m512 cor[Z_TILE];
+    Z_UNROLL for (int i = 0; i < Z_TILE; i++) cor[i] = cor_st[i];
+    for (int s = 0; s < nss; s++) {
         const uint16_t *dma, *dmb;
         const uint8_t(*ma)[ROW_GROUP], (*mb)[ROW_GROUP];
         if (five) {
@@ -177,24 +310,24 @@ Z_AI void ztile_k4(int kind, const int R, const void *ga, const void *gb, const 
         const __m512 dmin16 = z_ph(dma, dmb);
         for (int j = 0; j < 8; j++) {
             const __m512 mf = _mm512_mul_ps(dmin16, _mm512_cvtepi32_ps(z_u8(ma[j], mb[j])));
-            for (int r = 0; r < R; r++)
-                cor[r] = _mm512_fnmadd_ps(mf, _mm512_set1_ps(x->s[(size_t)(r0 + r) * nb + (size_t)s * 8 + j]), cor[r]);
+            Z_UNROLL for (int i = 0; i < Z_TILE; i++) cor[i] = _mm512_fnmadd_ps(mf, _mm512_set1_ps(t->s[8 * s + j][i]), cor[i]);
         }
     }
+    Z_UNROLL for (int i = 0; i < Z_TILE; i++) cor_st[i] = cor[i];
 }
 
-/* Q6_K: unsigned quants (q + 32) into vpdpbusd, 32 x the per-16 activation sums (asum, rows
- * from r0) taken off before the sub-block scale: x86_gemm_k.h's VNNI tile_q6_K. */
-Z_AI void ztile_q6_K(const int R, const void *ga, const void *gb, const act_rows *x, int r0, __m512 *acc,
-                     const int32_t *asum) {
-    const int k = x->k, nb = k / QK, n16 = k / 16, ns = k / QK_K;
+/* Q6_K: unsigned quants (q + 32) into vpdpbusd, 32 x the per-16 activation sums (t->t) taken
+ * off before the sub-block scale: x86_gemm_k.h's VNNI tile_q6_K. nss: super-blocks. */
+Z_AI void zt_q6_K(const char *ga, const char *gb, int nss, const z_act *t, __m512 *acc_st) {
     const __m512i low4 = _mm512_set1_epi8(15);
-    for (int s = 0; s < ns; s++) {
+    __m512 acc[Z_TILE];
+    Z_UNROLL for (int i = 0; i < Z_TILE; i++) acc[i] = acc_st[i];
+    for (int s = 0; s < nss; s++) {
         const block_q6_Kx8 *A = (const block_q6_Kx8 *)ga + s, *B = (const block_q6_Kx8 *)gb + s;
         const __m512 d16 = z_ph(A->d, B->d);
         for (int n = 0; n < 2; n++)
             for (int g = 0; g < 4; g++) {
-                const int b = 4 * n + g;
+                const int bs = 4 * n + g, b = 8 * s + bs; /* block in the super-block, in the slice */
                 __m512i q[8];
                 for (int rr = 0; rr < 8; rr++) {
                     const size_t lo_at = q6x8_ql(16 * n + 8 * (g & 1) + rr), hi_at = q6x8_qh(8 * n + rr);
@@ -202,129 +335,75 @@ Z_AI void ztile_q6_K(const int R, const void *ga, const void *gb, const act_rows
                     const __m512i nib = g < 2 ? _mm512_and_si512(vl, low4) : _mm512_and_si512(_mm512_srli_epi16(vl, 4), low4);
                     q[rr] = _mm512_or_si512(nib, z_q6_high(z_ld(A->q + hi_at, B->q + hi_at), g));
                 }
-                const __m512i sc0 = z_i8(A->sc[2 * b], B->sc[2 * b]), sc1 = z_i8(A->sc[2 * b + 1], B->sc[2 * b + 1]);
-                const size_t e16 = ((size_t)s * QK_K + QK * b) / 16;
-                for (int r = 0; r < R; r++) {
-                    const int8_t *a = z_arow(x, r0 + r) + (size_t)s * QK_K + QK * b;
+                const __m512i sc0 = z_i8(A->sc[2 * bs], B->sc[2 * bs]), sc1 = z_i8(A->sc[2 * bs + 1], B->sc[2 * bs + 1]);
+                Z_UNROLL for (int i = 0; i < Z_TILE; i++) {
+                    const int8_t *a = t->qs[b][i];
                     __m512i d0 = z_dp(_mm512_setzero_si512(), q[0], a), d1 = z_dp(_mm512_setzero_si512(), q[4], a + 16);
                     for (int rr = 1; rr < 4; rr++) {
                         d0 = z_dp(d0, q[rr], a + 4 * rr);
                         d1 = z_dp(d1, q[4 + rr], a + 16 + 4 * rr);
                     }
-                    const int32_t *as = asum + (size_t)r * n16 + e16;
-                    const __m512i t0 = _mm512_mullo_epi32(_mm512_sub_epi32(d0, _mm512_set1_epi32(as[0])), sc0);
-                    const __m512i t1 = _mm512_mullo_epi32(_mm512_sub_epi32(d1, _mm512_set1_epi32(as[1])), sc1);
-                    const size_t rb = (size_t)(r0 + r) * nb + (size_t)s * 8 + b;
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(t0, t1)), _mm512_mul_ps(d16, _mm512_set1_ps(x->d[rb])), acc[r]);
+                    const __m512i t0 = _mm512_mullo_epi32(_mm512_sub_epi32(d0, _mm512_set1_epi32(t->t[2 * b][i])), sc0);
+                    const __m512i t1 = _mm512_mullo_epi32(_mm512_sub_epi32(d1, _mm512_set1_epi32(t->t[2 * b + 1][i])), sc1);
+                    acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(t0, t1)), _mm512_mul_ps(d16, _mm512_set1_ps(t->d[b][i])), acc[i]);
                 }
             }
     }
-}
-
-/* ---- x8 kinds (x86_gemm_x8.h): Q8_0 (biased), Q4_0, Q4_1 ---------------------------------- */
-
-/* abias: 128 x each activation block's integer sum, [rows from r0][nb] (Q8_0 only). */
-Z_AI void ztile_x8(int kind, const int R, const void *ga, const void *gb, const act_rows *x, int r0, __m512 *acc,
-                   __m512 *cor, const int32_t *abias) {
-    const int nb = x->k / QK;
-    const __m512i low4 = _mm512_set1_epi8(15);
-    for (int b = 0; b < nb; b++) {
-        /* Q8_0: q[j] = run j (+128); Q4: q[2j] low nibbles of run j (elements 4j..), q[2j+1] high
-         * (16 + 4j..) */
-        __m512i q[8];
-        const uint16_t *da, *db;
-        if (kind == KIND_Q8_0) {
-            const block_q8_0x8 *A = (const block_q8_0x8 *)ga + b, *B = (const block_q8_0x8 *)gb + b;
-            da = A->d, db = B->d;
-            const __m512i bias = _mm512_set1_epi8((char)0x80);
-            for (int j = 0; j < 8; j++) q[j] = _mm512_xor_si512(z_ld(A->qs + 32 * j, B->qs + 32 * j), bias);
-        } else {
-            const uint8_t *qa, *qb;
-            if (kind == KIND_Q4_0) {
-                const block_q4_0x8 *A = (const block_q4_0x8 *)ga + b, *B = (const block_q4_0x8 *)gb + b;
-                da = A->d, db = B->d, qa = A->qs, qb = B->qs;
-            } else {
-                const block_q4_1x8 *A = (const block_q4_1x8 *)ga + b, *B = (const block_q4_1x8 *)gb + b;
-                da = A->d, db = B->d, qa = A->qs, qb = B->qs;
-            }
-            for (int j = 0; j < 4; j++) {
-                const __m512i w = z_ld(qa + 32 * j, qb + 32 * j);
-                q[2 * j] = _mm512_and_si512(w, low4);
-                q[2 * j + 1] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low4);
-            }
-        }
-        const __m512 d16 = z_ph(da, db);
-        for (int r = 0; r < R; r++) {
-            const int8_t *a = z_arow(x, r0 + r) + b * QK;
-            __m512i s0, s1;
-            if (kind == KIND_Q8_0) {
-                s0 = z_dp(_mm512_setzero_si512(), q[0], a), s1 = z_dp(_mm512_setzero_si512(), q[1], a + 4);
-                for (int j = 2; j < 8; j += 2) {
-                    s0 = z_dp(s0, q[j], a + 4 * j);
-                    s1 = z_dp(s1, q[j + 1], a + 4 * j + 4);
-                }
-            } else {
-                s0 = z_dp(_mm512_setzero_si512(), q[0], a), s1 = z_dp(_mm512_setzero_si512(), q[1], a + 16);
-                for (int j = 1; j < 4; j++) {
-                    s0 = z_dp(s0, q[2 * j], a + 4 * j);
-                    s1 = z_dp(s1, q[2 * j + 1], a + 16 + 4 * j);
-                }
-            }
-            __m512i isum = _mm512_add_epi32(s0, s1);
-            if (kind == KIND_Q8_0) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(abias[(size_t)r * nb + b]));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d16, _mm512_set1_ps(x->d[(size_t)(r0 + r) * nb + b])), acc[r]);
-        }
-    }
-    if (kind == KIND_Q8_0) return;
-    for (int b = 0; b < nb; b++) {
-        __m512 c16;
-        if (kind == KIND_Q4_0)
-            c16 = _mm512_mul_ps(_mm512_set1_ps(-8.0f), z_ph(((const block_q4_0x8 *)ga + b)->d, ((const block_q4_0x8 *)gb + b)->d));
-        else
-            c16 = z_ph(((const block_q4_1x8 *)ga + b)->m, ((const block_q4_1x8 *)gb + b)->m);
-        for (int r = 0; r < R; r++) cor[r] = _mm512_fmadd_ps(c16, _mm512_set1_ps(x->s[(size_t)(r0 + r) * nb + b]), cor[r]);
-    }
+    Z_UNROLL for (int i = 0; i < Z_TILE; i++) acc_st[i] = acc[i];
 }
 
 /* ---- driver -------------------------------------------------------------------------------- */
 
-/* Which tile: the x8 kinds are told apart from the K-quant kinds (their enums overlap) by `x8`. */
-Z_AI void z_tile(int x8, int kind, const int R, float *y, int ldy, const void *ga, const void *gb, int o,
-                 const act_rows *x, int r0, int accumulate, const int32_t *tab) {
-    __m512 acc[Z_TILE], cor[Z_TILE];
-    for (int r = 0; r < R; r++) acc[r] = cor[r] = _mm512_setzero_ps();
-    if (x8) ztile_x8(kind, R, ga, gb, x, r0, acc, cor, tab);
-    else if (kind == KIND_Q5_0 || kind == KIND_Q5_1) ztile_q5(kind, R, ga, gb, x, r0, acc, cor);
-    else if (kind == KIND_Q6_K) ztile_q6_K(R, ga, gb, x, r0, acc, tab);
-    else ztile_k4(kind, R, ga, gb, x, r0, acc, cor);
-    for (int r = 0; r < R; r++) {
-        float *dst = y + (size_t)(r0 + r) * ldy + o;
-        __m512 v = _mm512_add_ps(acc[r], cor[r]);
-        if (accumulate) v = _mm512_add_ps(_mm512_loadu_ps(dst), v);
-        _mm512_storeu_ps(dst, v);
+/* One pair against the tile over a slice of nbs blocks of 32 (one instantiation per kind). */
+Z_AI void z_tile(int zk, const char *ga, const char *gb, int nbs, const z_act *t, __m512 *acc_st, __m512 *cor_st) {
+    switch (zk) {
+    case Z_Q8_0: zt_x8(Z_Q8_0, ga, gb, nbs, t, acc_st, cor_st); break;
+    case Z_Q4_0: zt_x8(Z_Q4_0, ga, gb, nbs, t, acc_st, cor_st); break;
+    case Z_Q4_1: zt_x8(Z_Q4_1, ga, gb, nbs, t, acc_st, cor_st); break;
+    case Z_Q5_0: zt_q5(Z_Q5_0, ga, gb, nbs, t, acc_st, cor_st); break;
+    case Z_Q5_1: zt_q5(Z_Q5_1, ga, gb, nbs, t, acc_st, cor_st); break;
+    case Z_Q4_K: zt_k4(Z_Q4_K, ga, gb, nbs / 8, t, acc_st, cor_st); break;
+    case Z_Q5_K: zt_k4(Z_Q5_K, ga, gb, nbs / 8, t, acc_st, cor_st); break;
+    default: zt_q6_K(ga, gb, nbs / 8, t, acc_st); break;
     }
 }
 
 /* Weight rows [o0, o1) (pairs of whole groups: o1 - o0 a multiple of 16, o0 of 8) against
- * activation rows [r0, r1): pairs outer (their blocks stay in cache while every tile of rows
- * passes over them), tiles of Z_TILE rows inner, the last as wide as the rows left. tab: the
- * per-row table of the kind (Q8_0 abias, Q6_K asum) for rows from r0, tab_row ints a row. */
-Z_AI void gemm_z_rows(int x8, int kind, float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x,
-                      int r0, int r1, int accumulate, const int32_t *tab, size_t tab_row) {
-    const size_t group_bytes = x8 ? x8_bytes(w->type, w->n_in, ROW_GROUP)
-                                  : kind_x8_bytes(kind) * (size_t)(w->n_in / ggml_block_elems(kind_type(kind)));
-    for (int o = o0; o + Z_LANES <= o1; o += Z_LANES) {
-        const char *ga = (const char *)w->x8 + (size_t)(o / ROW_GROUP) * group_bytes, *gb = ga + group_bytes;
-        int r = r0;
-        for (; r + Z_TILE <= r1; r += Z_TILE)
-            z_tile(x8, kind, Z_TILE, y, ldy, ga, gb, o, x, r, accumulate, tab ? tab + (size_t)(r - r0) * tab_row : NULL);
-        switch (r1 - r) {
-#define Z_REST(n)                                                                                                      \
-    case n: z_tile(x8, kind, n, y, ldy, ga, gb, o, x, r, accumulate, tab ? tab + (size_t)(r - r0) * tab_row : NULL); break;
-        Z_REST(1) Z_REST(2) Z_REST(3) Z_REST(4) Z_REST(5) Z_REST(6) Z_REST(7)
-        Z_REST(8) Z_REST(9) Z_REST(10) Z_REST(11) Z_REST(12) Z_REST(13) Z_REST(14) Z_REST(15)
-#undef Z_REST
-        default: break;
+ * activation rows [0, n_rows): per block of Z_OB pairs, tiles of Z_TILE rows (the last as wide
+ * as the rows left, padded with zero rows that are never stored), per slice of Z_KS elements the
+ * tile packed once and every pair run over it. */
+static inline void gemm_z_rows(int x8, int kind, float *y, int ldy, const gemm_weight *w, int o0, int o1,
+                               const act_rows *x, int n_rows, int accumulate) {
+    const int zk = z_kind(x8, kind), k = w->n_in;
+    const size_t group_bytes = x8 ? x8_bytes(w->type, k, ROW_GROUP)
+                                  : kind_x8_bytes(kind) * (size_t)(k / ggml_block_elems(kind_type(kind)));
+    const int unit = x8 ? QK : ggml_block_elems(kind_type(kind)); /* elements per x8 block */
+    const size_t slice_bytes = group_bytes / (size_t)(k / unit) * (size_t)(Z_KS / unit); /* per Z_KS elements */
+    const int sums = zk == Z_Q6_K ? 16 : zk == Z_Q8_0 ? 32 : 0;
+    z_act t;
+    __m512 acc[Z_OB][Z_TILE], cor[Z_OB][Z_TILE];
+    for (int ob = o0; ob < o1; ob += Z_OB * Z_LANES) {
+        const int np = (o1 - ob < Z_OB * Z_LANES ? o1 - ob : Z_OB * Z_LANES) / Z_LANES;
+        for (int r = 0; r < n_rows; r += Z_TILE) {
+            const int R = n_rows - r < Z_TILE ? n_rows - r : Z_TILE;
+            for (int p = 0; p < np; p++)
+                for (int i = 0; i < Z_TILE; i++) acc[p][i] = cor[p][i] = _mm512_setzero_ps();
+            for (int e0 = 0; e0 < k; e0 += Z_KS) {
+                const int ne = k - e0 < Z_KS ? k - e0 : Z_KS;
+                z_pack(&t, x, r, R, e0, ne, sums);
+                for (int p = 0; p < np; p++) {
+                    const char *ga = (const char *)w->x8 + (size_t)((ob + Z_LANES * p) / ROW_GROUP) * group_bytes +
+                                     (size_t)(e0 / Z_KS) * slice_bytes;
+                    z_tile(zk, ga, ga + group_bytes, ne / QK, &t, acc[p], cor[p]);
+                }
+            }
+            for (int p = 0; p < np; p++)
+                for (int i = 0; i < R; i++) {
+                    float *dst = y + (size_t)(r + i) * ldy + ob + Z_LANES * p;
+                    __m512 v = _mm512_add_ps(acc[p][i], cor[p][i]);
+                    if (accumulate) v = _mm512_add_ps(_mm512_loadu_ps(dst), v);
+                    _mm512_storeu_ps(dst, v);
+                }
         }
     }
 }

@@ -34,65 +34,14 @@
 #include "x86_gemm_k.h"
 #include "x86_gemm_z16.h"
 
-#define Z_TAB_INTS 16384 /* stack table of per-row activation sums (64 KiB): the rows of one pass */
-
-/* out[r * (k / width) + i] = mul * (sum of row r0+r's quantized activations width*i ..
- * width*i + width-1), rows r0 .. r0+n-1, width 16 (Q6_K's asum) or 32 (Q8_0's abias). */
-static void z_act_sums(int32_t *out, const act_rows *x, int r0, int n, int width, int mul) {
-    const int k = x->k, per = k / width;
-    const __m512i ones = _mm512_set1_epi8(1), m = _mm512_set1_epi32(mul);
-    for (int r = 0; r < n; r++) {
-        const int8_t *a = x->qs + (size_t)(r0 + r) * k;
-        int32_t *o = out + (size_t)r * per;
-        int e = 0;
-        for (; e + 64 <= k; e += 64) {
-            __m512i t = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_loadu_si512(a + e));
-            t = _mm512_add_epi32(t, _mm512_shuffle_epi32(t, (_MM_PERM_ENUM)0xB1));
-            t = _mm512_add_epi32(t, _mm512_shuffle_epi32(t, (_MM_PERM_ENUM)0x4E)); /* sums of 16 */
-            t = _mm512_mullo_epi32(t, m);
-            if (width == 16) {
-                _mm_storeu_si128((__m128i *)(o + e / 16), _mm512_castsi512_si128(_mm512_maskz_compress_epi32(0x1111, t)));
-            } else {
-                t = _mm512_add_epi32(t, _mm512_shuffle_i32x4(t, t, 0xB1));
-                _mm_storel_epi64((__m128i *)(o + e / 32), _mm512_castsi512_si128(_mm512_maskz_compress_epi32(0x0101, t)));
-            }
-        }
-        for (; e < k; e += width) {
-            int sum = 0;
-            for (int i = 0; i < width; i++) sum += a[e + i];
-            o[e / width] = mul * sum;
-        }
-    }
-}
-
-/* Rows per pass of a per-row table of `per_row` ints: a multiple of Z_TILE where the table holds
- * that many (at least 8: MAX_ROW_LEN / 16 * 8 fits). */
-static inline int z_pass_rows(size_t per_row) {
-    const int per = (int)(Z_TAB_INTS / per_row);
-    return per >= Z_TILE ? per / Z_TILE * Z_TILE : per;
-}
-
 static inline __attribute__((always_inline)) void gemm_vnni(int kind, gemm_fn avx2, float *y, int ldy,
                                                             const gemm_weight *w, int o0, int o1, const act_rows *x,
                                                             int n_rows, int accumulate) {
     if (n_rows >= Z_MIN_ROWS) {
         /* a prefill chunk: pairs of groups on the 512-bit tiles, the rest below */
         const int zend = z_pairs_end(w, o0, o1);
-        if (zend > o0) {
-            if (kind == KIND_Q8_0) {
-                int32_t abias[Z_TAB_INTS];
-                const size_t per_row = (size_t)w->n_in / QK;
-                const int per = z_pass_rows(per_row);
-                for (int r0 = 0; r0 < n_rows; r0 += per) {
-                    const int r1 = r0 + per < n_rows ? r0 + per : n_rows;
-                    z_act_sums(abias, x, r0, r1 - r0, QK, 128);
-                    gemm_z_rows(1, kind, y, ldy, w, o0, zend, x, r0, r1, accumulate, abias, per_row);
-                }
-            } else {
-                gemm_z_rows(1, kind, y, ldy, w, o0, zend, x, 0, n_rows, accumulate, NULL, 0);
-            }
-            o0 = zend;
-        }
+        if (zend > o0) gemm_z_rows(1, kind, y, ldy, w, o0, zend, x, n_rows, accumulate);
+        o0 = zend;
         if (o0 >= o1) return;
     }
     int grouped_end = w->x8 ? w->n_out / ROW_GROUP * ROW_GROUP : 0;
@@ -128,8 +77,8 @@ void gemm_q4_1_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, con
     gemm_vnni(KIND_Q4_1, gemm_q4_1_avx2, y, ldy, w, o0, o1, x, n_rows, accumulate);
 }
 
-/* The quant_k.h kinds: a prefill chunk's pairs of groups on the 512-bit tiles (Q6_K's activation
- * sums once per pass of rows, shared with the rest), everything else on x86_gemm_k.h's tiles. */
+/* The quant_k.h kinds: a prefill chunk's pairs of groups on the 512-bit tiles, everything else
+ * (and a group left over) on x86_gemm_k.h's tiles. */
 static inline __attribute__((always_inline)) void gemm_k_vnni(int kind, float *y, int ldy, const gemm_weight *w, int o0,
                                                               int o1, const act_rows *x, int n_rows, int accumulate) {
     const int zend = n_rows >= Z_MIN_ROWS ? z_pairs_end(w, o0, o1) : o0;
@@ -137,20 +86,8 @@ static inline __attribute__((always_inline)) void gemm_k_vnni(int kind, float *y
         gemm_k(kind, y, ldy, w, o0, o1, x, n_rows, accumulate);
         return;
     }
-    if (kind != KIND_Q6_K) {
-        gemm_z_rows(0, kind, y, ldy, w, o0, zend, x, 0, n_rows, accumulate, NULL, 0);
-        if (zend < o1) gemm_k_rows(kind, y, ldy, w, zend, o1, x, 0, n_rows, accumulate, NULL);
-        return;
-    }
-    int32_t asum[Z_TAB_INTS];
-    const size_t per_row = (size_t)w->n_in / 16;
-    const int per = z_pass_rows(per_row);
-    for (int r0 = 0; r0 < n_rows; r0 += per) {
-        const int r1 = r0 + per < n_rows ? r0 + per : n_rows;
-        z_act_sums(asum, x, r0, r1 - r0, 16, 32);
-        gemm_z_rows(0, kind, y, ldy, w, o0, zend, x, r0, r1, accumulate, asum, per_row);
-        if (zend < o1) gemm_k_rows(kind, y, ldy, w, zend, o1, x, r0, r1, accumulate, asum);
-    }
+    gemm_z_rows(0, kind, y, ldy, w, o0, zend, x, n_rows, accumulate);
+    if (zend < o1) gemm_k(kind, y, ldy, w, zend, o1, x, n_rows, accumulate);
 }
 
 /* The quant_k.h block types (x86_gemm_k.h's VNNI tiles); Q2_K and Q3_K stay on AVX2. A decode

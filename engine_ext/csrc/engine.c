@@ -418,27 +418,91 @@ static void release_pages(const void *p, size_t n) {
 #endif
 }
 
+/* One load's packing, shared by the pool's threads (pack_task): matrix i goes to packed + at[i]
+ * (at[i] == at[i + 1]: nothing to pack); next is the next matrix to grab, ahead the next whose
+ * file pages were not asked for yet (MADV_WILLNEED), done counts the matrices finished. */
+typedef struct {
+    engine *e;
+    int n;
+    const size_t *at;
+    atomic_int next, ahead;
+    atomic_uint done;
+} pack_job;
+
+/* How far ahead of the matrices being packed their file pages are asked for: the disk reads
+ * the next ones while the threads repack the current ones. */
+#define PACK_READ_AHEAD (64u << 20)
+
+static size_t file_bytes(const weight_t *w) { return w->rows ? ggml_row_bytes(w->type, w->n_in) * (size_t)w->n_out : 0; }
+
+/* Asks for a read-only file mapping's pages of [p, p + n) to be read now (asynchronously). */
+static void will_need(const void *p, size_t n) {
+#ifdef __linux__
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p & ~(page - 1), b = (uintptr_t)p + n;
+    if (n) madvise((void *)a, b - a, MADV_WILLNEED);
+#else
+    (void)p, (void)n;
+#endif
+}
+
+/* Threads grab matrices in order; each packs one, then gives its file pages back, so the file
+ * pages held at once are those of the matrices in flight (one per thread) and what was read
+ * ahead (page cache the kernel can reclaim), never the whole file beside its repacked copy. */
+static void pack_task(void *ctx, int ith, int nth) {
+    pack_job *j = ctx;
+    engine *e = j->e;
+    (void)ith, (void)nth;
+    for (;;) {
+        const int i = atomic_fetch_add(&j->next, 1);
+        if (i >= j->n) return;
+        if (e->m.release_rows) /* ask for the file pages of the matrices up to PACK_READ_AHEAD on */
+            for (int a = atomic_load(&j->ahead); a < j->n && j->at[a] < j->at[i] + PACK_READ_AHEAD; a = atomic_load(&j->ahead))
+                if (atomic_compare_exchange_weak(&j->ahead, &a, a + 1) && j->at[a + 1] > j->at[a])
+                    will_need(matrix(e, a)->rows, file_bytes(matrix(e, a)));
+        weight_t *w = matrix(e, i);
+        if (j->at[i + 1] > j->at[i]) {
+            pack_x8(e->packed + j->at[i], w->rows, w->type, w->n_in, w->n_out);
+            if (e->m.release_rows) release_pages(w->rows, file_bytes(w));
+        }
+        threadpool_count_add(e->tp, &j->done);
+    }
+}
+
+/* Packs every block-type matrix into one buffer, split by matrix among the pool's threads. */
 static int pack_weights(engine *e) {
     const int n = n_matrices(e);
+    size_t *at = malloc(sizeof(size_t) * ((size_t)n + 1));
+    if (!at) return 0;
     size_t total = 0;
     for (int i = 0; i < n; i++) {
         weight_t *w = matrix(e, i);
-        if (w->rows) total += (x8_bytes(w->type, w->n_in, w->n_out) + 63) & ~(size_t)63;
+        at[i] = total;
+        const size_t bytes = w->rows ? x8_bytes(w->type, w->n_in, w->n_out) : 0; /* a layer kind's absent matrices */
+        total += (bytes + 63) & ~(size_t)63;
     }
+    at[n] = total;
     e->packed_bytes = total;
-    if (total == 0) return 1;
+    if (total == 0) {
+        free(at);
+        return 1;
+    }
     e->packed = big_alloc(total, 0);
-    if (!e->packed) return 0;
-    size_t at = 0;
+    if (!e->packed) {
+        free(at);
+        return 0;
+    }
     for (int i = 0; i < n; i++) {
         weight_t *w = matrix(e, i);
-        size_t bytes = w->rows ? x8_bytes(w->type, w->n_in, w->n_out) : 0; /* a layer kind's absent matrices */
-        if (bytes == 0) continue;
-        pack_x8(e->packed + at, w->rows, w->type, w->n_in, w->n_out);
-        if (e->m.release_rows) release_pages(w->rows, ggml_row_bytes(w->type, w->n_in) * (size_t)w->n_out);
-        w->x8 = e->packed + at;
-        at += (bytes + 63) & ~(size_t)63;
+        if (at[i + 1] > at[i]) w->x8 = e->packed + at[i];
     }
+    pack_job job = {.e = e, .n = n, .at = at};
+    atomic_init(&job.next, 0);
+    atomic_init(&job.ahead, 0);
+    atomic_init(&job.done, 0);
+    threadpool_run(e->tp, pack_task, &job);
+    threadpool_count_wait(e->tp, &job.done, (unsigned)n);
+    threadpool_wait_idle(e->tp); /* no worker may touch job (this frame) after return */
+    free(at);
     return 1;
 }
 
@@ -541,6 +605,10 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
     e->layers = xalloc(sizeof(layer_weights) * m->n_layers, &ok);
     if (ok) memcpy(e->layers, m->layers, sizeof(layer_weights) * m->n_layers);
     e->m.layers = e->layers;
+    if (ok) {
+        e->tp = threadpool_create(n_threads); /* packing already runs on it */
+        if (!e->tp) ok = 0;
+    }
     if (ok && m->n_expert) ok = moe_slices(e);
     if (ok) ok = pack_weights(e);
     if (ok && m->n_expert) ok = moe_create(e, max_tokens);
@@ -648,10 +716,6 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
     e->attn_scratch = xalloc(sizeof(float) * e->attn_floats * n_threads, &ok);
     e->n_phases = PHASES_PER_LAYER * m->n_layers + PHASES_EXTRA;
     e->sync = xalloc(sizeof(phase_sync) * (e->n_phases + PHASES_PER_LAYER), &ok);
-    if (ok) {
-        e->tp = threadpool_create(n_threads);
-        if (!e->tp) ok = 0;
-    }
     if (!ok) {
         engine_destroy(e);
         return NULL;
@@ -683,6 +747,9 @@ void engine_destroy(engine *e) {
 size_t engine_kv_bytes(const engine *e) { return e->kv_bytes; }
 int engine_ring_len(const engine *e) { return e->ring_len; }
 int engine_n_threads(const engine *e) { return threadpool_size(e->tp); }
+int engine_moe_active(const engine *e, int layer) {
+    return e->mn_active && layer >= 0 && layer < e->m.n_layers && is_moe_layer(&e->layers[layer]) ? e->mn_active[layer] : 0;
+}
 
 /* ---- KV planes --------------------------------------------------------------------------- */
 

@@ -160,6 +160,7 @@ def test_bench_engine_synthetic_writes_keeps_and_reuses_the_file(tmp_path, monke
     assert path.is_file() and f"wrote {path}" in out
     assert f"llama-bench -m {path} -t 1 -p 16 -n 4 -d 0,8" in out
     assert "pp16" in out and "tg4_d8" in out and "tg4_x4" in out
+    assert " | loaded in " in out and "peak RSS " in out
     mtime = path.stat().st_mtime_ns
     assert bench_engine.run(parser.parse_args([*argv, "--json", "--step-ms"])) == 0
     info = json.loads(capsys.readouterr().out)
@@ -169,6 +170,7 @@ def test_bench_engine_synthetic_writes_keeps_and_reuses_the_file(tmp_path, monke
     step_ms = info["results"]["threads=1"]["step_ms"]
     assert set(step_ms) == {"1", "2", "4"} and all(v > 0 for v in step_ms.values())  # a 4-slot pool
     assert "numpy" not in info
+    assert info["load_s"] >= 0 and info["peak_rss_gib"] > 0
     with pytest.raises(SystemExit, match="unknown preset"):
         bench_engine.run(parser.parse_args(["--synthetic", "nope", "--synthetic-dir", str(tmp_path)]))
 

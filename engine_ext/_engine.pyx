@@ -285,6 +285,11 @@ cdef class Engine:
             raise RuntimeError("forward: a step walked another number of phases than the engine counted (engine bug)")
         return status
 
+    def moe_active(self) -> list:
+        """Per layer, the experts the last step ran (each once for all the rows that chose it);
+        0 on dense layers."""
+        return [engine_moe_active(self.e, l) for l in range(self.model_file.config.n_layers)]
+
     def kv_snapshot_bytes(self, int n) -> int:
         """Bytes of the KV of n tokens as kv_snapshot writes them."""
         if not 0 <= n <= self.ctx_len:

@@ -134,6 +134,9 @@ size_t engine_kv_bytes(const engine *e);
 /* Rows of a ring layer's planes; 0 when the engine keeps full planes on every layer. */
 int engine_ring_len(const engine *e);
 int engine_n_threads(const engine *e);
+/* Mixture of experts: the experts layer l ran in the last step, each once for all the step's
+ * rows that chose it (so no other expert's weights were read); 0 on a dense layer or model. */
+int engine_moe_active(const engine *e, int layer);
 
 /* Runs every item (split into steps of at most max_tokens rows) and writes one logits row for
  * each of every item's last want_logits tokens, in item and row order, into logits [k][n_vocab]. fault_layer >= 0 makes the

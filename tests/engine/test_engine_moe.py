@@ -105,3 +105,44 @@ def test_pool_contract_is_a_dense_models(arch_model_factory):
         for n in (0, 1, 7, 8, 50):
             assert a.snapshot_nbytes(n) == b.snapshot_nbytes(n) == len(a.snapshot(0, n))
         a.check_integrity()
+
+
+def test_a_step_runs_only_the_chosen_experts_once_each(tmp_path):
+    """Decode reads only the chosen experts' weights, and a batched step (a prefill chunk, or
+    several slots decoding) runs each chosen expert once for all of its rows: the experts the
+    engine ran per layer (Engine.moe_active) are exactly the distinct experts the reference
+    routes the step's rows to. 16 experts, 2 per token: one row runs 2 per layer, a step of
+    rows runs their union (fewer than 2 per row)."""
+    path = write_tiny_model(tmp_path / "m.gguf", "qwen3moe", n_expert=16, weight_type="F32", tensor_types={})
+    ref = ReferenceModel(path)
+    k, n_layers = ref.n_expert_used, 2
+
+    def routed(tokens: np.ndarray) -> list[np.ndarray]:
+        """Per layer, the reference's chosen experts of every row [rows, k]."""
+        inputs: list[np.ndarray] = []
+        moe = ref._moe
+        ref._moe = lambda h, w: (inputs.append(h), moe(h, w))[1]  # type: ignore[method-assign]
+        ref.logits(tokens)
+        ref._moe = moe  # type: ignore[method-assign]
+        assert len(inputs) == n_layers
+        return [
+            np.argsort(-(h @ ref.w[f"blk.{i}.ffn_gate_inp.weight"].T), axis=1, kind="stable")[:, :k]
+            for i, h in enumerate(inputs)
+        ]
+
+    tokens = random_tokens(12, N_VOCAB, seed=5)
+    pool = make_pool(path, 3, 64, kv_dtype="f32")
+    prefix = routed(tokens[:9])
+    pool.forward([(0, tokens[:9], 0, True)])  # one step of 9 rows
+    ran = pool._engine.moe_active()
+    assert ran == [len(set(c.ravel())) for c in prefix]
+    assert all(k < n < 9 * k for n in ran)  # grouped: fewer than one expert run per (row, rank)
+    for s in (1, 2):
+        pool.copy_prefix(0, s, 9)
+    last = [routed(np.append(tokens[:9], t)) for t in tokens[9:12]]  # each slot's decode row
+    pool.forward([(0, tokens[9:10], 9, True)])  # one decode row
+    assert pool._engine.moe_active() == [len(set(c[-1])) for c in last[0]] == [k] * n_layers
+    pool.truncate(0, 9)
+    pool.forward([(s, tokens[9 + s : 10 + s], 9, True) for s in range(3)])  # 3 slots, one step
+    union = [len({int(x) for r in range(3) for x in last[r][i][-1]}) for i in range(n_layers)]
+    assert pool._engine.moe_active() == union

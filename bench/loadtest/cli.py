@@ -94,6 +94,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="send ignore_eos=true (non-standard) so replies run to max_tokens",
     )
+    run_p.add_argument(
+        "--logprobs",
+        action="store_true",
+        help="ask for each token's logprob, so tokens that print nothing (random-weight models) still time TTFT",
+    )
     run_p.add_argument("--quiet", action="store_true", help="no progress bar")
     cmp_p = sub.add_parser("compare", help="print two results files side by side with ratios")
     cmp_p.add_argument("a", metavar="A.json")
@@ -149,6 +154,7 @@ def _run(args: argparse.Namespace) -> int:
             temperature=args.temperature,
             seed=args.seed,
             ignore_eos=args.ignore_eos,
+            logprobs=args.logprobs,
             timeout_s=args.timeout,
             api_key=args.api_key,
         ),

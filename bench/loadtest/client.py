@@ -3,9 +3,11 @@ Anthropic's /v1/messages: `messages_body`, `_apply_event`; "responses": OpenAI's
 `responses_body`, `_apply_response_event`), timed as its user feels it.
 
 Design: `send` posts a `RequestSpec` with `stream: true` and `stream_options.include_usage`,
-reads the server-sent events and stamps the arrival of every chunk that carries text. TTFT is
-send -> first text chunk, inter-token latencies are the gaps between text chunks (a server that
-packs several tokens in one chunk shows one gap for them), end-to-end is send -> end of stream.
+reads the server-sent events and stamps the arrival of every chunk that carries text, or a
+token's logprob when they were asked for (`SendParams.logprobs`, and aborts: a random-weight
+model's tokens often print nothing). TTFT is send -> first such chunk, inter-token latencies
+are the gaps between them (a server that packs several tokens in one chunk shows one gap for
+them), end-to-end is send -> end of stream.
 Token counts come from the final `usage` chunk; `prompt_tokens_details.cached_tokens` is the
 server's own count of prompt tokens it did not compute (or, from a server that reports no
 `prompt_tokens_details`, llama.cpp's `timings.cache_n`: the same count).
@@ -41,6 +43,7 @@ class SendParams:
     temperature: float = 0.0
     seed: int | None = None  # sent only when temperature > 0
     ignore_eos: bool = False  # sent as the non-standard `ignore_eos` only when True
+    logprobs: bool = False  # ask for each token's logprob, so tokens that print nothing still time TTFT
     timeout_s: float = 120.0  # per request, send -> end of stream
     api_key: str | None = field(default=None, repr=False)  # sent as a Bearer token
 
@@ -54,7 +57,7 @@ class Exchange:
     t_send: float
     outcome: Outcome = Outcome.ERROR
     t_end: float = 0.0
-    token_times: list[float] = field(default_factory=list)  # [num_text_chunks]
+    token_times: list[float] = field(default_factory=list)  # chunks with text (or a token's logprob)
     text_parts: list[str] = field(default_factory=list)  # [num_text_chunks]
     tokens_streamed: int = 0  # generated tokens the stream showed, with or without text
     prompt_tokens: int | None = None
@@ -86,7 +89,9 @@ def request_body(spec: RequestSpec, params: SendParams) -> dict[str, Any]:
         body["seed"] = params.seed
     if params.ignore_eos:
         body["ignore_eos"] = True
-    if spec.abort_after_tokens is not None:  # a token without text still shows as a logprob
+    if (
+        params.logprobs or spec.abort_after_tokens is not None
+    ):  # a token without text still shows as a logprob
         body.update({"logprobs": True, "top_logprobs": 1} if spec.messages is not None else {"logprobs": 1})
     body.update(spec.extra_body)
     return body
@@ -253,10 +258,11 @@ def _apply_chunk(ex: Exchange, chunk: Any, now: float) -> None:
             if isinstance(delta, dict)
             else choice.get("text")
         )
-        if piece:
-            ex.token_times.append(now)
-            ex.text_parts.append(piece)
         shown = _logprob_entries(choice.get("logprobs"))
+        if piece or shown:  # a token: its text, or (logprobs asked for) its logprob
+            ex.token_times.append(now)
+        if piece:
+            ex.text_parts.append(piece)
         ex.tokens_streamed += shown if shown else 1 if piece else 0
         if choice.get("finish_reason"):
             ex.finish_reason = choice["finish_reason"]

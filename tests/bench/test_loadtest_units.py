@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from slotserve.bench.loadtest import report, results
-from slotserve.bench.loadtest.client import Exchange, SendParams, request_body
+from slotserve.bench.loadtest.client import Exchange, SendParams, _apply_chunk, request_body
 from slotserve.bench.loadtest.driver import DriveConfig
 from slotserve.bench.loadtest.oracle import PrefixTrie, Seen, oracle_from_ids, oracle_from_usage
 from slotserve.bench.loadtest.sse import iter_sse
@@ -653,3 +653,19 @@ def test_codex_speaks_responses_as_codex_does() -> None:
     )
     assert (ex.prompt_tokens, ex.cached_tokens, ex.completion_tokens) == (90, 80, 1)
     assert ex.text == "Hi" and ex.finish_reason == "completed"
+
+
+def test_logprobs_time_tokens_that_print_nothing():
+    """--logprobs: the body asks for logprobs, and a chunk whose token prints nothing (a
+    random-weight model's padding tokens) still stamps TTFT through its logprob entry; without
+    logprobs such a chunk stamps nothing (the request would show no TTFT at all)."""
+    spec = RequestSpec("c", 0, 4, messages=({"role": "user", "content": "x"},))
+    assert request_body(spec, SendParams(model="m", logprobs=True))["logprobs"] is True
+    assert "logprobs" not in request_body(spec, SendParams(model="m"))
+    silent = {
+        "choices": [{"delta": {"content": ""}, "logprobs": {"content": [{"token": "", "logprob": -1.0}]}}]
+    }
+    for chunk, want in ((silent, [1.0]), ({"choices": [{"delta": {"content": ""}}]}, [])):
+        ex = Exchange(spec=spec, index=0, t_send=0.0)
+        _apply_chunk(ex, chunk, 1.0)
+        assert ex.token_times == want and not ex.text_parts

@@ -393,9 +393,9 @@ def run(args: argparse.Namespace) -> int:
         long_len,
     )
     batch_sizes = (4,) if args.synthetic else (4, 8)  # 8 slots of an 8B model's KV: too much memory
-    # the validated pool is the one measured when it is the same (one thread count, 4 slots, no
-    # depth run): a big model is then loaded once
-    validated: Any = pool if len(threads) == 1 and max(batch_sizes) == 4 and not depths else None
+    # the validated pool is the one measured when it would be the same (one thread count; 4 slots,
+    # or a depth run, which uses slot 0): a big model is then loaded once
+    validated: Any = pool if len(threads) == 1 and (max(batch_sizes) == 4 or depths) else None
     del pool
     if not args.json:
         print(
@@ -408,7 +408,8 @@ def run(args: argparse.Namespace) -> int:
     info["results"] = {}
     for t in threads:
         if depths:
-            pool = SlotPool(model, 1, ctx_len, threads=t, **kv)
+            pool = validated if validated is not None else SlotPool(model, 1, ctx_len, threads=t, **kv)
+            validated = None
             figures = measure_depth(pool, model.config.n_vocab, args.reps, depths)
             del pool
             info["results"][f"threads={t}"] = {k: round(v, 1) for k, v in figures.items()}

@@ -3,11 +3,11 @@ Anthropic's /v1/messages: `messages_body`, `_apply_event`; "responses": OpenAI's
 `responses_body`, `_apply_response_event`), timed as its user feels it.
 
 Design: `send` posts a `RequestSpec` with `stream: true` and `stream_options.include_usage`,
-reads the server-sent events and stamps the arrival of every chunk that carries text, or a
-token's logprob when they were asked for (`SendParams.logprobs`, and aborts: a random-weight
-model's tokens often print nothing). TTFT is send -> first such chunk, inter-token latencies
-are the gaps between them (a server that packs several tokens in one chunk shows one gap for
-them), end-to-end is send -> end of stream.
+reads the server-sent events and stamps the arrival of every chunk that carries text, or with
+`SendParams.logprobs` a token's logprob (a random-weight model's tokens often print nothing).
+TTFT is send -> first such chunk, inter-token latencies are the gaps between them (a server
+that packs several tokens in one chunk shows one gap for them), end-to-end is send -> end of
+stream.
 Token counts come from the final `usage` chunk; `prompt_tokens_details.cached_tokens` is the
 server's own count of prompt tokens it did not compute (or, from a server that reports no
 `prompt_tokens_details`, llama.cpp's `timings.cache_n`: the same count).
@@ -60,6 +60,7 @@ class Exchange:
     token_times: list[float] = field(default_factory=list)  # chunks with text (or a token's logprob)
     text_parts: list[str] = field(default_factory=list)  # [num_text_chunks]
     tokens_streamed: int = 0  # generated tokens the stream showed, with or without text
+    time_logprobs: bool = False  # a chunk carrying only a token's logprob times it (SendParams.logprobs)
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     completion_tokens: int | None = None
@@ -259,7 +260,7 @@ def _apply_chunk(ex: Exchange, chunk: Any, now: float) -> None:
             else choice.get("text")
         )
         shown = _logprob_entries(choice.get("logprobs"))
-        if piece or shown:  # a token: its text, or (logprobs asked for) its logprob
+        if piece or (shown and ex.time_logprobs):  # a token: its text, or (--logprobs) its logprob
             ex.token_times.append(now)
         if piece:
             ex.text_parts.append(piece)
@@ -304,7 +305,7 @@ async def send(
 ) -> Exchange:
     """Send `spec` and return the exchange; never raises for server or network failures
     (they become Outcome.ERROR / TIMEOUT with `error` set)."""
-    ex = Exchange(spec=spec, index=index, t_send=time.perf_counter())
+    ex = Exchange(spec=spec, index=index, t_send=time.perf_counter(), time_logprobs=params.logprobs)
     try:
         await asyncio.wait_for(_stream(client, base_url, ex, params), params.timeout_s)
     except (asyncio.TimeoutError, httpx.TimeoutException):

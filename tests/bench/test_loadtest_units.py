@@ -658,14 +658,18 @@ def test_codex_speaks_responses_as_codex_does() -> None:
 def test_logprobs_time_tokens_that_print_nothing():
     """--logprobs: the body asks for logprobs, and a chunk whose token prints nothing (a
     random-weight model's padding tokens) still stamps TTFT through its logprob entry; without
-    logprobs such a chunk stamps nothing (the request would show no TTFT at all)."""
+    --logprobs (an abort asks for logprobs to count tokens) such a chunk stamps nothing."""
     spec = RequestSpec("c", 0, 4, messages=({"role": "user", "content": "x"},))
     assert request_body(spec, SendParams(model="m", logprobs=True))["logprobs"] is True
     assert "logprobs" not in request_body(spec, SendParams(model="m"))
     silent = {
         "choices": [{"delta": {"content": ""}, "logprobs": {"content": [{"token": "", "logprob": -1.0}]}}]
     }
-    for chunk, want in ((silent, [1.0]), ({"choices": [{"delta": {"content": ""}}]}, [])):
-        ex = Exchange(spec=spec, index=0, t_send=0.0)
+    for chunk, timed, want in (
+        (silent, True, [1.0]),
+        (silent, False, []),  # an abort's logprobs count tokens but time none
+        ({"choices": [{"delta": {"content": ""}}]}, True, []),
+    ):
+        ex = Exchange(spec=spec, index=0, t_send=0.0, time_logprobs=timed)
         _apply_chunk(ex, chunk, 1.0)
-        assert ex.token_times == want and not ex.text_parts
+        assert ex.token_times == want and not ex.text_parts and ex.tokens_streamed == (chunk is silent)

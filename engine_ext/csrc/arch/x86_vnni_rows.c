@@ -1,6 +1,7 @@
 /* The avx512vnni variant's decode-size matmuls: one to ROWS_MAX activation rows against the row
- * groups of Q6_K, Q4_K and Q5_K weights (gemm_q6_K_vnni, gemm_q4_K_vnni and gemm_q5_K_vnni in
- * x86_vnni.c hand a call of that size here, and its rows outside whole groups to x86_gemm_k.h).
+ * groups of Q6_K, Q4_K and Q5_K weights, and two to ROWS_MAX rows against those of Q8_0, Q5_0
+ * and Q5_1 (x86_vnni.c's gemm_*_vnni hand a call of that size here, and its rows outside whole
+ * groups to the tiles of x86_gemm_x8.h / x86_gemm_k.h).
  *
  * Design: a decode step reads each weight once for a few rows, so what bounds it is the work of
  * unpacking a block, not the dot products. Here that work is done on 512-bit vectors holding
@@ -11,12 +12,11 @@
  * range, so that each half streams in order; an odd last group runs in both halves and keeps
  * the low one.
  *
- * Q6_K is dispatched for one row only (x86_vnni.c): from memory its 4-row form measured no
- * faster than the tile's. Each (super-)block asks the prefetcher for both groups' block
- * PF_AHEAD bytes on.
+ * Each (super-)block asks the prefetcher for both groups' block PF_AHEAD bytes on.
  *
- * The same pairing measured slower than the tiles for Q8_0 and Q5_0 in whole decode steps
- * (Gemma 3, Qwen2.5-Coder one slot), so those types stay on x86_gemm_x8.h / x86_gemm_k.h.
+ * Q8_0, Q5_0 and Q5_1 take these kernels from 2 rows on only: at 2-4 rows the 256-bit tiles
+ * are bound by their vpdpbusd count, which the pairs halve; one row (one-slot decode, whose
+ * step a trial of the pairs at every row count did not show faster) stays on the tiles.
  *
  * NOTE: bit-identical to x86_gemm_k.h's VNNI tiles (and so to the avx2 variant): lane i is
  * weight row 8g + i exactly as there, every integer sum is exact (the order of integer adds is
@@ -251,6 +251,71 @@ static inline __attribute__((always_inline)) void k4_pair(const int R, const int
     store16(y, ldy, o, o_hi, R, acc, cor, accumulate);
 }
 
+/* ---- Q8_0, Q5_0, Q5_1: blocks of 32 -----------------------------------------------------------
+ * Q8_0 runs biased (w + 128, unsigned) and takes 128 x each activation block's sum off (abias),
+ * as x86_gemm_x8.h's KIND_Q8_0_BIASED; Q5_0/Q5_1 as x86_gemm_k.h's tile_q5 (the fifth bits of
+ * run j's low nibbles are bit j of each qh byte, of its high nibbles bit 4 + j). The
+ * correction cor = fma(c, as_b, cor) (Q5_0: c = -16 d; Q5_1: m; Q8_0: none) runs beside. */
+static inline __attribute__((always_inline)) void b32_pair(const int R, const int kind, float *y, int ldy,
+                                                           const uint8_t *g0, size_t gap, int nb, const act_rows *x,
+                                                           const int32_t *abias, int o, int o_hi, int accumulate) {
+    const int k = x->k;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10), bias = _mm512_set1_epi8((char)0x80);
+    __m512 acc[ROWS_MAX], cor[ROWS_MAX];
+    for (int r = 0; r < R; r++) acc[r] = cor[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m512i s1[ROWS_MAX], s2[ROWS_MAX];
+        for (int r = 0; r < R; r++) s1[r] = s2[r] = _mm512_setzero_si512();
+        const uint16_t *dp, *mp = NULL;
+        prefetch2(g0 + (size_t)b * (kind == ROWS_Q8_0 ? sizeof(block_q8_0x8) : kind == ROWS_Q5_0 ? sizeof(block_q5_0x8) : sizeof(block_q5_1x8)), gap,
+                  kind == ROWS_Q8_0 ? sizeof(block_q8_0x8) : kind == ROWS_Q5_0 ? sizeof(block_q5_0x8) : sizeof(block_q5_1x8));
+        if (kind == ROWS_Q8_0) {
+            const block_q8_0x8 *blk = (const block_q8_0x8 *)g0 + b;
+            dp = blk->d;
+            for (int j = 0; j < QK / 4; j++) {
+                const __m512i wu = _mm512_xor_si512(ld2((const uint8_t *)blk->qs + 32 * j, gap), bias);
+                for (int r = 0; r < R; r++) {
+                    const int8_t *a = x->qs + (size_t)r * k + (size_t)b * QK + 4 * j;
+                    if (j & 1) s2[r] = dp16(s2[r], wu, a);
+                    else s1[r] = dp16(s1[r], wu, a);
+                }
+            }
+            for (int r = 0; r < R; r++)
+                s1[r] = _mm512_sub_epi32(_mm512_add_epi32(s1[r], s2[r]), _mm512_set1_epi32(abias[(size_t)r * nb + b]));
+        } else {
+            const uint8_t *qs, *qh;
+            if (kind == ROWS_Q5_0) {
+                const block_q5_0x8 *blk = (const block_q5_0x8 *)g0 + b;
+                dp = blk->d, qs = blk->qs, qh = blk->qh;
+            } else {
+                const block_q5_1x8 *blk = (const block_q5_1x8 *)g0 + b;
+                dp = blk->d, mp = blk->m, qs = blk->qs, qh = blk->qh;
+            }
+            const __m512i vh = ld2(qh, gap);
+            for (int j = 0; j < 4; j++) {
+                const __m512i w = ld2(qs + 32 * j, gap);
+                const __m512i hl = _mm512_and_si512(_mm512_slli_epi16(vh, 4 - j), m10);
+                const __m512i hh = _mm512_and_si512(j ? _mm512_srli_epi16(vh, j) : vh, m10);
+                const __m512i lo = _mm512_ternarylogic_epi32(w, m4, hl, AND_OR);
+                const __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(w, 4), m4, hh, AND_OR);
+                for (int r = 0; r < R; r++) {
+                    const int8_t *a = x->qs + (size_t)r * k + (size_t)b * QK + 4 * j;
+                    s1[r] = dp16(s1[r], lo, a);
+                    s2[r] = dp16(s2[r], hi, a + 16);
+                }
+            }
+            for (int r = 0; r < R; r++) s1[r] = _mm512_add_epi32(s1[r], s2[r]);
+        }
+        const __m512 d = f16x2(dp, gap);
+        fold_block(R, acc, s1, d, x, (size_t)b);
+        if (kind != ROWS_Q8_0) {
+            const __m512 c = kind == ROWS_Q5_0 ? _mm512_mul_ps(_mm512_set1_ps(-16.0f), d) : f16x2(mp, gap);
+            for (int r = 0; r < R; r++) cor[r] = _mm512_fmadd_ps(c, _mm512_set1_ps(x->s[(size_t)r * nb + b]), cor[r]);
+        }
+    }
+    store16(y, ldy, o, o_hi, R, acc, cor, accumulate);
+}
+
 /* The whole groups of [o0, o1), two at a time. */
 static inline __attribute__((always_inline)) int rows_groups(int kind, const int R, float *y, int ldy,
                                                              const gemm_weight *w, int o0, int o1, const act_rows *x,
@@ -259,8 +324,10 @@ static inline __attribute__((always_inline)) int rows_groups(int kind, const int
     if (end > o1) end = o1;
     if (end <= o0) return o0;
     static const size_t blk_bytes[] = {[ROWS_Q6_K] = sizeof(block_q6_Kx8), [ROWS_Q4_K] = sizeof(block_q4_Kx8),
-                                       [ROWS_Q5_K] = sizeof(block_q5_Kx8)};
-    const int nsb = w->n_in / QK_K; /* super-blocks per row */
+                                       [ROWS_Q5_K] = sizeof(block_q5_Kx8), [ROWS_Q8_0] = sizeof(block_q8_0x8),
+                                       [ROWS_Q5_0] = sizeof(block_q5_0x8), [ROWS_Q5_1] = sizeof(block_q5_1x8)};
+    const int k_quant = kind == ROWS_Q6_K || kind == ROWS_Q4_K || kind == ROWS_Q5_K;
+    const int nsb = w->n_in / (k_quant ? QK_K : QK); /* (super-)blocks per row */
     const size_t gap = blk_bytes[kind] * (size_t)nsb;
     /* group i beside group i + half: each half of the range streams in order (neighbouring
      * pairs, which jump every two groups, measured 2x slower from memory), an odd last group
@@ -273,7 +340,8 @@ static inline __attribute__((always_inline)) int rows_groups(int kind, const int
         const size_t g = two ? (size_t)half * gap : 0;
         const int o = o0 + ROW_GROUP * lo_g, o_hi = two ? o + ROW_GROUP * half : -1;
         if (kind == ROWS_Q6_K) q6_pair(R, y, ldy, g0, g, nsb, x, asum, o, o_hi, accumulate);
-        else k4_pair(R, kind == ROWS_Q5_K, y, ldy, g0, g, nsb, x, o, o_hi, accumulate);
+        else if (kind == ROWS_Q4_K || kind == ROWS_Q5_K) k4_pair(R, kind == ROWS_Q5_K, y, ldy, g0, g, nsb, x, o, o_hi, accumulate);
+        else b32_pair(R, kind, y, ldy, g0, g, nsb, x, asum, o, o_hi, accumulate);
     }
     return end;
 }
@@ -290,6 +358,16 @@ int gemm_rows_vnni(int kind, float *y, int ldy, const gemm_weight *w, int o0, in
                 int sum = 0;
                 for (int e = 0; e < 16; e++) sum += a[e];
                 asum[(size_t)r * n16 + i] = 32 * sum;
+            }
+    } else if (kind == ROWS_Q8_0) {
+        /* 128 x each row's sum of its quantized activations over every block (x86_vnni.c's abias) */
+        const int nb = w->n_in / QK;
+        for (int r = 0; r < n_rows; r++)
+            for (int b = 0; b < nb; b++) {
+                const int8_t *a = x->qs + (size_t)r * x->k + (size_t)b * QK;
+                int sum = 0;
+                for (int e = 0; e < QK; e++) sum += a[e];
+                asum[(size_t)r * nb + b] = 128 * sum;
             }
     }
     switch (n_rows) {

@@ -1,4 +1,5 @@
-/* The avx512vnni variant's decode-size matmuls of Q6_K, Q4_K and Q5_K (x86_vnni_rows.c). */
+/* The avx512vnni variant's decode-size matmuls of Q6_K, Q4_K, Q5_K, Q8_0, Q5_0 and Q5_1
+ * (x86_vnni_rows.c). */
 #ifndef SLOTSERVE_X86_VNNI_ROWS_H
 #define SLOTSERVE_X86_VNNI_ROWS_H
 
@@ -6,7 +7,7 @@
 
 #define ROWS_MAX 4 /* most activation rows these kernels take (more go to x86_gemm_k.h's tiles) */
 
-enum { ROWS_Q6_K, ROWS_Q4_K, ROWS_Q5_K };
+enum { ROWS_Q6_K, ROWS_Q4_K, ROWS_Q5_K, ROWS_Q8_0, ROWS_Q5_0, ROWS_Q5_1 };
 
 /* The gemm_fn contract (kernels.h) for n_rows <= ROWS_MAX rows of weight type `kind`, over the
  * whole row groups of [o0, o1) only; returns where they end (o0 if w has no row groups): the

@@ -100,7 +100,7 @@ static inline __attribute__((always_inline)) void gemm_k_vnni(int kind, float *y
  * NOTE: Q8_0, Q5_0 and Q5_1 go there from 2 rows on: at 2-4 rows the 256-bit tiles are bound by
  * their vpdpbusd count (one thread in cache, 4 rows: Q5_0 16.6 GB/s on the tile against 34.5 on
  * the pairs, Q8_0 36.4 against 48.8), which the pairs halve; a single row stays on the tiles,
- * where one-slot decode was measured (docs/benchmarks.md, "Batched decode on 512-bit pairs"). */
+ * where one-slot decode was measured (docs/benchmarks.md, "Batched decode on Zen 5"). */
 static inline __attribute__((always_inline)) void gemm_k_or_rows(int kind, int rows_kind, int min_rows, float *y,
                                                                  int ldy, const gemm_weight *w, int o0, int o1,
                                                                  const act_rows *x, int n_rows, int accumulate) {

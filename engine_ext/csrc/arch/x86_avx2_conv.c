@@ -11,10 +11,11 @@
 
 #include "../fp16.h"
 #include "../kernels.h"
+#include "x86_avx2_recurrent.h"
 
-void shortconv_avx2(float *out, const float *gate, const void *const *rows, int rows_f16, const float *w, int taps,
-                    int n) {
-    int c = 0;
+void shortconv_cols_avx2(float *out, const float *gate, const void *const *rows, int rows_f16, const float *w, int taps,
+                         int c0, int n) {
+    int c = c0;
     for (; c + 8 <= n; c += 8) {
         __m256 acc = _mm256_setzero_ps();
         for (int i = 0; i < taps; i++) {
@@ -34,6 +35,11 @@ void shortconv_avx2(float *out, const float *gate, const void *const *rows, int 
         }
         out[c] = gate[c] * acc;
     }
+}
+
+void shortconv_avx2(float *out, const float *gate, const void *const *rows, int rows_f16, const float *w, int taps,
+                    int n) {
+    shortconv_cols_avx2(out, gate, rows, rows_f16, w, taps, 0, n);
 }
 
 #endif

@@ -12,17 +12,11 @@
 #include <string.h>
 
 #include "../kernels.h"
+#include "x86_avx2_recurrent.h"
 
-static inline float hsum8(__m256 v) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
-    return _mm_cvtss_f32(x);
-}
-
-void ssm_conv_avx2(float *out, float *tail, const float *x, const float *w, int taps, int n, int ld) {
+void ssm_conv_cols_avx2(float *out, const float *tail, const float *x, const float *w, int taps, int c0, int n, int ld) {
     const float *wl = w + (size_t)(taps - 1) * ld;
-    int c = 0;
+    int c = c0;
     for (; c + 8 <= n; c += 8) {
         __m256 sum = _mm256_setzero_ps();
         for (int j = 0; j < taps - 1; j++)
@@ -35,6 +29,10 @@ void ssm_conv_avx2(float *out, float *tail, const float *x, const float *w, int 
         for (int j = 0; j < taps - 1; j++) sum = fmaf(w[(size_t)j * ld + c], tail[(size_t)j * ld + c], sum);
         out[c] = fmaf(wl[c], x[c], sum);
     }
+}
+
+void ssm_conv_avx2(float *out, float *tail, const float *x, const float *w, int taps, int n, int ld) {
+    ssm_conv_cols_avx2(out, tail, x, w, taps, 0, n, ld);
     for (int j = 0; j + 1 < taps - 1; j++) memcpy(tail + (size_t)j * ld, tail + (size_t)(j + 1) * ld, sizeof(float) * n);
     memcpy(tail + (size_t)(taps - 2) * ld, x, sizeof(float) * n);
 }
@@ -56,39 +54,41 @@ void l2norm_avx2(float *x, int n, float eps) {
     for (; i < n; i++) x[i] *= inv;
 }
 
+void gdn_row_avx2(float *row, float *o, const float *q, const float *k, float v, float decay, float beta, float scale,
+                  int d) {
+    const __m256 vdecay = _mm256_set1_ps(decay);
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= d; i += 8) {
+        __m256 r = _mm256_mul_ps(_mm256_loadu_ps(row + i), vdecay);
+        _mm256_storeu_ps(row + i, r);
+        acc = _mm256_fmadd_ps(r, _mm256_loadu_ps(k + i), acc);
+    }
+    float sk = hsum8(acc);
+    for (; i < d; i++) {
+        row[i] *= decay;
+        sk = fmaf(row[i], k[i], sk);
+    }
+    const float delta = (v - sk) * beta;
+    const __m256 vdelta = _mm256_set1_ps(delta);
+    acc = _mm256_setzero_ps();
+    i = 0;
+    for (; i + 8 <= d; i += 8) {
+        __m256 r = _mm256_fmadd_ps(vdelta, _mm256_loadu_ps(k + i), _mm256_loadu_ps(row + i));
+        _mm256_storeu_ps(row + i, r);
+        acc = _mm256_fmadd_ps(r, _mm256_loadu_ps(q + i), acc);
+    }
+    float sq = hsum8(acc);
+    for (; i < d; i++) {
+        row[i] = fmaf(delta, k[i], row[i]);
+        sq = fmaf(row[i], q[i], sq);
+    }
+    *o = sq * scale;
+}
+
 void gdn_step_avx2(float *S, float *o, const float *q, const float *k, const float *v, float decay, float beta,
                    float scale, int d) {
-    const __m256 vdecay = _mm256_set1_ps(decay);
-    for (int j = 0; j < d; j++) {
-        float *row = S + (size_t)j * d;
-        __m256 acc = _mm256_setzero_ps();
-        int i = 0;
-        for (; i + 8 <= d; i += 8) {
-            __m256 r = _mm256_mul_ps(_mm256_loadu_ps(row + i), vdecay);
-            _mm256_storeu_ps(row + i, r);
-            acc = _mm256_fmadd_ps(r, _mm256_loadu_ps(k + i), acc);
-        }
-        float sk = hsum8(acc);
-        for (; i < d; i++) {
-            row[i] *= decay;
-            sk = fmaf(row[i], k[i], sk);
-        }
-        const float delta = (v[j] - sk) * beta;
-        const __m256 vdelta = _mm256_set1_ps(delta);
-        acc = _mm256_setzero_ps();
-        i = 0;
-        for (; i + 8 <= d; i += 8) {
-            __m256 r = _mm256_fmadd_ps(vdelta, _mm256_loadu_ps(k + i), _mm256_loadu_ps(row + i));
-            _mm256_storeu_ps(row + i, r);
-            acc = _mm256_fmadd_ps(r, _mm256_loadu_ps(q + i), acc);
-        }
-        float sq = hsum8(acc);
-        for (; i < d; i++) {
-            row[i] = fmaf(delta, k[i], row[i]);
-            sq = fmaf(row[i], q[i], sq);
-        }
-        o[j] = sq * scale;
-    }
+    for (int j = 0; j < d; j++) gdn_row_avx2(S + (size_t)j * d, o + j, q, k, v[j], decay, beta, scale, d);
 }
 
 /* exp and log for the gates, Cephes' polynomials (as in the public "sse_mathfun" family): exp

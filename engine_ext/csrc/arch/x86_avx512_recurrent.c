@@ -11,7 +11,8 @@
  *     flight (4 vectors): the AVX2 kernel's one row at a time waits on one chain of dependent
  *     FMAs per pass.
  *   - ssm_conv and shortconv are lane-wise (the same FMA or multiply-then-add per tap, in tap
- *     order), 16 channels a vector, then 8, then AVX2's scalar tail.
+ *     order), 16 channels a vector, the rest through the AVX2 variant's own code
+ *     (x86_avx2_recurrent.h).
  */
 #if defined(__x86_64__) || defined(__i386__)
 
@@ -21,16 +22,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "../fp16.h"
 #include "../kernels.h"
-
-/* gdn_avx2's hsum8, the same adds in the same order */
-static inline float hsum8(__m256 v) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
-    return _mm_cvtss_f32(x);
-}
+#include "x86_avx2_recurrent.h"
 
 static inline __m512 ld_rows2(const float *a, const float *b) {
     return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(a))),
@@ -47,39 +40,6 @@ static inline __m512 bcast8(const float *p) { return _mm512_castpd_ps(_mm512_bro
 
 static inline float lo_sum(__m512 v) { return hsum8(_mm512_castps512_ps256(v)); }
 static inline float hi_sum(__m512 v) { return hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))); }
-
-/* One row as gdn_step_avx2 runs it. */
-static void gdn_row(float *row, float *o, const float *q, const float *k, float v, float decay, float beta,
-                    float scale, int d) {
-    const __m256 vdecay = _mm256_set1_ps(decay);
-    __m256 acc = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= d; i += 8) {
-        __m256 r = _mm256_mul_ps(_mm256_loadu_ps(row + i), vdecay);
-        _mm256_storeu_ps(row + i, r);
-        acc = _mm256_fmadd_ps(r, _mm256_loadu_ps(k + i), acc);
-    }
-    float sk = hsum8(acc);
-    for (; i < d; i++) {
-        row[i] *= decay;
-        sk = fmaf(row[i], k[i], sk);
-    }
-    const float delta = (v - sk) * beta;
-    const __m256 vdelta = _mm256_set1_ps(delta);
-    acc = _mm256_setzero_ps();
-    i = 0;
-    for (; i + 8 <= d; i += 8) {
-        __m256 r = _mm256_fmadd_ps(vdelta, _mm256_loadu_ps(k + i), _mm256_loadu_ps(row + i));
-        _mm256_storeu_ps(row + i, r);
-        acc = _mm256_fmadd_ps(r, _mm256_loadu_ps(q + i), acc);
-    }
-    float sq = hsum8(acc);
-    for (; i < d; i++) {
-        row[i] = fmaf(delta, k[i], row[i]);
-        sq = fmaf(row[i], q[i], sq);
-    }
-    *o = sq * scale;
-}
 
 #define PAIRS 4 /* vectors of two rows in flight */
 
@@ -141,7 +101,7 @@ void gdn_step_avx512(float *S, float *o, const float *q, const float *k, const f
             }
         }
     }
-    for (; j < d; j++) gdn_row(S + (size_t)j * d, o + j, q, k, v[j], decay, beta, scale, d);
+    for (; j < d; j++) gdn_row_avx2(S + (size_t)j * d, o + j, q, k, v[j], decay, beta, scale, d);
 }
 
 void ssm_conv_avx512(float *out, float *tail, const float *x, const float *w, int taps, int n, int ld) {
@@ -153,17 +113,7 @@ void ssm_conv_avx512(float *out, float *tail, const float *x, const float *w, in
             sum = _mm512_fmadd_ps(_mm512_loadu_ps(w + (size_t)j * ld + c), _mm512_loadu_ps(tail + (size_t)j * ld + c), sum);
         _mm512_storeu_ps(out + c, _mm512_fmadd_ps(_mm512_loadu_ps(wl + c), _mm512_loadu_ps(x + c), sum));
     }
-    for (; c + 8 <= n; c += 8) {
-        __m256 sum = _mm256_setzero_ps();
-        for (int j = 0; j < taps - 1; j++)
-            sum = _mm256_fmadd_ps(_mm256_loadu_ps(w + (size_t)j * ld + c), _mm256_loadu_ps(tail + (size_t)j * ld + c), sum);
-        _mm256_storeu_ps(out + c, _mm256_fmadd_ps(_mm256_loadu_ps(wl + c), _mm256_loadu_ps(x + c), sum));
-    }
-    for (; c < n; c++) {
-        float sum = 0.0f;
-        for (int j = 0; j < taps - 1; j++) sum = fmaf(w[(size_t)j * ld + c], tail[(size_t)j * ld + c], sum);
-        out[c] = fmaf(wl[c], x[c], sum);
-    }
+    ssm_conv_cols_avx2(out, tail, x, w, taps, c, n, ld); /* the rest as ssm_conv_avx2 */
     for (int j = 0; j + 1 < taps - 1; j++) memcpy(tail + (size_t)j * ld, tail + (size_t)(j + 1) * ld, sizeof(float) * n);
     memcpy(tail + (size_t)(taps - 2) * ld, x, sizeof(float) * n);
 }
@@ -181,25 +131,7 @@ void shortconv_avx512(float *out, const float *gate, const void *const *rows, in
         }
         _mm512_storeu_ps(out + c, _mm512_mul_ps(_mm512_loadu_ps(gate + c), acc));
     }
-    for (; c + 8 <= n; c += 8) { /* the rest as shortconv_avx2 */
-        __m256 acc = _mm256_setzero_ps();
-        for (int i = 0; i < taps; i++) {
-            if (!rows[i]) continue;
-            const __m256 x = rows_f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)rows[i] + c)))
-                                      : _mm256_loadu_ps((const float *)rows[i] + c);
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(w + (size_t)i * n + c), x));
-        }
-        _mm256_storeu_ps(out + c, _mm256_mul_ps(_mm256_loadu_ps(gate + c), acc));
-    }
-    for (; c < n; c++) {
-        float acc = 0.0f;
-        for (int i = 0; i < taps; i++) {
-            if (!rows[i]) continue;
-            const float x = rows_f16 ? fp16_to_f32(((const uint16_t *)rows[i])[c]) : ((const float *)rows[i])[c];
-            acc = acc + w[(size_t)i * n + c] * x;
-        }
-        out[c] = gate[c] * acc;
-    }
+    shortconv_cols_avx2(out, gate, rows, rows_f16, w, taps, c, n); /* the rest as shortconv_avx2 */
 }
 
 #endif

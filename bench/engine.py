@@ -144,7 +144,7 @@ def validate(
 
     prompt = tokenizer.encode(PROMPT, add_bos=tokenizer.add_bos_token)
     ours = _greedy(pool, 0, prompt, VALIDATE_TOKENS)
-    result: dict[str, Any] = {"prompt": PROMPT, "engine": tokenizer.decode(ours)}
+    result: dict[str, Any] = {"prompt": PROMPT, "engine": tokenizer.decode(ours), "engine_ids": ours}
     if reference is not None:
         logits = reference.forward(np.array(prompt))
         theirs = []
@@ -402,7 +402,8 @@ def run(args: argparse.Namespace) -> int:
             f"model {path.name} | {info['machine']['cpu']}, {info['machine']['cpus']} CPUs | "
             f"kernels {info['kernel_variant']} | KV {args.kv_type}, "
             f"{info['kv_bytes_per_slot'] / 2**20:.1f} MiB a slot of {ctx_len} tokens | "
-            f"loaded in {info['load_s']:.1f} s | validated: {info['validation']['engine']!r}"
+            f"loaded in {info['load_s']:.1f} s | validated (chunking and batching exact): "
+            f"{info['validation']['engine']!r} = ids {info['validation']['engine_ids']}"
         )
 
     info["results"] = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .config import add_arguments, config_from_args
+from .options import add_arguments, config_from_args
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

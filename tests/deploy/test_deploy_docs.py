@@ -9,7 +9,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 from slotserve.gateway import checkpoint_budget as cb
-from slotserve.gateway.config import OPTIONS, ServeConfig
+from slotserve.gateway.config import ServeConfig
+from slotserve.gateway.options import OPTIONS
 from slotserve.metrics import ServerMetrics
 from slotserve.scheduler.config import SchedulerConfig
 from slotserve.scheduler.stats import SchedulerStats, SlotLevel, SlotState

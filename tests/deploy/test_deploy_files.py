@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
-from slotserve.gateway.config import OPTIONS, ServeConfig, add_arguments, config_from_args
+from slotserve.gateway.config import ServeConfig
+from slotserve.gateway.options import OPTIONS, add_arguments, config_from_args
 from slotserve.metrics import ServerMetrics
 from slotserve.scheduler.stats import SchedulerStats, SlotLevel, SlotState
 

@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 import yaml
-from slotserve.gateway.config import OPTIONS, ServeConfig, add_arguments, config_from_args
+from slotserve.gateway.config import ServeConfig
 from slotserve.gateway.kv_events import KVEventsConfig
+from slotserve.gateway.options import OPTIONS, add_arguments, config_from_args
 from slotserve.metrics.router_compat import KV_CACHE_USAGE, NUM_REQUESTS_WAITING
 
 ROOT = Path(__file__).resolve().parents[2] / "deploy" / "inference-extension"

@@ -17,7 +17,7 @@ from slotserve.bench.loadtest import cli as loadtest_cli
 from slotserve.bench.loadtest.plots import PLOT_FILES
 from slotserve.bench.loadtest.workloads import PRESETS, SYNTHETIC_WORKLOADS
 from slotserve.engine_ext.model_cache import DEFAULT_MODEL, MODELS
-from slotserve.gateway.config import OPTIONS
+from slotserve.gateway.options import OPTIONS
 from slotserve.scheduler.checkpoint_store import CaptureRule
 
 from slotserve.cli import COMMANDS, build_parser

@@ -6,7 +6,8 @@ import argparse
 
 import pytest
 from slotserve.gateway.cli import configure
-from slotserve.gateway.config import OPTIONS, ServeConfig, config_from_args
+from slotserve.gateway.config import ServeConfig
+from slotserve.gateway.options import OPTIONS, config_from_args
 from slotserve.gateway.runtime import scheduler_config
 from slotserve.scheduler.prefill_order import PrefillOrder
 
@@ -288,7 +289,7 @@ def test_serve_help_renders_every_option() -> None:
     such as --kv-type's "53%", made --help raise)."""
     import argparse
 
-    from slotserve.gateway.config import OPTIONS, add_arguments
+    from slotserve.gateway.options import OPTIONS, add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

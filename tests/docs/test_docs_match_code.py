@@ -164,10 +164,10 @@ def test_kernel_variants_listed_are_the_engine_s():
 
 
 def test_architectures_listed_are_the_loader_s():
-    from slotserve.engine_ext.gguf_file import ARCHITECTURES
+    from slotserve.engine_ext.model_config import ARCHITECTURES
 
     row = next(
-        line for line in _text("docs/structure.md").splitlines() if "`engine_ext/gguf_file.py`" in line
+        line for line in _text("docs/structure.md").splitlines() if "`engine_ext/model_config.py`" in line
     )
     listed = re.search(r"`ModelConfig` for ([^(]*) \(`ARCHITECTURES`\)", row)
     assert listed is not None and {a.strip() for a in listed.group(1).split(",")} == set(ARCHITECTURES)

@@ -13,7 +13,8 @@ from engine_support import feed, make_pool, model_file, random_tokens
 from gguf_fixtures import write_tiny_llama, write_tiny_model
 from reference import ReferenceModel
 from slotserve.engine_ext.errors import UnsupportedModelError
-from slotserve.engine_ext.gguf_file import RopeMode, load_model_file, required_tensor_names
+from slotserve.engine_ext.gguf_file import load_model_file, required_tensor_names
+from slotserve.engine_ext.model_config import RopeMode
 
 N_VOCAB = 299
 

@@ -14,7 +14,8 @@ from engine_support import feed, make_pool, model_file, random_tokens
 from gguf_fixtures import write_tiny_model
 from reference import ReferenceModel
 from slotserve.engine_ext.errors import UnsupportedModelError
-from slotserve.engine_ext.gguf_file import MoeConfig, load_model_file, required_tensor_names
+from slotserve.engine_ext.gguf_file import load_model_file, required_tensor_names
+from slotserve.engine_ext.model_config import MoeConfig
 
 N_VOCAB = 299
 

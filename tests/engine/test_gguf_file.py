@@ -14,13 +14,8 @@ from gguf_fixtures import (
     write_wrong_arch,
 )
 from slotserve.engine_ext.errors import UnsupportedModelError
-from slotserve.engine_ext.gguf_file import (
-    SUPPORTED_TYPES,
-    Activation,
-    RopeMode,
-    load_model_file,
-    required_tensor_names,
-)
+from slotserve.engine_ext.gguf_file import SUPPORTED_TYPES, load_model_file, required_tensor_names
+from slotserve.engine_ext.model_config import Activation, RopeMode
 
 
 def test_supported_types_are_the_engine_types():
@@ -242,7 +237,7 @@ def test_models_doc_lists_exactly_the_supported_architectures():
     """docs/models.md's architecture table names every architecture the loader accepts."""
     from pathlib import Path
 
-    from slotserve.engine_ext.gguf_file import ARCHITECTURES
+    from slotserve.engine_ext.model_config import ARCHITECTURES
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
     section = doc.split("## Architectures", 1)[1].split("\n## ", 1)[0]

@@ -108,6 +108,8 @@
 #include "threadpool.h"
 
 #define MIN_GEMM_CHUNK 16       /* fewest output rows in one dynamic matmul chunk */
+#define STREAM_PCT 75           /* one-row matmuls: the share of the rows in one run a thread (stream_phase) */
+#define STREAM_TAIL_CHUNKS 4    /* one-row matmuls: units a thread for the rest */
 #define CHUNKS_PER_THREAD 8     /* dynamic matmul chunks per thread (load balance) */
 #define PAIRED_CHUNKS_PER_THREAD 4 /* the same for calls of PAIRED_ROWS rows or more: each call
                                       repacks its activation tiles (arch/x86_gemm_z16.h), so
@@ -989,7 +991,45 @@ static int gemm_chunk(const mm_job *jobs, int n_jobs, int nth, int n_rows) {
     return chunk < MIN_GEMM_CHUNK ? MIN_GEMM_CHUNK : chunk;
 }
 
+static inline int group_pad(int n) { return (n + ROW_GROUP - 1) / ROW_GROUP * ROW_GROUP; }
+
+/* Rows [a, b) (multiples of ROW_GROUP) of the jobs' outputs laid end to end, each job's padded to
+ * whole groups (so every call starts on a group, kernels.h), as one call per job they cover. */
+static void mm_span(engine *e, const mm_job *jobs, int n_jobs, int a, int b, const act_rows *x, int n_rows) {
+    int base = 0;
+    for (int j = 0; j < n_jobs && base < b; j++) {
+        const weight_t *w = jobs[j].w;
+        const int o0 = a > base ? a - base : 0, o1 = b - base < w->n_out ? b - base : w->n_out;
+        if (o0 < o1) e->kt->gemm[w->type](jobs[j].y, jobs[j].ldy, w, o0, o1, x, n_rows, jobs[j].accumulate);
+        base += group_pad(w->n_out);
+    }
+}
+
+/* A one-row matmul phase (one-slot decode) streams: each thread's first unit is one contiguous
+ * STREAM_PCT% / nth of the phase's output rows (the jobs' outputs laid end to end), so most of
+ * the weights stream front to back as one run a thread; the rest goes in STREAM_TAIL_CHUNKS
+ * small units a thread, taken by whichever thread is free (balance). Eight units a thread of
+ * the general cut restarted the prefetchers eight times a matrix (measured: lfm2-350m decode
+ * +12% tokens/s, docs/benchmarks.md). */
+static void stream_phase(engine *e, int p, const mm_job *jobs, int n_jobs, const act_rows *x, int nth) {
+    int total = 0;
+    for (int j = 0; j < n_jobs; j++) total += group_pad(jobs[j].w->n_out);
+    const int big = total * STREAM_PCT / 100 / (nth * ROW_GROUP) * ROW_GROUP, rest = total - nth * big;
+    int small = (rest / (nth * STREAM_TAIL_CHUNKS) + ROW_GROUP - 1) / ROW_GROUP * ROW_GROUP;
+    if (small < MIN_GEMM_CHUNK) small = MIN_GEMM_CHUNK;
+    const int n = nth + (rest + small - 1) / small;
+    FOR_EACH_UNIT(e, p, n, u) {
+        const int a = u < nth ? u * big : nth * big + (u - nth) * small, len = u < nth ? big : small;
+        mm_span(e, jobs, n_jobs, a, a + len < total ? a + len : total, x, 1);
+    }
+    phase_end(e, p, n);
+}
+
 static void matmul_phase(engine *e, int p, const mm_job *jobs, int n_jobs, const act_rows *x, int n_rows, int nth) {
+    if (n_rows == 1) {
+        stream_phase(e, p, jobs, n_jobs, x, nth);
+        return;
+    }
     const int chunk = gemm_chunk(jobs, n_jobs, nth, n_rows);
     int n = 0;
     for (int j = 0; j < n_jobs; j++) n += (jobs[j].w->n_out + chunk - 1) / chunk;

@@ -326,9 +326,10 @@ cdef class Engine:
             engine_kv_copy(self.e, src, dst, n)
 
     def state_read(self, int slot, int which) -> bytes:
-        """One slot's recurrent state (engine_state_read: which -1 live, else ring entry)."""
+        """One slot's recurrent state entry `which` (engine_state_read: the state at length n is
+        entry n % (rollback + 1))."""
         self._check(slot, 0)
-        if not -1 <= which < self.rollback:
+        if not 0 <= which <= self.rollback:
             raise ValueError(f"state entry {which} out of range")
         out = PyBytes_FromStringAndSize(NULL, self.state_bytes)
         cdef char *dst = PyBytes_AS_STRING(out)
@@ -336,20 +337,22 @@ cdef class Engine:
             engine_state_read(self.e, slot, which, dst)
         return out
 
-    def state_write(self, int slot, const uint8_t[::1] state):
-        """Overwrite one slot's live recurrent state with bytes laid out as state_read's."""
+    def state_write(self, int slot, int which, const uint8_t[::1] state):
+        """Overwrite one slot's recurrent state entry `which` with bytes laid out as state_read's."""
         self._check(slot, 0)
+        if not 0 <= which <= self.rollback:
+            raise ValueError(f"state entry {which} out of range")
         if <size_t>state.shape[0] != self.state_bytes:
             raise ValueError("state_write: wrong state byte count")
         if self.state_bytes:
             with nogil:
-                engine_state_write(self.e, slot, &state[0])
+                engine_state_write(self.e, slot, which, &state[0])
 
     def state_copy(self, int src, int which, int dst):
-        """dst's live state = src's state `which` (-1 live, else ring entry)."""
+        """dst's state entry `which` = src's (the state at one length, copied to another slot)."""
         self._check(src, 0)
         self._check(dst, 0)
-        if not -1 <= which < self.rollback:
+        if not 0 <= which <= self.rollback:
             raise ValueError(f"state entry {which} out of range")
         with nogil:
             engine_state_copy(self.e, src, which, dst)
@@ -619,18 +622,23 @@ cdef class KernelTable:
         return out
 
 
-    def ssm_conv(self, const float[::1] x, const float[:, ::1] tail, const float[:, ::1] w):
+    def ssm_conv(self, const float[::1] x, const float[:, ::1] tail, const float[:, ::1] w, bint in_place=True):
         """One conv position over n channels (kernels.h ssm_conv): x float32 [n], tail float32
-        [taps-1, n] (oldest first), w float32 [taps, n] tap-major. Returns (out, new tail)."""
+        [taps-1, n] (oldest first), w float32 [taps, n] tap-major. Returns (out, new tail): the
+        new tail written over a copy of tail (in_place) or into another array."""
         cdef int n = x.shape[0], taps = w.shape[0]
         if not 2 <= taps <= 16 or w.shape[1] != n or tail.shape[0] != taps - 1 or tail.shape[1] != n:
             raise ValueError("need w [taps in 2..16, n] and tail [taps-1, n]")
         _check_row(n, n)
         new_tail = np.array(tail, dtype=np.float32, copy=True)
+        src = new_tail if in_place else np.array(tail, dtype=np.float32, copy=True)
+        if not in_place:
+            new_tail[...] = np.nan  # every element must be written
         out = np.empty(n, np.float32)
         cdef float[:, ::1] tv = new_tail
+        cdef float[:, ::1] sv = src
         cdef float[::1] ov = out
-        self.kt.ssm_conv(&ov[0], &tv[0, 0], &x[0], &w[0, 0], taps, n, n)
+        self.kt.ssm_conv(&ov[0], &tv[0, 0], &sv[0, 0], &x[0], &w[0, 0], taps, n, n)
         return out, new_tail
 
     def l2norm(self, const float[::1] x, float eps):
@@ -642,17 +650,22 @@ cdef class KernelTable:
         return out
 
     def gdn_step(self, const float[:, ::1] S, const float[::1] q, const float[::1] k, const float[::1] v,
-                 float decay, float beta, float scale):
-        """One token of the delta rule on S [d, d] (kernels.h gdn_step). Returns (new S, o)."""
+                 float decay, float beta, float scale, bint in_place=True):
+        """One token of the delta rule on S [d, d] (kernels.h gdn_step). Returns (new S, o): the
+        new state written over a copy of S (in_place) or into another array."""
         cdef int d = S.shape[0]
         if S.shape[1] != d or q.shape[0] != d or k.shape[0] != d or v.shape[0] != d:
             raise ValueError("need S [d, d] and q, k, v [d]")
         _check_row(d, d)
         new_s = np.array(S, dtype=np.float32, copy=True)
+        src = new_s if in_place else np.array(S, dtype=np.float32, copy=True)
+        if not in_place:
+            new_s[...] = np.nan  # every element must be written
         out = np.empty(d, np.float32)
         cdef float[:, ::1] sv = new_s
+        cdef float[:, ::1] iv = src
         cdef float[::1] ov = out
-        self.kt.gdn_step(&sv[0, 0], &ov[0], &q[0], &k[0], &v[0], decay, beta, scale, d)
+        self.kt.gdn_step(&sv[0, 0], &iv[0, 0], &ov[0], &q[0], &k[0], &v[0], decay, beta, scale, d)
         return new_s, out
 
     def gdn_gates(self, const float[::1] alpha, const float[::1] beta, const float[::1] dt, const float[::1] a):

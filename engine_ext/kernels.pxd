@@ -72,10 +72,11 @@ cdef extern from "kernels.h" nogil:
         void (*f16_to_f32)(float *y, const uint16_t *x, int n)
         void (*shortconv)(float *out, const float *gate, const void *const *rows, int rows_f16, const float *w,
                           int taps, int n)
-        void (*ssm_conv)(float *out, float *tail, const float *x, const float *w, int taps, int n, int ld)
+        void (*ssm_conv)(float *out, float *tail, const float *src, const float *x, const float *w, int taps, int n,
+                         int ld)
         void (*l2norm)(float *x, int n, float eps)
-        void (*gdn_step)(float *S, float *o, const float *q, const float *k, const float *v, float decay,
-                         float beta, float scale, int d)
+        void (*gdn_step)(float *S, const float *src, float *o, const float *q, const float *k, const float *v,
+                         float decay, float beta, float scale, int d)
         void (*gdn_gates)(float *alpha, float *beta, const float *dt, const float *a, int n)
 
     const kernel_table *kernels_select(const char *name)
@@ -186,5 +187,5 @@ cdef extern from "engine.h" nogil:
     void engine_kv_copy(engine *e, int src, int dst, int n)
     size_t engine_state_bytes(const engine *e)
     void engine_state_read(const engine *e, int slot, int which, void *dst)
-    void engine_state_write(engine *e, int slot, const void *src)
+    void engine_state_write(engine *e, int slot, int which, const void *src)
     void engine_state_copy(engine *e, int src, int which, int dst)

@@ -39,8 +39,9 @@ so it can only be extended (scheduler/interface.py). `_rs_lo[slot]` is the short
 state the slot still holds: its length, or with a rollback ring of k states (SlotPool(rollback=k),
 engine.h) down to length - k while the slot went through those lengths since it was last emptied,
 restored or copied into. Every forward from L0 to L1 sets it to max(_rs_lo, L1 - k) (0 when L0 is
-0: a slot starts at the zero state); a truncate to n >= it takes the state of length n from the
-ring and leaves it; a restore or a copy into a slot sets it to n. min_truncate_len is that (0 for
+0: a slot starts at the zero state); a truncate to n >= it leaves it and moves no bytes (the
+engine keeps length m's state in entry m % (k + 1): `_state_at`); a restore or a copy into a
+slot sets it to n. min_truncate_len is that (0 for
 an empty slot). A snapshot of n carries the state at n (live or from the ring) after the KV; the
 fingerprint names the recurrent layout, so such snapshots never cross into another pool's layout.
 An injected fault fires before any state changes (engine.c), so it empties the faulted slot only,
@@ -300,10 +301,10 @@ class SlotPool:
         self._ring_lo[slot] = 0
         self._rs_lo[slot] = 0
 
-    def _state_at(self, slot: int, n: int) -> int:
-        """Which engine state holds `slot`'s state at length n (checked by _check_cut): -1 the
-        live one, else its rollback ring entry."""
-        return -1 if n == self._lens[slot] else n % self.rollback
+    def _state_at(self, n: int) -> int:
+        """The engine state entry of a slot's state at length n (held when _check_cut allows n):
+        the engine keeps length m's state in entry m % (rollback + 1), engine.h."""
+        return n % (self.rollback + 1)
 
     def _after_failed_rings(
         self, items: list[tuple[int, np.ndarray, int, int]], tainted: tuple[int, ...]
@@ -388,9 +389,7 @@ class SlotPool:
                 self._empty(slot)
                 return
             self._check_cut(slot, n, "truncate")
-            if self.recurrent and n != self._lens[slot]:
-                self._engine.state_copy(slot, self._state_at(slot, n), slot)
-            self._lens[slot] = n
+            self._lens[slot] = n  # a recurrent state at n stays in its entry (_state_at): no copy
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         src, dst = self._slot(src), self._slot(dst)
@@ -400,8 +399,8 @@ class SlotPool:
                 self._empty(dst)
                 return
             self._check_cut(src, n, "copy_prefix")
-            if self.recurrent and (src != dst or n != self._lens[src]):
-                self._engine.state_copy(src, self._state_at(src, n), dst)
+            if self.recurrent and src != dst:
+                self._engine.state_copy(src, self._state_at(n), dst)
             if src != dst:
                 self._engine.kv_copy(src, dst, n)
                 self._records[dst, :n] = self._records[src, :n]
@@ -428,7 +427,7 @@ class SlotPool:
             )
             body = self._engine.kv_snapshot(slot, n, head + fp + self._records[slot, :n].tobytes())
             if self.recurrent:
-                body += self._engine.state_read(slot, self._state_at(slot, n))
+                body += self._engine.state_read(slot, self._state_at(n))
         return body + struct.pack("<I", zlib.crc32(body))
 
     def restore(self, slot: int, snap: bytes) -> int:
@@ -438,7 +437,7 @@ class SlotPool:
         with self._lock:
             self._engine.kv_restore(slot, n, kv)
             if self.recurrent:
-                self._engine.state_write(slot, state)
+                self._engine.state_write(slot, self._state_at(n), state)
             self._records[slot, :n] = tokens
             self._lens[slot] = n
             self._ring_lo[slot] = max(0, n - self._reach) if self.ring_len else 0

@@ -81,8 +81,10 @@
  * head's matrix, its output rmsnormed and gated by silu(z)) | - | quantize | out matmul | -.
  * Every row's numbers come from the same operations on the same state in the same order, however
  * the tokens were cut into steps or batched, and whichever thread runs a unit. A segment that
- * starts at position 0 starts from a zero state. With a rollback ring, the state at each of the
- * last `rollback` lengths is copied aside before the token that leaves it (engine_state_copy).
+ * starts at position 0 starts from a zero state. With a rollback ring of k, a slot's k + 1
+ * states rotate (engine.h): a token reads the state of its length and writes the next length's
+ * into another entry, so the last k + 1 states stay without a copy (a copy aside of each state
+ * the token leaves read and wrote it again: 19.3 MiB a decode token on Qwen3.5-0.8B).
  *
  * NOTE: attention stays bit-identical to full planes: a chunk of ATTN_CHUNK keys never wraps,
  * so the chunk kernels run on the same keys in the same order with positions shifted by a
@@ -185,9 +187,8 @@ struct engine {
     int conv_dim, value_dim, key_dim;
     size_t *rs_off;           /* [n_layers] offset (floats) of a DeltaNet layer in a slot's state */
     size_t rs_floats;         /* floats of one slot's state */
-    float *rstate;            /* [num_slots][rs_floats] live states */
-    int rollback;             /* states kept per slot for rollback (0 = none) */
-    float *rring;             /* [num_slots][rollback][rs_floats] */
+    int rollback;             /* earlier states kept per slot for rollback (0 = none) */
+    float *rstate;            /* [num_slots][rollback + 1][rs_floats]: length m's state in entry m % (rollback + 1) */
     float *ssm_taps;          /* [n_layers][taps][conv_dim] tap-major conv kernels (DeltaNet layers) */
     float *ones;              /* [CONV_BLOCK] 1.0f (silu(x) = silu_mul(x, 1)) */
     float *sqkv, *sconv;      /* [T][conv_dim] the qkv matmul result, its conv + silu */
@@ -577,11 +578,10 @@ static int delta_create(engine *e, const model_desc *m, int max_tokens, int n_th
             for (int j = 0; j < m->ssm_taps; j++) taps[(size_t)j * e->conv_dim + c] = L->ssm_conv[(size_t)c * m->ssm_taps + j];
     }
     e->rollback = rollback;
-    e->rstate = big_alloc(sizeof(float) * e->rs_floats * e->num_slots, 1);
     /* populated like KV: committed at start-up, and a fresh slot's first forward does not
      * fault in its ring (k x the state, 174 MiB per slot on Qwen3.5-0.8B at k = 9) */
-    if (rollback) e->rring = big_alloc(sizeof(float) * e->rs_floats * e->num_slots * rollback, 1);
-    if (!e->rstate || (rollback && !e->rring)) return 0;
+    e->rstate = big_alloc(sizeof(float) * e->rs_floats * e->num_slots * (rollback + 1), 1);
+    if (!e->rstate) return 0;
     e->ones = xalloc(sizeof(float) * CONV_BLOCK, &ok);
     for (int i = 0; ok && i < CONV_BLOCK; i++) e->ones[i] = 1.0f;
     e->sqkv = xalloc(sizeof(float) * T * e->conv_dim, &ok);
@@ -731,8 +731,7 @@ void engine_destroy(engine *e) {
     threadpool_destroy(e->tp);
     big_free(e->packed, e->packed_bytes);
     big_free(e->kv, e->kv_bytes);
-    big_free(e->rstate, sizeof(float) * e->rs_floats * e->num_slots);
-    big_free(e->rring, sizeof(float) * e->rs_floats * e->num_slots * e->rollback);
+    big_free(e->rstate, sizeof(float) * e->rs_floats * e->num_slots * (e->rollback + 1));
     void *moe_bufs[] = {e->experts, e->mlogits, e->mn_active, e->msel, e->mpair_of, e->mw, e->mshg, e->moff, e->mactive,
                         e->mpair_row, e->mx, e->mqs, e->md, e->ms, e->mgate, e->mup, e->mout};
     for (size_t i = 0; i < sizeof(moe_bufs) / sizeof(moe_bufs[0]); i++) free(moe_bufs[i]);
@@ -903,19 +902,20 @@ void engine_kv_copy(engine *e, int src, int dst, int n) {
 size_t engine_state_bytes(const engine *e) { return sizeof(float) * e->rs_floats; }
 
 static float *state_of(const engine *e, int slot, int which) {
-    return which < 0 ? e->rstate + (size_t)slot * e->rs_floats
-                     : e->rring + ((size_t)slot * e->rollback + which) * e->rs_floats;
+    return e->rstate + ((size_t)slot * (e->rollback + 1) + which) * e->rs_floats;
 }
 
 void engine_state_read(const engine *e, int slot, int which, void *dst) {
     memcpy(dst, state_of(e, slot, which), engine_state_bytes(e));
 }
 
-void engine_state_write(engine *e, int slot, const void *src) { memcpy(state_of(e, slot, -1), src, engine_state_bytes(e)); }
+void engine_state_write(engine *e, int slot, int which, const void *src) {
+    memcpy(state_of(e, slot, which), src, engine_state_bytes(e));
+}
 
 void engine_state_copy(engine *e, int src, int which, int dst) {
-    if (src == dst && which < 0) return;
-    memcpy(state_of(e, dst, -1), state_of(e, src, which), engine_state_bytes(e));
+    if (src == dst) return;
+    memcpy(state_of(e, dst, which), state_of(e, src, which), engine_state_bytes(e));
 }
 
 /* Store one row's key and value of kv head h at position pos of a slot's planes. */
@@ -1433,13 +1433,23 @@ static int moe_block(engine *e, const layer_weights *L, int l, int p, int nth) {
     return p;
 }
 
+/* The state entries token j of segment sg reads and writes (engine.h): the one of its length and
+ * the one of the next, except that a length before the segment's last rollback + 1 is held in
+ * the entry the segment started from (updated in place: a long prefill writes only the entries
+ * of the lengths it keeps). */
+static inline void state_entries(const engine *e, const step_seg *sg, int j, int *from, int *to) {
+    const int k1 = e->rollback + 1, pos = sg->pos0 + j, keep = sg->pos0 + sg->n - e->rollback;
+    *from = pos < keep ? sg->pos0 % k1 : pos % k1;
+    *to = pos + 1 < keep ? sg->pos0 % k1 : (pos + 1) % k1;
+}
+
 /* A Gated DeltaNet block (qwen35) in the attention block's phases from p on (see top). Returns the
  * next phase, or -1 when the test hook fired (before any state changed). */
 static int delta_block(engine *e, const layer_weights *L, int l, int p, int ith, int nth) {
     const model_desc *m = &e->m;
     const kernel_table *kt = e->kt;
     const int T = e->n_rows, dim = m->dim, nu = n_row_units(T), d = m->ssm_d, vh = m->ssm_v_heads, cd = e->conv_dim;
-    const int taps = m->ssm_taps, k = e->rollback;
+    const int taps = m->ssm_taps;
     norm_phase(e, p++, L->attn_norm,
                is_block_type(L->ssm_qkv.type) || is_block_type(L->ssm_z.type) || is_block_type(L->ssm_beta.type) ||
                    is_block_type(L->ssm_alpha.type));
@@ -1458,17 +1468,16 @@ static int delta_block(engine *e, const layer_weights *L, int l, int p, int ith,
     FOR_EACH_UNIT(e, p, e->n_segs * n_cb, u) {
         const step_seg *sg = &e->segs[u / n_cb];
         const int c0 = (u % n_cb) * CONV_BLOCK, n = cd - c0 < CONV_BLOCK ? cd - c0 : CONV_BLOCK;
-        float *tail = e->rstate + (size_t)sg->slot * e->rs_floats + e->rs_off[l] + c0;
         for (int j = 0; j < sg->n; j++) {
-            const int r = sg->row0 + j, pos = sg->pos0 + j;
+            const int r = sg->row0 + j;
+            int from, to;
+            state_entries(e, sg, j, &from, &to);
             if (c0 == 0) /* the row's gates: alpha -> the decay exp(g), beta -> sigmoid(beta) */
                 kt->gdn_gates(e->sa + (size_t)r * vh, e->sb + (size_t)r * vh, L->ssm_dt, L->ssm_a, vh);
-            if (k && pos >= sg->pos0 + sg->n - k) { /* the state at length pos, before this token */
-                float *keep = state_of(e, sg->slot, pos % k) + e->rs_off[l] + c0;
-                for (int t = 0; t < taps - 1; t++) memcpy(keep + (size_t)t * cd, tail + (size_t)t * cd, sizeof(float) * n);
-            }
+            const size_t off = e->rs_off[l] + c0;
             float *out = e->sconv + (size_t)r * cd + c0;
-            kt->ssm_conv(out, tail, e->sqkv + (size_t)r * cd + c0, w + c0, taps, n, cd);
+            kt->ssm_conv(out, state_of(e, sg->slot, to) + off, state_of(e, sg->slot, from) + off,
+                         e->sqkv + (size_t)r * cd + c0, w + c0, taps, n, cd);
             kt->silu_mul(out, out, e->ones, n);
         }
     }
@@ -1480,17 +1489,18 @@ static int delta_block(engine *e, const layer_weights *L, int l, int p, int ith,
         const step_seg *sg = &e->segs[u / vh];
         const int h = u % vh, kh = h % m->ssm_k_heads; /* llama.cpp tiles the key heads */
         const size_t s_off = e->rs_off[l] + (size_t)(taps - 1) * cd + (size_t)h * d * d;
-        float *S = e->rstate + (size_t)sg->slot * e->rs_floats + s_off;
         for (int j = 0; j < sg->n; j++) {
-            const int r = sg->row0 + j, pos = sg->pos0 + j;
-            if (k && pos >= sg->pos0 + sg->n - k) memcpy(state_of(e, sg->slot, pos % k) + s_off, S, sizeof(float) * d * d);
+            const int r = sg->row0 + j;
+            int from, to;
+            state_entries(e, sg, j, &from, &to);
             const float *c = e->sconv + (size_t)r * cd;
             memcpy(qn, c + (size_t)kh * d, sizeof(float) * d);
             memcpy(kn, c + e->key_dim + (size_t)kh * d, sizeof(float) * d);
             kt->l2norm(qn, d, m->rms_eps);
             kt->l2norm(kn, d, m->rms_eps);
             float *o = e->xb + (size_t)r * e->value_dim + (size_t)h * d;
-            kt->gdn_step(S, o, qn, kn, c + 2 * e->key_dim + (size_t)h * d, e->sa[(size_t)r * vh + h],
+            kt->gdn_step(state_of(e, sg->slot, to) + s_off, state_of(e, sg->slot, from) + s_off, o, qn, kn,
+                         c + 2 * e->key_dim + (size_t)h * d, e->sa[(size_t)r * vh + h],
                          e->sb[(size_t)r * vh + h], scale, d);
             kt->rmsnorm(o, o, L->ssm_norm, d, m->rms_eps);
             kt->silu_mul(o, e->sz + (size_t)r * e->value_dim + (size_t)h * d, o, d);
@@ -1711,7 +1721,7 @@ int engine_forward(engine *e, const engine_item *items, int n_items, float *logi
             }
         }
         for (int s = 0; s < e->n_segs; s++) /* a slot's first token starts from a zero state */
-            if (e->rs_floats && e->segs[s].pos0 == 0) memset(state_of(e, e->segs[s].slot, -1), 0, engine_state_bytes(e));
+            if (e->rs_floats && e->segs[s].pos0 == 0) memset(state_of(e, e->segs[s].slot, 0), 0, engine_state_bytes(e));
         plan_attention(e);
         e->logits_out = logits + (size_t)logit_base * e->m.n_vocab;
         e->fault_layer = first_step ? fault_layer : -1;

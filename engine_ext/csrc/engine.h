@@ -158,13 +158,16 @@ void engine_kv_copy(engine *e, int src, int dst, int n);
 /* Recurrent state (qwen35): per slot, per DeltaNet layer, the conv tail [taps-1][conv_dim] then
  * the head matrices [v_heads][d][d], all f32: engine_state_bytes(e) bytes (0 without DeltaNet
  * layers). A forward updates it token by token; a segment starting at position 0 starts from
- * zeros. With rollback k > 0 (engine_create), the state at each length m of the last k a slot
- * went through is kept too, in ring entry m % k (the pool knows which lengths are held).
- * which = -1 names the live state, else a ring entry. */
+ * zeros. A slot keeps k + 1 states (rollback k, engine_create): the state at length m lives in
+ * entry m % (k + 1), so a token reads the entry of its position and writes the next one (in
+ * place with k = 0), and the states of the last k + 1 lengths a slot went through stay where
+ * they were written: a rollback moves no bytes (the pool knows which lengths are held).
+ * Within one segment, a token whose state falls before the last k + 1 lengths is updated in
+ * place. `which` names an entry: the one of the length in question, m % (k + 1). */
 size_t engine_state_bytes(const engine *e);
 void engine_state_read(const engine *e, int slot, int which, void *dst);
-void engine_state_write(engine *e, int slot, const void *src);
-/* dst's live state = src's state `which` (src == dst with which >= 0: a rollback). */
+void engine_state_write(engine *e, int slot, int which, const void *src);
+/* dst's entry `which` = src's (a copy of the state at one length into another slot). */
 void engine_state_copy(engine *e, int src, int which, int dst);
 
 #endif

@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "blocks.h" /* type ids, block layouts, row groups */
 
@@ -147,16 +148,19 @@ struct kernel_table {
                       int taps, int n);
     /* Gated DeltaNet (qwen35; recurrent.c). One position of a causal depthwise conv over n
      * channels: out[c] = sum_j w[j][c] * in_j[c], j = 0..taps-1 in that order, where in_j is
-     * tail row j (oldest first) for j < taps-1 and x for the last tap; then the tail moves up
-     * one row and x becomes its last. tail and w rows are ld floats apart (tap-major). */
-    void (*ssm_conv)(float *out, float *tail, const float *x, const float *w, int taps, int n, int ld);
+     * tail row j (oldest first) of src for j < taps-1 and x for the last tap; then tail = src
+     * moved up one row with x as its last (src == tail: in place; else they do not overlap).
+     * tail, src and w rows are ld floats apart (tap-major). */
+    void (*ssm_conv)(float *out, float *tail, const float *src, const float *x, const float *w, int taps, int n,
+                     int ld);
     /* x /= sqrt(sum(x^2) + eps) over n elements (llama.cpp's DeltaNet q/k normalisation). */
     void (*l2norm)(float *x, int n, float eps);
     /* One token of one head's delta rule on S [d][d] (row j: value index j, column i: key
      * index i): S = decay S; delta_j = (v_j - S_j . k) beta; S_j += delta_j k;
-     * o_j = (S_j . q) scale. Rows are independent; each is read and written in place. */
-    void (*gdn_step)(float *S, float *o, const float *q, const float *k, const float *v, float decay, float beta,
-                     float scale, int d);
+     * o_j = (S_j . q) scale, where the S on the right is src, the state before the token (src ==
+     * S: in place; else they do not overlap and src is only read). Rows are independent. */
+    void (*gdn_step)(float *S, const float *src, float *o, const float *q, const float *k, const float *v,
+                     float decay, float beta, float scale, int d);
     /* The delta rule's gates of n heads, in place: alpha[h] <- exp(softplus(alpha[h] + dt[h]) *
      * a[h]) (the decay; softplus(x) = x above 20, else log(1 + exp(x)), as ggml), beta[h] <-
      * 1 / (1 + exp(-beta[h])). */
@@ -168,6 +172,13 @@ struct kernel_table {
  * avx512vnni is the avx2 table with the block-type matmuls but Q2_K/Q3_K on VNNI (bit-identical
  * results). */
 const kernel_table *kernels_select(const char *name);
+
+/* ssm_conv's tail update, shared by every variant: tail = src's rows 1 .. taps-2, then x
+ * (src == tail: in place, rows moved up in order). */
+static inline void ssm_tail_shift(float *tail, const float *src, const float *x, int taps, int n, int ld) {
+    for (int j = 0; j + 1 < taps - 1; j++) memmove(tail + (size_t)j * ld, src + (size_t)(j + 1) * ld, sizeof(float) * n);
+    memcpy(tail + (size_t)(taps - 2) * ld, x, sizeof(float) * n);
+}
 int kernels_avx2_supported(void);
 int kernels_avx512vnni_supported(void);
 /* arch/x86_peak.c: int8 products computed by `iters` rounds of a variant's multiply-accumulate
@@ -202,9 +213,9 @@ void f32_to_f16_generic(uint16_t *y, const float *x, int n);
 void f16_to_f32_generic(float *y, const uint16_t *x, int n);
 void shortconv_generic(float *out, const float *gate, const void *const *rows, int rows_f16, const float *w,
                        int taps, int n);
-void ssm_conv_generic(float *out, float *tail, const float *x, const float *w, int taps, int n, int ld);
+void ssm_conv_generic(float *out, float *tail, const float *src, const float *x, const float *w, int taps, int n, int ld);
 void l2norm_generic(float *x, int n, float eps);
-void gdn_step_generic(float *S, float *o, const float *q, const float *k, const float *v, float decay, float beta,
+void gdn_step_generic(float *S, const float *src, float *o, const float *q, const float *k, const float *v, float decay, float beta,
                       float scale, int d);
 void gdn_gates_generic(float *alpha, float *beta, const float *dt, const float *a, int n);
 
@@ -238,9 +249,9 @@ void f32_to_f16_avx2(uint16_t *y, const float *x, int n);
 void f16_to_f32_avx2(float *y, const uint16_t *x, int n);
 void shortconv_avx2(float *out, const float *gate, const void *const *rows, int rows_f16, const float *w, int taps,
                     int n);
-void ssm_conv_avx2(float *out, float *tail, const float *x, const float *w, int taps, int n, int ld);
+void ssm_conv_avx2(float *out, float *tail, const float *src, const float *x, const float *w, int taps, int n, int ld);
 void l2norm_avx2(float *x, int n, float eps);
-void gdn_step_avx2(float *S, float *o, const float *q, const float *k, const float *v, float decay, float beta,
+void gdn_step_avx2(float *S, const float *src, float *o, const float *q, const float *k, const float *v, float decay, float beta,
                    float scale, int d);
 void gdn_gates_avx2(float *alpha, float *beta, const float *dt, const float *a, int n);
 
@@ -251,9 +262,9 @@ void attention_chunk_avx512(float *acc, int lda, float *ml, const float *q, int 
                             float scale, int window, int chunk, float *scratch);
 /* The recurrence kernels on AVX-512 (arch/x86_avx512_recurrent.c), bit-identical to their AVX2
  * variants; the avx512vnni table's. */
-void gdn_step_avx512(float *S, float *o, const float *q, const float *k, const float *v, float decay, float beta,
+void gdn_step_avx512(float *S, const float *src, float *o, const float *q, const float *k, const float *v, float decay, float beta,
                      float scale, int d);
-void ssm_conv_avx512(float *out, float *tail, const float *x, const float *w, int taps, int n, int ld);
+void ssm_conv_avx512(float *out, float *tail, const float *src, const float *x, const float *w, int taps, int n, int ld);
 void shortconv_avx512(float *out, const float *gate, const void *const *rows, int rows_f16, const float *w, int taps,
                       int n);
 /* AVX512-VNNI matmuls (arch/x86_vnni.c); only called when the CPU has AVX512F/VL/BW/VNNI. */

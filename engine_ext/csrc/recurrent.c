@@ -7,15 +7,15 @@
 
 #include "kernels.h"
 
-void ssm_conv_generic(float *out, float *tail, const float *x, const float *w, int taps, int n, int ld) {
+void ssm_conv_generic(float *out, float *tail, const float *src, const float *x, const float *w, int taps, int n,
+                      int ld) {
     for (int c = 0; c < n; c++) {
         float sum = 0.0f;
-        for (int j = 0; j < taps - 1; j++) sum += w[(size_t)j * ld + c] * tail[(size_t)j * ld + c];
+        for (int j = 0; j < taps - 1; j++) sum += w[(size_t)j * ld + c] * src[(size_t)j * ld + c];
         sum += w[(size_t)(taps - 1) * ld + c] * x[c];
         out[c] = sum;
     }
-    for (int j = 0; j + 1 < taps - 1; j++) memcpy(tail + (size_t)j * ld, tail + (size_t)(j + 1) * ld, sizeof(float) * n);
-    memcpy(tail + (size_t)(taps - 2) * ld, x, sizeof(float) * n);
+    ssm_tail_shift(tail, src, x, taps, n, ld);
 }
 
 void l2norm_generic(float *x, int n, float eps) {
@@ -33,13 +33,14 @@ void gdn_gates_generic(float *alpha, float *beta, const float *dt, const float *
     }
 }
 
-void gdn_step_generic(float *S, float *o, const float *q, const float *k, const float *v, float decay, float beta,
-                      float scale, int d) {
+void gdn_step_generic(float *S, const float *src, float *o, const float *q, const float *k, const float *v,
+                      float decay, float beta, float scale, int d) {
     for (int j = 0; j < d; j++) {
         float *row = S + (size_t)j * d;
+        const float *in = src + (size_t)j * d;
         float sk = 0.0f;
         for (int i = 0; i < d; i++) {
-            row[i] *= decay;
+            row[i] = in[i] * decay;
             sk += row[i] * k[i];
         }
         const float delta = (v[j] - sk) * beta;

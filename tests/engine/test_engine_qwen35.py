@@ -242,6 +242,28 @@ def test_rollback_ring_takes_back_up_to_k_tokens_exactly(q8, tokens, max_batch_t
     pool.check_integrity()
 
 
+def test_rollback_ring_random_walk_matches_cold(q8, tokens):
+    """The k + 1 states rotate through their entries (engine.h): random runs of feeds (1 to 6
+    tokens, so a step ends inside, at and past the ring) and cuts to any held length, one after
+    another without a feed between some, always continue as a cold pool fed the same tokens."""
+    k = 3
+    rng = np.random.default_rng(7)
+    pool, cold = make_pool(q8, 1, 128, rollback=k), make_pool(q8, 1, 128)
+    feed(pool, 0, tokens[:5])
+    cuts = 0
+    for _ in range(24):
+        n = pool.slot_len(0)
+        if rng.random() < 0.45 and n > pool.min_truncate_len(0):
+            pool.truncate(0, int(rng.integers(pool.min_truncate_len(0), n)))
+            cuts += 1
+            continue
+        m = min(int(rng.integers(1, 7)), len(tokens) - n)
+        cold.truncate(0, 0)
+        assert np.array_equal(feed(pool, 0, tokens[n : n + m]), feed(cold, 0, tokens[: n + m]))
+    assert cuts >= 5
+    pool.check_integrity()
+
+
 def test_rollback_needs_a_recurrent_model_and_a_small_count(tiny_model_path, q8):
     with pytest.raises(ValueError, match="rollback"):
         SlotPool(model_file(tiny_model_path), 1, 32, rollback=2)

@@ -61,6 +61,34 @@ def test_gdn_step(kt, d):
     np.testing.assert_allclose(o, (s @ q) * scale, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("d", SIZES + (16, 17))
+def test_gdn_step_out_of_place_equals_in_place(kt, d):
+    """The engine's rotating states (engine.h) read one entry and write another: the state and
+    output written into another array equal the in-place ones bit for bit (the kernel fills
+    every element: the wrapper pre-fills the target with NaN), token after token."""
+    rng = rng_for(d)
+    s_in = s_out = (rng.standard_normal((d, d)) * 0.3).astype(np.float32)
+    for _ in range(6):
+        q, k, v = (rng.standard_normal(d).astype(np.float32) for _ in range(3))
+        q, k = kt.l2norm(q, 1e-6), kt.l2norm(k, 1e-6)
+        decay, beta = float(rng.uniform(0.3, 1.0)), float(rng.uniform(0.0, 1.0))
+        s_in, o_in = kt.gdn_step(s_in, q, k, v, decay, beta, d**-0.5)
+        s_out, o_out = kt.gdn_step(s_out, q, k, v, decay, beta, d**-0.5, in_place=False)
+        assert np.array_equal(o_out, o_in) and np.array_equal(s_out, s_in)
+
+
+@pytest.mark.parametrize("n", SIZES + (16, 17, 40))
+@pytest.mark.parametrize("taps", [2, 4])
+def test_ssm_conv_out_of_place_equals_in_place(kt, n, taps):
+    rng = rng_for(n)
+    x = rng.standard_normal(n).astype(np.float32)
+    tail = rng.standard_normal((taps - 1, n)).astype(np.float32)
+    w = rng.standard_normal((taps, n)).astype(np.float32)
+    out_i, tail_i = kt.ssm_conv(x, tail, w)
+    out_o, tail_o = kt.ssm_conv(x, tail, w, in_place=False)
+    assert np.array_equal(out_o, out_i) and np.array_equal(tail_o, tail_i)
+
+
 @pytest.mark.skipif(not _engine.avx2_supported(), reason="this CPU has no AVX2/FMA")
 @pytest.mark.parametrize("d", SIZES)
 def test_avx2_matches_reference_over_many_tokens(d):

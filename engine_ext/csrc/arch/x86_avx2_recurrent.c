@@ -31,10 +31,9 @@ void ssm_conv_cols_avx2(float *out, const float *tail, const float *x, const flo
     }
 }
 
-void ssm_conv_avx2(float *out, float *tail, const float *x, const float *w, int taps, int n, int ld) {
-    ssm_conv_cols_avx2(out, tail, x, w, taps, 0, n, ld);
-    for (int j = 0; j + 1 < taps - 1; j++) memcpy(tail + (size_t)j * ld, tail + (size_t)(j + 1) * ld, sizeof(float) * n);
-    memcpy(tail + (size_t)(taps - 2) * ld, x, sizeof(float) * n);
+void ssm_conv_avx2(float *out, float *tail, const float *src, const float *x, const float *w, int taps, int n, int ld) {
+    ssm_conv_cols_avx2(out, src, x, w, taps, 0, n, ld);
+    ssm_tail_shift(tail, src, x, taps, n, ld);
 }
 
 static inline float dot8(const float *a, const float *b, int n) {
@@ -54,19 +53,19 @@ void l2norm_avx2(float *x, int n, float eps) {
     for (; i < n; i++) x[i] *= inv;
 }
 
-void gdn_row_avx2(float *row, float *o, const float *q, const float *k, float v, float decay, float beta, float scale,
-                  int d) {
+void gdn_row_avx2(float *row, const float *in, float *o, const float *q, const float *k, float v, float decay, float beta,
+                  float scale, int d) {
     const __m256 vdecay = _mm256_set1_ps(decay);
     __m256 acc = _mm256_setzero_ps();
     int i = 0;
     for (; i + 8 <= d; i += 8) {
-        __m256 r = _mm256_mul_ps(_mm256_loadu_ps(row + i), vdecay);
+        __m256 r = _mm256_mul_ps(_mm256_loadu_ps(in + i), vdecay);
         _mm256_storeu_ps(row + i, r);
         acc = _mm256_fmadd_ps(r, _mm256_loadu_ps(k + i), acc);
     }
     float sk = hsum8(acc);
     for (; i < d; i++) {
-        row[i] *= decay;
+        row[i] = in[i] * decay;
         sk = fmaf(row[i], k[i], sk);
     }
     const float delta = (v - sk) * beta;
@@ -86,9 +85,10 @@ void gdn_row_avx2(float *row, float *o, const float *q, const float *k, float v,
     *o = sq * scale;
 }
 
-void gdn_step_avx2(float *S, float *o, const float *q, const float *k, const float *v, float decay, float beta,
-                   float scale, int d) {
-    for (int j = 0; j < d; j++) gdn_row_avx2(S + (size_t)j * d, o + j, q, k, v[j], decay, beta, scale, d);
+void gdn_step_avx2(float *S, const float *src, float *o, const float *q, const float *k, const float *v, float decay,
+                   float beta, float scale, int d) {
+    for (int j = 0; j < d; j++)
+        gdn_row_avx2(S + (size_t)j * d, src + (size_t)j * d, o + j, q, k, v[j], decay, beta, scale, d);
 }
 
 /* exp and log for the gates, Cephes' polynomials (as in the public "sse_mathfun" family): exp

@@ -15,10 +15,10 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(x);
 }
 
-/* gdn_step_avx2 on one row of d: decays S's row, applies the delta rule with v = v[j], and
- * writes the row's output *o. */
-void gdn_row_avx2(float *row, float *o, const float *q, const float *k, float v, float decay, float beta, float scale,
-                  int d);
+/* gdn_step_avx2 on one row of d: row = the row `in` decayed, then the delta rule with v = v[j]
+ * (in == row: in place); writes the row's output *o. */
+void gdn_row_avx2(float *row, const float *in, float *o, const float *q, const float *k, float v, float decay, float beta,
+                  float scale, int d);
 
 /* ssm_conv_avx2's outputs for channels c0 .. n - 1 (the tail is read, not shifted). */
 void ssm_conv_cols_avx2(float *out, const float *tail, const float *x, const float *w, int taps, int c0, int n, int ld);

@@ -43,20 +43,24 @@ static inline float hi_sum(__m512 v) { return hsum8(_mm256_castpd_ps(_mm512_extr
 
 #define PAIRS 4 /* vectors of two rows in flight */
 
-void gdn_step_avx512(float *S, float *o, const float *q, const float *k, const float *v, float decay, float beta,
-                     float scale, int d) {
+void gdn_step_avx512(float *S, const float *src, float *o, const float *q, const float *k, const float *v,
+                     float decay, float beta, float scale, int d) {
     const int d8 = d / 8 * 8;
     const __m512 vdecay = _mm512_set1_ps(decay);
     int j = 0;
     for (; j + 2 * PAIRS <= d; j += 2 * PAIRS) {
         float *row[2 * PAIRS];
-        for (int r = 0; r < 2 * PAIRS; r++) row[r] = S + (size_t)(j + r) * d;
+        const float *in[2 * PAIRS];
+        for (int r = 0; r < 2 * PAIRS; r++) {
+            row[r] = S + (size_t)(j + r) * d;
+            in[r] = src + (size_t)(j + r) * d;
+        }
         __m512 acc[PAIRS];
         for (int p = 0; p < PAIRS; p++) acc[p] = _mm512_setzero_ps();
         for (int i = 0; i < d8; i += 8) {
             const __m512 kk = bcast8(k + i);
             for (int p = 0; p < PAIRS; p++) {
-                const __m512 r = _mm512_mul_ps(ld_rows2(row[2 * p] + i, row[2 * p + 1] + i), vdecay);
+                const __m512 r = _mm512_mul_ps(ld_rows2(in[2 * p] + i, in[2 * p + 1] + i), vdecay);
                 st_rows2(row[2 * p] + i, row[2 * p + 1] + i, r);
                 acc[p] = _mm512_fmadd_ps(r, kk, acc[p]);
             }
@@ -66,8 +70,9 @@ void gdn_step_avx512(float *S, float *o, const float *q, const float *k, const f
             const float sums[2] = {lo_sum(acc[p]), hi_sum(acc[p])};
             for (int h = 0; h < 2; h++) {
                 float *rw = row[2 * p + h], sk = sums[h];
+                const float *iw = in[2 * p + h];
                 for (int i = d8; i < d; i++) {
-                    rw[i] *= decay;
+                    rw[i] = iw[i] * decay;
                     sk = fmaf(rw[i], k[i], sk);
                 }
                 delta[2 * p + h] = (v[j + 2 * p + h] - sk) * beta;
@@ -101,21 +106,20 @@ void gdn_step_avx512(float *S, float *o, const float *q, const float *k, const f
             }
         }
     }
-    for (; j < d; j++) gdn_row_avx2(S + (size_t)j * d, o + j, q, k, v[j], decay, beta, scale, d);
+    for (; j < d; j++) gdn_row_avx2(S + (size_t)j * d, src + (size_t)j * d, o + j, q, k, v[j], decay, beta, scale, d);
 }
 
-void ssm_conv_avx512(float *out, float *tail, const float *x, const float *w, int taps, int n, int ld) {
+void ssm_conv_avx512(float *out, float *tail, const float *src, const float *x, const float *w, int taps, int n, int ld) {
     const float *wl = w + (size_t)(taps - 1) * ld;
     int c = 0;
     for (; c + 16 <= n; c += 16) {
         __m512 sum = _mm512_setzero_ps();
         for (int j = 0; j < taps - 1; j++)
-            sum = _mm512_fmadd_ps(_mm512_loadu_ps(w + (size_t)j * ld + c), _mm512_loadu_ps(tail + (size_t)j * ld + c), sum);
+            sum = _mm512_fmadd_ps(_mm512_loadu_ps(w + (size_t)j * ld + c), _mm512_loadu_ps(src + (size_t)j * ld + c), sum);
         _mm512_storeu_ps(out + c, _mm512_fmadd_ps(_mm512_loadu_ps(wl + c), _mm512_loadu_ps(x + c), sum));
     }
-    ssm_conv_cols_avx2(out, tail, x, w, taps, c, n, ld); /* the rest as ssm_conv_avx2 */
-    for (int j = 0; j + 1 < taps - 1; j++) memcpy(tail + (size_t)j * ld, tail + (size_t)(j + 1) * ld, sizeof(float) * n);
-    memcpy(tail + (size_t)(taps - 2) * ld, x, sizeof(float) * n);
+    ssm_conv_cols_avx2(out, src, x, w, taps, c, n, ld); /* the rest as ssm_conv_avx2 */
+    ssm_tail_shift(tail, src, x, taps, n, ld);
 }
 
 void shortconv_avx512(float *out, const float *gate, const void *const *rows, int rows_f16, const float *w, int taps,

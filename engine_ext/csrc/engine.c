@@ -983,11 +983,13 @@ static act_rows input_view(const engine *e, const float *f, int k) {
     return a;
 }
 
-/* Output rows per matmul unit: a multiple of ROW_GROUP (of two with PAIRED_ROWS activation rows
- * or more), about CHUNKS_PER_THREAD units per thread (PAIRED_CHUNKS_PER_THREAD from PAIRED_ROWS
- * rows), and at least MIN_GEMM_CHUNK. */
+/* Output rows per matmul unit: a multiple of two ROW_GROUPs, about CHUNKS_PER_THREAD units per
+ * thread (PAIRED_CHUNKS_PER_THREAD from PAIRED_ROWS rows), and at least MIN_GEMM_CHUNK.
+ * NOTE: whole pairs of groups at every row count: the 512-bit kernels of a decode step
+ * (arch/x86_vnni_rows.c) and of prefill (x86_gemm_z16.h) run two groups a vector, and a unit's
+ * odd last group costs them as much as a pair (a chunk of 7 groups did the work of 8). */
 static int gemm_chunk(const mm_job *jobs, int n_jobs, int nth, int n_rows) {
-    const int align = n_rows >= PAIRED_ROWS ? 2 * ROW_GROUP : ROW_GROUP;
+    const int align = 2 * ROW_GROUP;
     int total = 0;
     for (int j = 0; j < n_jobs; j++) total += jobs[j].w->n_out;
     const int per_thread = n_rows >= PAIRED_ROWS ? PAIRED_CHUNKS_PER_THREAD : CHUNKS_PER_THREAD;

@@ -14,6 +14,16 @@
  *
  * Each (super-)block asks the prefetcher for both groups' block PF_AHEAD bytes on.
  *
+ * Calls of 2+ rows longer than INTERLEAVE_MIN elements read their activation rows interleaved,
+ * copied once per call: row r's 4-byte run i at 4 * (R * i + r), block b's scale and sum at
+ * R * b + r (act_view). Streaming from memory, the weight stream evicts the rows from L1
+ * between two pairs of groups (4 rows of 4864 bytes beside 2 x 32 KB of Q6_K groups), and R
+ * separate rows (each with its scales and sums) are 3R streams to fetch back beside the two
+ * weight streams; interleaved they are three. A C harness, 4 rows, 2 threads, 14336 x 4864
+ * from memory (benchmark window 2026-12-02 06:24 UTC): Q6_K 26.8 -> 36.9 GB/s of weights, Q4_K
+ * 29.6 -> 37.3 (one row: 53-57). Rows of at most 1024 (Qwen2.5-Coder's 896) stay in L1 and are
+ * read as given, without the copy.
+ *
  * Q8_0, Q5_0 and Q5_1 take these kernels from 2 rows on only: at 2-4 rows the 256-bit tiles
  * are bound by their vpdpbusd count, which the pairs halve; one row (one-slot decode, whose
  * step a trial of the pairs at every row count did not show faster) stays on the tiles.
@@ -75,6 +85,10 @@ static inline __m512 f16x2(const uint16_t *p, size_t gap) {
  * (the groups of the low half are contiguous, and so are those of the high half). */
 #define PF_AHEAD 2048
 
+/* Calls of 2+ rows longer than this many elements read their activation rows interleaved
+ * (gemm_rows_vnni) */
+#define INTERLEAVE_MIN 1024
+
 static inline void prefetch2(const uint8_t *p, size_t gap, size_t bytes) {
     for (size_t i = 0; i < bytes; i += 64) {
         _mm_prefetch((const char *)p + PF_AHEAD + i, _MM_HINT_T0);
@@ -100,12 +114,25 @@ static inline __attribute__((always_inline)) void store16(float *y, int ldy, int
     }
 }
 
+/* The activation rows as the kernels read them: bytes e .. e + 3 (e a multiple of 4) of row r
+ * at qs + r * q_row + e * q_el, block b's scale and sum at d, s [r * d_row + b * d_el]: either
+ * the rows as the caller gives them (q_row = k, q_el = 1, d_row = k / QK, d_el = 1) or
+ * interleaved (q_row = 4, q_el = R, d_row = 1, d_el = R: see gemm_rows_vnni). */
+typedef struct {
+    const int8_t *qs;
+    const float *d, *s;
+    size_t q_row, q_el, d_row, d_el;
+} act_view;
+
+static inline const int8_t *act_at(const act_view *v, int r, size_t e) { return v->qs + r * v->q_row + e * v->q_el; }
+static inline float act_d(const act_view *v, int r, size_t b) { return v->d[r * v->d_row + b * v->d_el]; }
+static inline float act_s(const act_view *v, int r, size_t b) { return v->s[r * v->d_row + b * v->d_el]; }
+
 /* acc[r] = fma(float(isum[r]), d * ad of row r's block b, acc[r]) */
 static inline __attribute__((always_inline)) void fold_block(const int R, __m512 *acc, const __m512i *isum, __m512 d,
-                                                             const act_rows *x, size_t b) {
-    const size_t nb = (size_t)x->k / QK;
+                                                             const act_view *x, size_t b) {
     for (int r = 0; r < R; r++)
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(d, _mm512_set1_ps(x->d[r * nb + b])), acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r]), _mm512_mul_ps(d, _mm512_set1_ps(act_d(x, r, b))), acc[r]);
 }
 
 /* ---- Q6_K -------------------------------------------------------------------------------------
@@ -116,9 +143,8 @@ static inline __attribute__((always_inline)) void fold_block(const int R, __m512
  * (blocks are added in order). The 6-bit values go into vpdpbusd unsigned (q + 32) and each
  * sub-block of 16 takes off 32 x its activation sum (asum) before its scale, as the tiles do. */
 static inline __attribute__((always_inline)) void q6_pair(const int R, float *y, int ldy, const uint8_t *g0, size_t gap,
-                                                          int nsb, const act_rows *x, const int32_t *asum, int o,
+                                                          int nsb, const act_view *x, const int32_t *asum, int o,
                                                           int o_hi, int accumulate) {
-    const int k = x->k, n16 = k / 16;
     const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     __m512 acc[ROWS_MAX], cor[ROWS_MAX];
     for (int r = 0; r < R; r++) acc[r] = cor[r] = _mm512_setzero_ps();
@@ -146,18 +172,18 @@ static inline __attribute__((always_inline)) void q6_pair(const int R, float *y,
                         const __m512i hhi = _mm512_and_si512(p ? _mm512_srli_epi16(qh, 2) : qh, m30);
                         const __m512i qlo = _mm512_ternarylogic_epi32(ql, m4, hlo, AND_OR);
                         const __m512i qhi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), m4, hhi, AND_OR);
+                        const size_t e = (size_t)s * QK_K + 4 * rr;
                         for (int r = 0; r < R; r++) {
-                            const int8_t *a = x->qs + (size_t)r * k + (size_t)s * QK_K + 4 * rr;
-                            dlo[r] = dp16(dlo[r], qlo, a + QK * blo);
-                            dhi[r] = dp16(dhi[r], qhi, a + QK * bhi);
+                            dlo[r] = dp16(dlo[r], qlo, act_at(x, r, e + QK * blo));
+                            dhi[r] = dp16(dhi[r], qhi, act_at(x, r, e + QK * bhi));
                         }
                     }
                     const __m512i slo = sc2_i8(blk->sc[2 * blo + h], gap), shi = sc2_i8(blk->sc[2 * bhi + h], gap);
                     const size_t e16 = (size_t)s * 16 + h; /* sub-block of 16 of block 0 */
-                    for (int r = 0; r < R; r++) {
-                        const int32_t *as = asum + (size_t)r * n16 + e16;
-                        const __m512i tlo = _mm512_mullo_epi32(_mm512_sub_epi32(dlo[r], _mm512_set1_epi32(as[2 * blo])), slo);
-                        const __m512i thi = _mm512_mullo_epi32(_mm512_sub_epi32(dhi[r], _mm512_set1_epi32(as[2 * bhi])), shi);
+                    for (int r = 0; r < R; r++) { /* asum: [sub-block][row] */
+                        const int32_t alo = asum[(e16 + 2 * blo) * R + r], ahi = asum[(e16 + 2 * bhi) * R + r];
+                        const __m512i tlo = _mm512_mullo_epi32(_mm512_sub_epi32(dlo[r], _mm512_set1_epi32(alo)), slo);
+                        const __m512i thi = _mm512_mullo_epi32(_mm512_sub_epi32(dhi[r], _mm512_set1_epi32(ahi)), shi);
                         ilo[r] = h ? _mm512_add_epi32(ilo[r], tlo) : tlo;
                         ihi[r] = h ? _mm512_add_epi32(ihi[r], thi) : thi;
                     }
@@ -180,9 +206,8 @@ static inline __attribute__((always_inline)) void q6_pair(const int R, float *y,
  * 2c + 1 (Q5_K: the fifth bits are bits 2c and 2c + 1 of qh run rr). The mins correction runs
  * beside, in block order (k4_min_correction's). */
 static inline __attribute__((always_inline)) void k4_pair(const int R, const int five, float *y, int ldy,
-                                                          const uint8_t *g0, size_t gap, int nsb, const act_rows *x,
+                                                          const uint8_t *g0, size_t gap, int nsb, const act_view *x,
                                                           int o, int o_hi, int accumulate) {
-    const int k = x->k, nb = k / QK;
     const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
     __m512 acc[ROWS_MAX], cor[ROWS_MAX];
     for (int r = 0; r < R; r++) acc[r] = cor[r] = _mm512_setzero_ps();
@@ -216,14 +241,14 @@ static inline __attribute__((always_inline)) void k4_pair(const int R, const int
                     lo = _mm512_and_si512(w, m4);
                     hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), m4);
                 }
+                const size_t e = (size_t)s * QK_K + 64 * c + 4 * rr;
                 for (int r = 0; r < R; r++) {
-                    const int8_t *a = x->qs + (size_t)r * k + (size_t)s * QK_K + 64 * c + 4 * rr;
                     if (R <= 2 && (rr & 1)) {
-                        slo2[r] = dp16(slo2[r], lo, a);
-                        shi2[r] = dp16(shi2[r], hi, a + 32);
+                        slo2[r] = dp16(slo2[r], lo, act_at(x, r, e));
+                        shi2[r] = dp16(shi2[r], hi, act_at(x, r, e + 32));
                     } else {
-                        slo[r] = dp16(slo[r], lo, a);
-                        shi[r] = dp16(shi[r], hi, a + 32);
+                        slo[r] = dp16(slo[r], lo, act_at(x, r, e));
+                        shi[r] = dp16(shi[r], hi, act_at(x, r, e + 32));
                     }
                 }
             }
@@ -245,7 +270,7 @@ static inline __attribute__((always_inline)) void k4_pair(const int R, const int
         for (int j = 0; j < 8; j++) {
             const __m512 mf = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(sc2_u8(mn[j], gap)));
             for (int r = 0; r < R; r++)
-                cor[r] = _mm512_fnmadd_ps(mf, _mm512_set1_ps(x->s[(size_t)r * nb + (size_t)s * 8 + j]), cor[r]);
+                cor[r] = _mm512_fnmadd_ps(mf, _mm512_set1_ps(act_s(x, r, (size_t)s * 8 + j)), cor[r]);
         }
     }
     store16(y, ldy, o, o_hi, R, acc, cor, accumulate);
@@ -257,9 +282,8 @@ static inline __attribute__((always_inline)) void k4_pair(const int R, const int
  * run j's low nibbles are bit j of each qh byte, of its high nibbles bit 4 + j). The
  * correction cor = fma(c, as_b, cor) (Q5_0: c = -16 d; Q5_1: m; Q8_0: none) runs beside. */
 static inline __attribute__((always_inline)) void b32_pair(const int R, const int kind, float *y, int ldy,
-                                                           const uint8_t *g0, size_t gap, int nb, const act_rows *x,
+                                                           const uint8_t *g0, size_t gap, int nb, const act_view *x,
                                                            const int32_t *abias, int o, int o_hi, int accumulate) {
-    const int k = x->k;
     const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10), bias = _mm512_set1_epi8((char)0x80);
     __m512 acc[ROWS_MAX], cor[ROWS_MAX];
     for (int r = 0; r < R; r++) acc[r] = cor[r] = _mm512_setzero_ps();
@@ -275,13 +299,13 @@ static inline __attribute__((always_inline)) void b32_pair(const int R, const in
             for (int j = 0; j < QK / 4; j++) {
                 const __m512i wu = _mm512_xor_si512(ld2((const uint8_t *)blk->qs + 32 * j, gap), bias);
                 for (int r = 0; r < R; r++) {
-                    const int8_t *a = x->qs + (size_t)r * k + (size_t)b * QK + 4 * j;
+                    const int8_t *a = act_at(x, r, (size_t)b * QK + 4 * j);
                     if (j & 1) s2[r] = dp16(s2[r], wu, a);
                     else s1[r] = dp16(s1[r], wu, a);
                 }
             }
-            for (int r = 0; r < R; r++)
-                s1[r] = _mm512_sub_epi32(_mm512_add_epi32(s1[r], s2[r]), _mm512_set1_epi32(abias[(size_t)r * nb + b]));
+            for (int r = 0; r < R; r++) /* abias: [block][row] */
+                s1[r] = _mm512_sub_epi32(_mm512_add_epi32(s1[r], s2[r]), _mm512_set1_epi32(abias[(size_t)b * R + r]));
         } else {
             const uint8_t *qs, *qh;
             if (kind == ROWS_Q5_0) {
@@ -298,10 +322,10 @@ static inline __attribute__((always_inline)) void b32_pair(const int R, const in
                 const __m512i hh = _mm512_and_si512(j ? _mm512_srli_epi16(vh, j) : vh, m10);
                 const __m512i lo = _mm512_ternarylogic_epi32(w, m4, hl, AND_OR);
                 const __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(w, 4), m4, hh, AND_OR);
+                const size_t e = (size_t)b * QK + 4 * j;
                 for (int r = 0; r < R; r++) {
-                    const int8_t *a = x->qs + (size_t)r * k + (size_t)b * QK + 4 * j;
-                    s1[r] = dp16(s1[r], lo, a);
-                    s2[r] = dp16(s2[r], hi, a + 16);
+                    s1[r] = dp16(s1[r], lo, act_at(x, r, e));
+                    s2[r] = dp16(s2[r], hi, act_at(x, r, e + 16));
                 }
             }
             for (int r = 0; r < R; r++) s1[r] = _mm512_add_epi32(s1[r], s2[r]);
@@ -310,7 +334,7 @@ static inline __attribute__((always_inline)) void b32_pair(const int R, const in
         fold_block(R, acc, s1, d, x, (size_t)b);
         if (kind != ROWS_Q8_0) {
             const __m512 c = kind == ROWS_Q5_0 ? _mm512_mul_ps(_mm512_set1_ps(-16.0f), d) : f16x2(mp, gap);
-            for (int r = 0; r < R; r++) cor[r] = _mm512_fmadd_ps(c, _mm512_set1_ps(x->s[(size_t)r * nb + b]), cor[r]);
+            for (int r = 0; r < R; r++) cor[r] = _mm512_fmadd_ps(c, _mm512_set1_ps(act_s(x, r, b)), cor[r]);
         }
     }
     store16(y, ldy, o, o_hi, R, acc, cor, accumulate);
@@ -318,7 +342,7 @@ static inline __attribute__((always_inline)) void b32_pair(const int R, const in
 
 /* The whole groups of [o0, o1), two at a time. */
 static inline __attribute__((always_inline)) int rows_groups(int kind, const int R, float *y, int ldy,
-                                                             const gemm_weight *w, int o0, int o1, const act_rows *x,
+                                                             const gemm_weight *w, int o0, int o1, const act_view *x,
                                                              int accumulate, const int32_t *asum) {
     int end = w->x8 ? w->n_out / ROW_GROUP * ROW_GROUP : o0;
     if (end > o1) end = o1;
@@ -346,35 +370,60 @@ static inline __attribute__((always_inline)) int rows_groups(int kind, const int
     return end;
 }
 
-int gemm_rows_vnni(int kind, float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows,
-                   int accumulate) {
-    int32_t asum[ROWS_MAX * (MAX_ROW_LEN / 16)];
+/* Row r's 4-byte runs and block scales and sums interleaved (act_view): run i at q[4 * (R * i + r)],
+ * block b's at d, s[R * b + r]. */
+static inline __attribute__((always_inline)) void interleave(const int R, const act_rows *x, int8_t *q, float *d, float *s) {
+    const int k = x->k, nb = k / QK;
+    for (int i = 0; i < k / 4; i++)
+        for (int r = 0; r < R; r++) memcpy(q + 4 * ((size_t)R * i + r), x->qs + (size_t)r * k + 4 * i, 4);
+    for (int b = 0; b < nb; b++)
+        for (int r = 0; r < R; r++) {
+            d[(size_t)R * b + r] = x->d[(size_t)r * nb + b];
+            s[(size_t)R * b + r] = x->s[(size_t)r * nb + b];
+        }
+}
+
+static inline __attribute__((always_inline)) int rows_call(int kind, const int R, float *y, int ldy, const gemm_weight *w,
+                                                           int o0, int o1, const act_rows *x, int accumulate) {
+    const int k = x->k, nb = k / QK;
+    int32_t asum[ROWS_MAX * (MAX_ROW_LEN / 16)]; /* [sub-block or block][row] */
     if (kind == ROWS_Q6_K) {
         /* 32 x each row's sum of its quantized activations over every 16 (x86_gemm_k.h k6_asum) */
-        const int n16 = w->n_in / 16;
-        for (int r = 0; r < n_rows; r++)
-            for (int i = 0; i < n16; i++) {
-                const int8_t *a = x->qs + (size_t)r * x->k + 16 * (size_t)i;
+        for (int r = 0; r < R; r++)
+            for (int i = 0; i < k / 16; i++) {
+                const int8_t *a = x->qs + (size_t)r * k + 16 * (size_t)i;
                 int sum = 0;
                 for (int e = 0; e < 16; e++) sum += a[e];
-                asum[(size_t)r * n16 + i] = 32 * sum;
+                asum[(size_t)i * R + r] = 32 * sum;
             }
     } else if (kind == ROWS_Q8_0) {
         /* 128 x each row's sum of its quantized activations over every block (x86_vnni.c's abias) */
-        const int nb = w->n_in / QK;
-        for (int r = 0; r < n_rows; r++)
+        for (int r = 0; r < R; r++)
             for (int b = 0; b < nb; b++) {
-                const int8_t *a = x->qs + (size_t)r * x->k + (size_t)b * QK;
+                const int8_t *a = x->qs + (size_t)r * k + (size_t)b * QK;
                 int sum = 0;
                 for (int e = 0; e < QK; e++) sum += a[e];
-                asum[(size_t)r * nb + b] = 128 * sum;
+                asum[(size_t)b * R + r] = 128 * sum;
             }
     }
+    act_view v = {x->qs, x->d, x->s, (size_t)k, 1, (size_t)nb, 1};
+    if (R >= 2 && k > INTERLEAVE_MIN) {
+        int8_t q[ROWS_MAX * MAX_ROW_LEN] __attribute__((aligned(64)));
+        float d[ROWS_MAX * (MAX_ROW_LEN / QK)], s[ROWS_MAX * (MAX_ROW_LEN / QK)];
+        interleave(R, x, q, d, s);
+        const act_view iv = {q, d, s, 4, (size_t)R, 1, (size_t)R};
+        return rows_groups(kind, R, y, ldy, w, o0, o1, &iv, accumulate, asum);
+    }
+    return rows_groups(kind, R, y, ldy, w, o0, o1, &v, accumulate, asum);
+}
+
+int gemm_rows_vnni(int kind, float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows,
+                   int accumulate) {
     switch (n_rows) {
-    case 1: return rows_groups(kind, 1, y, ldy, w, o0, o1, x, accumulate, asum);
-    case 2: return rows_groups(kind, 2, y, ldy, w, o0, o1, x, accumulate, asum);
-    case 3: return rows_groups(kind, 3, y, ldy, w, o0, o1, x, accumulate, asum);
-    case 4: return rows_groups(kind, 4, y, ldy, w, o0, o1, x, accumulate, asum);
+    case 1: return rows_call(kind, 1, y, ldy, w, o0, o1, x, accumulate);
+    case 2: return rows_call(kind, 2, y, ldy, w, o0, o1, x, accumulate);
+    case 3: return rows_call(kind, 3, y, ldy, w, o0, o1, x, accumulate);
+    case 4: return rows_call(kind, 4, y, ldy, w, o0, o1, x, accumulate);
     default: return o0;
     }
 }

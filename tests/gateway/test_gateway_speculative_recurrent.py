@@ -6,19 +6,28 @@ regenerate: the slot has moved on, so the prompt-end checkpoint is restored, and
 n-gram pool drafts the first answer): the drafts are accepted; then the same prompt sampled
 (seeded, temperature 0.1): the pool's drafts of the greedy answer are accepted until the sample
 parts from it, and the rejected rows are cut back through the ring. The text, token count and
-every token's log-probability equal those of `--speculative off` each time."""
+every token's log-probability equal those of `--speculative off` each time.
+
+The gate's step costs are pinned (a draft row costs 5% of a 10 ms step): measured ones made the
+counts depend on the machine's load (a paused or crowded run closed the gate before the sample
+parted from the draft, so nothing was rejected)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
+import pytest
 from gateway_support import running_app, serve_config
 from slotserve.gateway.app import create_app
 from slotserve.gateway.config import ServeConfig
 from slotserve.gateway.runtime import build_runtime, open_served_model
+from slotserve.scheduler.draft import CostModel
 
 DRAFT_MAX = 6
+# two seeded samples: a rejection needs the sample to part from the greedy answer inside a draft,
+# not on the step's own token after one (seed 5 alone parts on such a token: nothing rejected)
+SAMPLED = ({"temperature": 0.1, "seed": 3}, {"temperature": 0.1, "seed": 5})
 
 
 def _prompt_ids(seed: int, n_vocab: int) -> list[int]:
@@ -43,7 +52,7 @@ async def _serve(path: str, speculative: str) -> tuple[list[dict[str, Any]], int
     app = create_app(runtime, serve_config(max_tokens_limit=256))
     async with running_app(app) as client:
         prompt = _prompt_ids(3, vocab)
-        for sampling in ({"temperature": 0}, {"temperature": 0}, {"temperature": 0.1, "seed": 5}):
+        for sampling in ({"temperature": 0}, {"temperature": 0}, *SAMPLED):
             body = {"model": name, "prompt": prompt, "max_tokens": 40, "logprobs": 1, **sampling}
             r = await client.post("/v1/completions", json=body)
             assert r.status_code == 200, r.text
@@ -53,8 +62,14 @@ async def _serve(path: str, speculative: str) -> tuple[list[dict[str, Any]], int
 
 
 async def test_default_speculation_on_a_recurrent_model_drafts_through_its_ring_and_equals_plain(
-    qwen35_model_factory,
+    qwen35_model_factory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    observe = CostModel.observe
+
+    def pinned(self: CostModel, batch: int, rows: int, seconds: float) -> None:
+        observe(self, batch, rows, 0.01 * (1 + 0.05 * (rows - batch)))
+
+    monkeypatch.setattr(CostModel, "observe", pinned)
     path = str(qwen35_model_factory())
     plain, plain_ring = await _serve(path, "off")
     spec, spec_ring = await _serve(path, "ngram")
@@ -77,5 +92,5 @@ async def test_default_speculation_on_a_recurrent_model_drafts_through_its_ring_
     assert spec[1]["usage"]["prompt_tokens_details"]["cached_tokens"] == prompt_len - 1
     assert accepted[0] == (0, 0), accepted  # nothing in the prompt or the pool to draft from yet
     assert accepted[1][0] >= 20, accepted
-    # the sample follows the greedy answer for a while: drafts accepted, then rows cut back
-    assert accepted[2][0] > 0 and accepted[2][1] > 0, accepted
+    # each sample follows the greedy answer for a while (drafts accepted), and rows are cut back
+    assert all(a > 0 for a, _ in accepted[2:]) and sum(r for _, r in accepted[2:]) > 0, accepted

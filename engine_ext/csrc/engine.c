@@ -1366,7 +1366,7 @@ static int moe_block(engine *e, const layer_weights *L, int l, int p, int nth) {
     /* gate, up: (active expert, gate|up, chunk) units, then the shared expert's */
     mm_job sh_gu[2] = {{&L->ffn_gate, e->gate, m->ffn_dim, 0}, {&L->ffn_up, e->up, m->ffn_dim, 0}};
     const int na = e->mn_active[l], ch_gu = expert_chunk(na, F, 2, nth), nc_gu = (F + ch_gu - 1) / ch_gu;
-    const int sh_chunk = shexp ? gemm_chunk(sh_gu, 2, nth, 1) : 1, n_sh_gu = shexp ? mm_units(sh_gu, 2, sh_chunk) : 0;
+    const int sh_chunk = shexp ? gemm_chunk(sh_gu, 2, nth, T) : 1, n_sh_gu = shexp ? mm_units(sh_gu, 2, sh_chunk) : 0;
     FOR_EACH_UNIT(e, p, na * 2 * nc_gu + n_sh_gu, u) {
         if (u >= na * 2 * nc_gu) {
             act_rows in = input_view(e, e->xb, dim);
@@ -1406,7 +1406,7 @@ static int moe_block(engine *e, const layer_weights *L, int l, int p, int nth) {
     /* down: (active expert, chunk) units into each pair's output row, then the shared expert's */
     mm_job sh_d = {&L->ffn_down, e->proj, dim, 0};
     const int ch_d = expert_chunk(na, dim, 1, nth), nc_d = (dim + ch_d - 1) / ch_d;
-    const int shd_chunk = shexp ? gemm_chunk(&sh_d, 1, nth, 1) : 1, n_sh_d = shexp ? mm_units(&sh_d, 1, shd_chunk) : 0;
+    const int shd_chunk = shexp ? gemm_chunk(&sh_d, 1, nth, T) : 1, n_sh_d = shexp ? mm_units(&sh_d, 1, shd_chunk) : 0;
     FOR_EACH_UNIT(e, p, na * nc_d + n_sh_d, u) {
         if (u >= na * nc_d) {
             act_rows in = input_view(e, e->gate, m->ffn_dim);

@@ -668,6 +668,23 @@ cdef class KernelTable:
         self.kt.gdn_step(&sv[0, 0], &iv[0, 0], &ov[0], &q[0], &k[0], &v[0], decay, beta, scale, d)
         return new_s, out
 
+    def gdn_steps(self, const float[:, ::1] S, const float[:, ::1] q, const float[:, ::1] k, const float[:, ::1] v,
+                  const float[::1] decay, const float[::1] beta, float scale):
+        """n tokens of the delta rule on S [d, d] (kernels.h gdn_steps): q, k, v [n, d], decay and
+        beta [n]. Returns (new S, o [n, d])."""
+        cdef int d = S.shape[0], n = q.shape[0]
+        if (S.shape[1] != d or q.shape[1] != d or k.shape[1] != d or v.shape[1] != d or n < 1 or
+                k.shape[0] != n or v.shape[0] != n or decay.shape[0] != n or beta.shape[0] != n):
+            raise ValueError("need S [d, d], q, k, v [n, d] and decay, beta [n], n >= 1")
+        _check_row(d, d)
+        new_s = np.array(S, dtype=np.float32, copy=True)
+        out = np.empty((n, d), np.float32)
+        cdef float[:, ::1] sv = new_s
+        cdef float[:, ::1] ov = out
+        self.kt.gdn_steps(&sv[0, 0], &ov[0, 0], d, &q[0, 0], &k[0, 0], &v[0, 0], d, &decay[0], &beta[0], 1, scale,
+                          d, n)
+        return new_s, out
+
     def gdn_gates(self, const float[::1] alpha, const float[::1] beta, const float[::1] dt, const float[::1] a):
         """The delta rule's gates of n heads (kernels.h gdn_gates). Returns (decay, beta)."""
         cdef int n = alpha.shape[0]

@@ -77,6 +77,8 @@ cdef extern from "kernels.h" nogil:
         void (*l2norm)(float *x, int n, float eps)
         void (*gdn_step)(float *S, const float *src, float *o, const float *q, const float *k, const float *v,
                          float decay, float beta, float scale, int d)
+        void (*gdn_steps)(float *S, float *o, int ldo, const float *q, const float *k, const float *v, int ldv,
+                          const float *decay, const float *beta, int ldg, float scale, int d, int n)
         void (*gdn_gates)(float *alpha, float *beta, const float *dt, const float *a, int n)
 
     const kernel_table *kernels_select(const char *name)

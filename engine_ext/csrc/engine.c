@@ -78,7 +78,9 @@
  * channel block: each channel's tokens in position order through the tail; the first block's
  * unit also turns each row's alpha and beta into the decay and beta, gdn_gates) | delta rule
  * (segment x value head: each token in position order: l2-normed q, k, the gated update of the
- * head's matrix, its output rmsnormed and gated by silu(z)) | - | quantize | out matmul | -.
+ * head's matrix, its output rmsnormed and gated by silu(z); runs of tokens through gdn_steps,
+ * which takes each block of the matrix's rows through all of them while it sits in L1: rows are
+ * independent, so each still sees its tokens in order) | - | quantize | out matmul | -.
  * Every row's numbers come from the same operations on the same state in the same order, however
  * the tokens were cut into steps or batched, and whichever thread runs a unit. A segment that
  * starts at position 0 starts from a zero state. With a rollback ring of k, a slot's k + 1
@@ -129,6 +131,8 @@
 #define ROWS_PER_UNIT 4         /* rows per unit of the row-wise phases (1 for small steps) */
 #define CONV_BLOCK 256          /* channels per unit of the DeltaNet conv phase */
 #define MAX_SSM_TAPS 16         /* longest DeltaNet conv (gguf_file.MAX_SSM_CONV) */
+#define GDN_TOKENS 64           /* tokens of a DeltaNet head's segment per gdn_steps call (their
+                                   normalised q and k in the thread's scratch, in L2) */
 
 typedef struct {
     int slot;
@@ -194,7 +198,7 @@ struct engine {
     float *sqkv, *sconv;      /* [T][conv_dim] the qkv matmul result, its conv + silu */
     float *sz;                /* [T][value_dim] output gate */
     float *sb, *sa;           /* [T][v_heads] beta and alpha before their activations */
-    float *ssm_scratch;       /* [n_threads][2 * d] normalised q, k */
+    float *ssm_scratch;       /* [n_threads][2][GDN_TOKENS][d] normalised q, then k, of a run of tokens */
     float *qg;                /* [T][2 * q_dim] gated attention's q matmul (q_gate) */
     float *qgate;             /* [T][q_dim] its gate values */
 
@@ -593,7 +597,7 @@ static int delta_create(engine *e, const model_desc *m, int max_tokens, int n_th
     e->sz = xalloc(sizeof(float) * T * e->value_dim, &ok);
     e->sb = xalloc(sizeof(float) * T * m->ssm_v_heads, &ok);
     e->sa = xalloc(sizeof(float) * T * m->ssm_v_heads, &ok);
-    e->ssm_scratch = xalloc(sizeof(float) * 2 * m->ssm_d * n_threads, &ok);
+    e->ssm_scratch = xalloc(sizeof(float) * 2 * GDN_TOKENS * m->ssm_d * n_threads, &ok);
     return ok;
 }
 
@@ -1488,28 +1492,45 @@ static int delta_block(engine *e, const layer_weights *L, int l, int p, int ith,
         }
     }
     phase_end(e, p++, e->n_segs * n_cb);
-    /* delta rule: segment x value head, tokens in position order through the head's matrix */
-    float *qn = e->ssm_scratch + (size_t)ith * 2 * d, *kn = qn + d;
+    /* delta rule: segment x value head, tokens in position order through the head's matrix: the
+     * tokens that update one state entry in place in runs of up to GDN_TOKENS (gdn_steps: the
+     * numbers of token-by-token gdn_step calls), the rollback ring's last ones one at a time */
+    float *qn = e->ssm_scratch + (size_t)ith * 2 * GDN_TOKENS * d, *kn = qn + (size_t)GDN_TOKENS * d;
     const float scale = 1.0f / sqrtf((float)d);
     FOR_EACH_UNIT(e, p, e->n_segs * vh, u) {
         const step_seg *sg = &e->segs[u / vh];
         const int h = u % vh, kh = h % m->ssm_k_heads; /* llama.cpp tiles the key heads */
         const size_t s_off = e->rs_off[l] + (size_t)(taps - 1) * cd + (size_t)h * d * d;
-        for (int j = 0; j < sg->n; j++) {
-            const int r = sg->row0 + j;
+        for (int j0 = 0, j1; j0 < sg->n; j0 = j1) {
             int from, to;
-            state_entries(e, sg, j, &from, &to);
-            const float *c = e->sconv + (size_t)r * cd;
-            memcpy(qn, c + (size_t)kh * d, sizeof(float) * d);
-            memcpy(kn, c + e->key_dim + (size_t)kh * d, sizeof(float) * d);
-            kt->l2norm(qn, d, m->rms_eps);
-            kt->l2norm(kn, d, m->rms_eps);
-            float *o = e->xb + (size_t)r * e->value_dim + (size_t)h * d;
-            kt->gdn_step(state_of(e, sg->slot, to) + s_off, state_of(e, sg->slot, from) + s_off, o, qn, kn,
-                         c + 2 * e->key_dim + (size_t)h * d, e->sa[(size_t)r * vh + h],
-                         e->sb[(size_t)r * vh + h], scale, d);
-            kt->rmsnorm(o, o, L->ssm_norm, d, m->rms_eps);
-            kt->silu_mul(o, e->sz + (size_t)r * e->value_dim + (size_t)h * d, o, d);
+            state_entries(e, sg, j0, &from, &to);
+            j1 = j0 + 1; /* a run: the tokens after j0 updating the same entry in place */
+            for (int f, t; from == to && j1 < sg->n && j1 - j0 < GDN_TOKENS; j1++) {
+                state_entries(e, sg, j1, &f, &t);
+                if (f != from || t != from) break;
+            }
+            const int r0 = sg->row0 + j0, n = j1 - j0;
+            for (int j = 0; j < n; j++) {
+                const float *c = e->sconv + (size_t)(r0 + j) * cd;
+                memcpy(qn + (size_t)j * d, c + (size_t)kh * d, sizeof(float) * d);
+                memcpy(kn + (size_t)j * d, c + e->key_dim + (size_t)kh * d, sizeof(float) * d);
+                kt->l2norm(qn + (size_t)j * d, d, m->rms_eps);
+                kt->l2norm(kn + (size_t)j * d, d, m->rms_eps);
+            }
+            float *o = e->xb + (size_t)r0 * e->value_dim + (size_t)h * d;
+            const float *v = e->sconv + (size_t)r0 * cd + 2 * e->key_dim + (size_t)h * d;
+            const size_t g = (size_t)r0 * vh + h;
+            if (n == 1) /* decode, or a token of the rollback ring's last k + 1 */
+                kt->gdn_step(state_of(e, sg->slot, to) + s_off, state_of(e, sg->slot, from) + s_off, o, qn, kn, v,
+                             e->sa[g], e->sb[g], scale, d);
+            else
+                kt->gdn_steps(state_of(e, sg->slot, from) + s_off, o, e->value_dim, qn, kn, v, cd, e->sa + g, e->sb + g,
+                              vh, scale, d, n);
+            for (int j = 0; j < n; j++) {
+                float *oj = o + (size_t)j * e->value_dim;
+                kt->rmsnorm(oj, oj, L->ssm_norm, d, m->rms_eps);
+                kt->silu_mul(oj, e->sz + (size_t)(r0 + j) * e->value_dim + (size_t)h * d, oj, d);
+            }
         }
     }
     phase_end(e, p++, e->n_segs * vh);

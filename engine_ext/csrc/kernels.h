@@ -161,6 +161,13 @@ struct kernel_table {
      * S: in place; else they do not overlap and src is only read). Rows are independent. */
     void (*gdn_step)(float *S, const float *src, float *o, const float *q, const float *k, const float *v,
                      float decay, float beta, float scale, int d);
+    /* n tokens of one head's delta rule in position order on S in place, the same numbers bit
+     * for bit as n in-place gdn_step calls: token t reads q + t d and k + t d (contiguous
+     * [n][d]), v + t ldv, decay[t ldg], beta[t ldg] and writes o + t ldo. Rows being independent, a variant may run each
+     * block of rows through all n tokens while it sits in L1 (prefill: the head's 64 KiB
+     * matrix is not streamed through the cache once per token). */
+    void (*gdn_steps)(float *S, float *o, int ldo, const float *q, const float *k, const float *v, int ldv,
+                      const float *decay, const float *beta, int ldg, float scale, int d, int n);
     /* The delta rule's gates of n heads, in place: alpha[h] <- exp(softplus(alpha[h] + dt[h]) *
      * a[h]) (the decay; softplus(x) = x above 20, else log(1 + exp(x)), as ggml), beta[h] <-
      * 1 / (1 + exp(-beta[h])). */
@@ -217,6 +224,8 @@ void ssm_conv_generic(float *out, float *tail, const float *src, const float *x,
 void l2norm_generic(float *x, int n, float eps);
 void gdn_step_generic(float *S, const float *src, float *o, const float *q, const float *k, const float *v, float decay, float beta,
                       float scale, int d);
+void gdn_steps_generic(float *S, float *o, int ldo, const float *q, const float *k, const float *v, int ldv,
+                       const float *decay, const float *beta, int ldg, float scale, int d, int n);
 void gdn_gates_generic(float *alpha, float *beta, const float *dt, const float *a, int n);
 
 /* AVX2/FMA/F16C kernels (arch/x86_avx2.c); only called when the CPU has them. */
@@ -253,6 +262,8 @@ void ssm_conv_avx2(float *out, float *tail, const float *src, const float *x, co
 void l2norm_avx2(float *x, int n, float eps);
 void gdn_step_avx2(float *S, const float *src, float *o, const float *q, const float *k, const float *v, float decay, float beta,
                    float scale, int d);
+void gdn_steps_avx2(float *S, float *o, int ldo, const float *q, const float *k, const float *v, int ldv,
+                    const float *decay, const float *beta, int ldg, float scale, int d, int n);
 void gdn_gates_avx2(float *alpha, float *beta, const float *dt, const float *a, int n);
 
 /* Attention chunks in query tiles on AVX-512 (arch/x86_avx512_attn.c), bit-identical to
@@ -264,7 +275,11 @@ void attention_chunk_avx512(float *acc, int lda, float *ml, const float *q, int 
  * variants; the avx512vnni table's. */
 void gdn_step_avx512(float *S, const float *src, float *o, const float *q, const float *k, const float *v, float decay, float beta,
                      float scale, int d);
+void gdn_steps_avx512(float *S, float *o, int ldo, const float *q, const float *k, const float *v, int ldv,
+                      const float *decay, const float *beta, int ldg, float scale, int d, int n);
 void ssm_conv_avx512(float *out, float *tail, const float *src, const float *x, const float *w, int taps, int n, int ld);
+/* silu_mul on AVX-512 (arch/x86_avx512_act.c), bit-identical to silu_mul_avx2. */
+void silu_mul_avx512(float *out, const float *g, const float *u, int n);
 void shortconv_avx512(float *out, const float *gate, const void *const *rows, int rows_f16, const float *w, int taps,
                       int n);
 /* AVX512-VNNI matmuls (arch/x86_vnni.c); only called when the CPU has AVX512F/VL/BW/VNNI. */

@@ -52,3 +52,10 @@ void gdn_step_generic(float *S, const float *src, float *o, const float *q, cons
         o[j] = sq * scale;
     }
 }
+
+void gdn_steps_generic(float *S, float *o, int ldo, const float *q, const float *k, const float *v, int ldv,
+                       const float *decay, const float *beta, int ldg, float scale, int d, int n) {
+    for (int t = 0; t < n; t++)
+        gdn_step_generic(S, S, o + (size_t)t * ldo, q + (size_t)t * d, k + (size_t)t * d, v + (size_t)t * ldv,
+                         decay[(size_t)t * ldg], beta[(size_t)t * ldg], scale, d);
+}

@@ -538,6 +538,19 @@ def test_silu_mul(generic, n):
         assert_close(kt.silu_mul(g, u), want, np.abs(want) + 1e-30, SILU_RTOL, f"{kt.name} n={n}")
 
 
+@needs_vnni
+@pytest.mark.parametrize("n", [1, 13, 16, 17, 100, 3584])
+def test_avx512_silu_mul_identical_to_avx2(n):
+    """The avx512vnni table's SiLU gate (arch/x86_avx512_act.c, 16 lanes) equals AVX2's bit for
+    bit, over the clamps of its exp and past the last 16 (the rest runs the AVX2 kernel)."""
+    r = rng(n + 7)
+    g = np.concatenate([(r.standard_normal(n) * 6), [-200.0, -90.0, -30.0, 30.0, 90.0, 0.0, -0.0]])
+    g = g.astype(np.float32)
+    u = r.standard_normal(len(g)).astype(np.float32)
+    got = _engine.KernelTable("avx512vnni").silu_mul(g, u)
+    assert np.array_equal(got, _engine.KernelTable("avx2").silu_mul(g, u))
+
+
 def test_exp(generic):
     x = np.concatenate([np.linspace(-87.0, 88.0, 2001), [-1e-7, 0.0, 1e-7, -0.5, 0.5]]).astype(np.float32)
     want = np.exp(x.astype(np.float64))

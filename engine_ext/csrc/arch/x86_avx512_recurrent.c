@@ -41,72 +41,98 @@ static inline __m512 bcast8(const float *p) { return _mm512_castpd_ps(_mm512_bro
 static inline float lo_sum(__m512 v) { return hsum8(_mm512_castps512_ps256(v)); }
 static inline float hi_sum(__m512 v) { return hsum8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))); }
 
-#define PAIRS 4 /* vectors of two rows in flight */
+#define PAIRS 4     /* vectors of two rows in flight (gdn_step) */
+#define HOT_PAIRS 8 /* the same in gdn_steps, whose block of 2 x HOT_PAIRS rows stays in L1 over its tokens */
+
+/* Rows j .. j + 2 np - 1 of one token of the delta rule, read from src and written to S (np a
+ * constant where inlined: the accumulators stay in registers). */
+static inline __attribute__((always_inline)) void gdn_pairs(float *S, const float *src, float *o, const float *q, const float *k,
+                                                            const float *v, float decay, float beta, float scale,
+                                                            int d, int j, const int np) {
+    const int d8 = d / 8 * 8;
+    const __m512 vdecay = _mm512_set1_ps(decay);
+    float *row[2 * HOT_PAIRS];
+    const float *in[2 * HOT_PAIRS];
+    for (int r = 0; r < 2 * np; r++) {
+        row[r] = S + (size_t)(j + r) * d;
+        in[r] = src + (size_t)(j + r) * d;
+    }
+    __m512 acc[HOT_PAIRS];
+    for (int p = 0; p < np; p++) acc[p] = _mm512_setzero_ps();
+    for (int i = 0; i < d8; i += 8) {
+        const __m512 kk = bcast8(k + i);
+        for (int p = 0; p < np; p++) {
+            const __m512 r = _mm512_mul_ps(ld_rows2(in[2 * p] + i, in[2 * p + 1] + i), vdecay);
+            st_rows2(row[2 * p] + i, row[2 * p + 1] + i, r);
+            acc[p] = _mm512_fmadd_ps(r, kk, acc[p]);
+        }
+    }
+    float delta[2 * HOT_PAIRS];
+    for (int p = 0; p < np; p++) {
+        const float sums[2] = {lo_sum(acc[p]), hi_sum(acc[p])};
+        for (int h = 0; h < 2; h++) {
+            float *rw = row[2 * p + h], sk = sums[h];
+            const float *iw = in[2 * p + h];
+            for (int i = d8; i < d; i++) {
+                rw[i] = iw[i] * decay;
+                sk = fmaf(rw[i], k[i], sk);
+            }
+            delta[2 * p + h] = (v[j + 2 * p + h] - sk) * beta;
+        }
+    }
+    __m512 vdelta[HOT_PAIRS];
+    for (int p = 0; p < np; p++) {
+        vdelta[p] = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_set1_ps(delta[2 * p]))),
+                                                        _mm256_castps_pd(_mm256_set1_ps(delta[2 * p + 1])), 1));
+        acc[p] = _mm512_setzero_ps();
+    }
+    for (int i = 0; i < d8; i += 8) {
+        const __m512 kk = bcast8(k + i);
+        const __m512 qq = bcast8(q + i);
+        for (int p = 0; p < np; p++) {
+            const __m512 r = _mm512_fmadd_ps(vdelta[p], kk, ld_rows2(row[2 * p] + i, row[2 * p + 1] + i));
+            st_rows2(row[2 * p] + i, row[2 * p + 1] + i, r);
+            acc[p] = _mm512_fmadd_ps(r, qq, acc[p]);
+        }
+    }
+    for (int p = 0; p < np; p++) {
+        const float sums[2] = {lo_sum(acc[p]), hi_sum(acc[p])};
+        for (int h = 0; h < 2; h++) {
+            float *rw = row[2 * p + h], sq = sums[h];
+            const float dl = delta[2 * p + h];
+            for (int i = d8; i < d; i++) {
+                rw[i] = fmaf(dl, k[i], rw[i]);
+                sq = fmaf(rw[i], q[i], sq);
+            }
+            o[j + 2 * p + h] = sq * scale;
+        }
+    }
+}
 
 void gdn_step_avx512(float *S, const float *src, float *o, const float *q, const float *k, const float *v,
                      float decay, float beta, float scale, int d) {
-    const int d8 = d / 8 * 8;
-    const __m512 vdecay = _mm512_set1_ps(decay);
     int j = 0;
-    for (; j + 2 * PAIRS <= d; j += 2 * PAIRS) {
-        float *row[2 * PAIRS];
-        const float *in[2 * PAIRS];
-        for (int r = 0; r < 2 * PAIRS; r++) {
-            row[r] = S + (size_t)(j + r) * d;
-            in[r] = src + (size_t)(j + r) * d;
-        }
-        __m512 acc[PAIRS];
-        for (int p = 0; p < PAIRS; p++) acc[p] = _mm512_setzero_ps();
-        for (int i = 0; i < d8; i += 8) {
-            const __m512 kk = bcast8(k + i);
-            for (int p = 0; p < PAIRS; p++) {
-                const __m512 r = _mm512_mul_ps(ld_rows2(in[2 * p] + i, in[2 * p + 1] + i), vdecay);
-                st_rows2(row[2 * p] + i, row[2 * p + 1] + i, r);
-                acc[p] = _mm512_fmadd_ps(r, kk, acc[p]);
-            }
-        }
-        float delta[2 * PAIRS];
-        for (int p = 0; p < PAIRS; p++) {
-            const float sums[2] = {lo_sum(acc[p]), hi_sum(acc[p])};
-            for (int h = 0; h < 2; h++) {
-                float *rw = row[2 * p + h], sk = sums[h];
-                const float *iw = in[2 * p + h];
-                for (int i = d8; i < d; i++) {
-                    rw[i] = iw[i] * decay;
-                    sk = fmaf(rw[i], k[i], sk);
-                }
-                delta[2 * p + h] = (v[j + 2 * p + h] - sk) * beta;
-            }
-        }
-        __m512 vdelta[PAIRS];
-        for (int p = 0; p < PAIRS; p++) {
-            vdelta[p] = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_set1_ps(delta[2 * p]))),
-                                                            _mm256_castps_pd(_mm256_set1_ps(delta[2 * p + 1])), 1));
-            acc[p] = _mm512_setzero_ps();
-        }
-        for (int i = 0; i < d8; i += 8) {
-            const __m512 kk = bcast8(k + i);
-            const __m512 qq = bcast8(q + i);
-            for (int p = 0; p < PAIRS; p++) {
-                const __m512 r = _mm512_fmadd_ps(vdelta[p], kk, ld_rows2(row[2 * p] + i, row[2 * p + 1] + i));
-                st_rows2(row[2 * p] + i, row[2 * p + 1] + i, r);
-                acc[p] = _mm512_fmadd_ps(r, qq, acc[p]);
-            }
-        }
-        for (int p = 0; p < PAIRS; p++) {
-            const float sums[2] = {lo_sum(acc[p]), hi_sum(acc[p])};
-            for (int h = 0; h < 2; h++) {
-                float *rw = row[2 * p + h], sq = sums[h];
-                const float dl = delta[2 * p + h];
-                for (int i = d8; i < d; i++) {
-                    rw[i] = fmaf(dl, k[i], rw[i]);
-                    sq = fmaf(rw[i], q[i], sq);
-                }
-                o[j + 2 * p + h] = sq * scale;
-            }
-        }
-    }
+    for (; j + 2 * PAIRS <= d; j += 2 * PAIRS) gdn_pairs(S, src, o, q, k, v, decay, beta, scale, d, j, PAIRS);
     for (; j < d; j++) gdn_row_avx2(S + (size_t)j * d, src + (size_t)j * d, o + j, q, k, v[j], decay, beta, scale, d);
+}
+
+/* Each block of 2 x HOT_PAIRS rows (then single pairs, then a last odd row) through all n tokens:
+ * every row runs the operations gdn_step_avx512 runs on it, token after token. */
+void gdn_steps_avx512(float *S, float *o, int ldo, const float *q, const float *k, const float *v, int ldv,
+                      const float *decay, const float *beta, int ldg, float scale, int d, int n) {
+    int j = 0;
+    for (; j + 2 * HOT_PAIRS <= d; j += 2 * HOT_PAIRS)
+        for (int t = 0; t < n; t++)
+            gdn_pairs(S, S, o + (size_t)t * ldo, q + (size_t)t * d, k + (size_t)t * d, v + (size_t)t * ldv,
+                      decay[(size_t)t * ldg], beta[(size_t)t * ldg], scale, d, j, HOT_PAIRS);
+    for (; j + 2 <= d; j += 2)
+        for (int t = 0; t < n; t++)
+            gdn_pairs(S, S, o + (size_t)t * ldo, q + (size_t)t * d, k + (size_t)t * d, v + (size_t)t * ldv,
+                      decay[(size_t)t * ldg], beta[(size_t)t * ldg], scale, d, j, 1);
+    if (j < d)
+        for (int t = 0; t < n; t++)
+            gdn_row_avx2(S + (size_t)j * d, S + (size_t)j * d, o + (size_t)t * ldo + j, q + (size_t)t * d, k + (size_t)t * d,
+                         v[(size_t)t * ldv + j], decay[(size_t)t * ldg], beta[(size_t)t * ldg], scale, d);
 }
 
 void ssm_conv_avx512(float *out, float *tail, const float *src, const float *x, const float *w, int taps, int n, int ld) {

@@ -170,13 +170,18 @@ def test_gemm_vnni_identical_to_avx2(type_name):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("type_name", BLOCK_TYPES + ("BF16",))
-def test_gemm_rows_independent_of_grouping(variant, type_name):
+@pytest.mark.parametrize("n_rows", [7, 19])
+def test_gemm_rows_independent_of_grouping(variant, type_name, n_rows):
     """Row independence (kernels.h NOTE): a row's outputs are bit-identical whether it is
-    computed alone, in a tile with others, or in an output sub-range."""
+    computed alone, in a tile with others, or in an output sub-range (19 rows: the prefill tiles
+    of both x86 variants, a full tile of 16 and a rest of 3 padded, against each row alone on
+    the row-group kernels; rows of 1280 on the avx2 tiles' two slices)."""
     kt = _engine.KernelTable(variant)
     n_out, k = 43, (512 if type_name in K_TYPES else 96)
+    if n_rows > 9:
+        k = 1280
     raw, _ = weight(type_name, n_out, k)
-    x = rng(3).standard_normal((7, k)).astype(np.float32)
+    x = rng(3).standard_normal((n_rows, k)).astype(np.float32)
     q = None if type_name == "BF16" else kt.quantize_q8a(x)
     t = type_id(type_name)
     assert_gemm_rows_independent(kt, t, raw, n_out, x, q)

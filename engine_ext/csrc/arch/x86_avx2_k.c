@@ -14,29 +14,47 @@
 #include "../fp16.h"
 #include "../kernels.h"
 #include "../quant_k.h"
+#include "x86_avx2_tiles.h"
 
 #define X8_VNNI 0
 #define K_TILE 4 /* activation rows per micro-kernel call */
 #include "x86_gemm_k.h"
 
+/* A prefill chunk on x86_avx2_tiles.c's tiles: its whole groups against whole tiles of rows
+ * there; the rows past the tiles and the outputs past the groups on x86_gemm_k.h's tiles (the
+ * same numbers, so where a row lands does not matter). */
+static inline __attribute__((always_inline)) void gemm_k_tiled(int kind, float *y, int ldy, const gemm_weight *w,
+                                                               int o0, int o1, const act_rows *x, int n_rows,
+                                                               int accumulate) {
+    const int tiled = n_rows / T8_ROWS * T8_ROWS;
+    const int end = tiled ? gemm_tiles_avx2(y, ldy, w, o0, o1, x, tiled, accumulate) : o0;
+    if (end > o0 && tiled < n_rows) {
+        const int k = x->k;
+        const act_rows rest = {x->f ? x->f + (size_t)tiled * k : NULL, x->qs + (size_t)tiled * k,
+                               x->d + (size_t)tiled * (k / QK), x->s + (size_t)tiled * (k / QK), k};
+        gemm_k(kind, y + (size_t)tiled * ldy, ldy, w, o0, end, &rest, n_rows - tiled, accumulate);
+    }
+    if (end < o1) gemm_k(kind, y, ldy, w, end, o1, x, n_rows, accumulate);
+}
+
 void gemm_q5_0_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate) {
-    gemm_k(KIND_Q5_0, y, ldy, w, o0, o1, x, n_rows, accumulate);
+    gemm_k_tiled(KIND_Q5_0, y, ldy, w, o0, o1, x, n_rows, accumulate);
 }
 
 void gemm_q5_1_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate) {
-    gemm_k(KIND_Q5_1, y, ldy, w, o0, o1, x, n_rows, accumulate);
+    gemm_k_tiled(KIND_Q5_1, y, ldy, w, o0, o1, x, n_rows, accumulate);
 }
 
 void gemm_q4_K_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate) {
-    gemm_k(KIND_Q4_K, y, ldy, w, o0, o1, x, n_rows, accumulate);
+    gemm_k_tiled(KIND_Q4_K, y, ldy, w, o0, o1, x, n_rows, accumulate);
 }
 
 void gemm_q5_K_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate) {
-    gemm_k(KIND_Q5_K, y, ldy, w, o0, o1, x, n_rows, accumulate);
+    gemm_k_tiled(KIND_Q5_K, y, ldy, w, o0, o1, x, n_rows, accumulate);
 }
 
 void gemm_q6_K_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate) {
-    gemm_k(KIND_Q6_K, y, ldy, w, o0, o1, x, n_rows, accumulate);
+    gemm_k_tiled(KIND_Q6_K, y, ldy, w, o0, o1, x, n_rows, accumulate);
 }
 
 void gemm_q2_K_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate) {

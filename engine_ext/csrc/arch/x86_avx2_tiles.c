@@ -1,0 +1,357 @@
+/* The avx2 variant's prefill tiles: Q5_0, Q5_1, Q4_K, Q5_K and Q6_K matmuls of whole tiles of
+ * T8_ROWS activation rows (a prefill chunk) on AVX2's vpmaddubsw, over the row groups (blocks.h
+ * x8 layouts: lane i of a vector is weight row 8g + i). x86_avx2_k.c hands its calls' whole
+ * groups here and runs the rest on x86_gemm_k.h's row-group tiles.
+ *
+ * Design (x86_gemm_z16.h's, on 16 ymm registers): the loop order is tile-major. For a block of
+ * T_OB groups, tiles of T_ROWS activation rows; each tile's activations are repacked once per
+ * slice of T_KS elements (t_pack) into a buffer that stays in L1 while every group of the block
+ * streams past it: per activation block of 32, the 16 rows' quantized bytes side by side, their
+ * scales and sums. A weight unit (8 vectors: a Q5_0/Q5_1 block of 32, a Q4_K/Q5_K sub-block, a
+ * Q6_K quarter) is unpacked once into 8 registers and multiplied by all 16 rows of the tile, each
+ * row's 4 activation bytes broadcast from a fixed offset (the row loop unrolled: no address
+ * arithmetic per row). 16 ymm registers hold the unit, not the rows' sums: the rows' float
+ * accumulators live in a stash in L1 (16 rows x T_OB groups), read and written once per unit;
+ * the second pass (the corrections) runs 4 rows at a time in registers.
+ * NOTE: on the Zen 5 this was written on (AVX2 forced), the 5-bit and 6-bit types gain (their
+ * unpacking, 3-4 instructions a vector, is now spread over 16 rows instead of 4: Q5_0 +10-20%,
+ * Q5_K +40%, Q6_K 2x) and Q4_K a little; Q4_0, Q4_1 and Q8_0 (x86_gemm_x8.h: cheap to unpack,
+ * accumulators in registers) measured 5-30% slower here, so they stay on the row groups.
+ *
+ * The integer dot products are exact either way, only their grouping differs from
+ * x86_gemm_k.h's: 4-bit quants sum 8 runs in int16 (<= 8 * 2 * 15 * 127), 5-bit 4 runs (<= 4 *
+ * 2 * 31 * 127) before vpmaddwd widens them (applying a K sub-block's scale). Q6_K runs its
+ * quants unsigned (0..63, as stored; x86_gemm_k.h moves signs onto the activations, one more
+ * instruction a product) and sums 2 runs in int16 (<= 2 * 2 * 63 * 127); 32 x each 16
+ * activations' sum, times the sub-block scale, is taken off in int32 with one vpmaddwd (t_pack
+ * keeps the two sums of each 32 as an int16 pair): sc * (dot - 32 sum) = sc * dot(q - 32, a)
+ * exactly. Per (weight row, activation row) the float operations are then those of the other
+ * AVX2 tiles, in the same order:
+ *   acc = fma(float(isum_b), d * ad_b, acc)  for each activation block b,
+ *   cor = fma(c_b, as_b, cor) (Q4_K/Q5_K: cor -= dmin m_j as_j) in a second pass,
+ *   y = acc + cor (+ y),
+ * so a row's numbers are bit-identical to the avx2 row-group kernels', to the avx512vnni
+ * variant's and to themselves in any tile, call or thread (tests/engine/test_kernels.py and
+ * test_kernels_kquants.py hold them to ==). */
+#if defined(__x86_64__) || defined(__i386__)
+
+#pragma GCC target("avx2,fma,f16c")
+
+#include <immintrin.h>
+#include <string.h>
+
+#include "../kernels.h"
+#include "../quant_k.h"
+#include "x86_avx2_tiles.h"
+
+#define T_ROWS T8_ROWS /* activation rows per tile */
+#define T_KS 1024   /* activation elements per slice of a tile (the buffer's row length) */
+#define T_NB (T_KS / QK)
+#define T_OB 16     /* groups per block of outputs (the accumulator stash) */
+
+#define T_AI static inline __attribute__((always_inline))
+#define T_UNROLL _Pragma("GCC unroll 16")
+
+enum { T_Q5_0, T_Q5_1, T_Q4_K, T_Q5_K, T_Q6_K };
+
+/* A tile's activations, slice [e0, e0 + T_KS) of rows r .. r + T_ROWS - 1 (t_pack). */
+typedef struct {
+    _Alignas(32) int8_t qs[T_NB][T_ROWS][QK]; /* block b, row i: its 32 quantized values */
+    _Alignas(32) float d[T_NB][T_ROWS];       /* scales */
+    _Alignas(32) float s[T_NB][T_ROWS];       /* sums d * sum(qs) */
+    _Alignas(32) int32_t t[T_NB][T_ROWS];     /* Q6_K: the sums of the two 16s as an int16 pair */
+} t_act;
+
+/* 4 activation bytes broadcast to every 32-bit lane */
+T_AI __m256i t_bc4(const int8_t *a) {
+    int32_t v;
+    memcpy(&v, a, 4);
+    return _mm256_set1_epi32(v);
+}
+
+T_AI __m256 t_ph(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+/* 8 bytes -> 8 int32 lanes holding the int16 pair (v, v): vpmaddwd then scales a pair sum */
+T_AI __m256i t_pairs_u8(const uint8_t *p) {
+    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    return _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
+}
+
+/* bit `bit` of every byte moved to bit 4 */
+T_AI __m256i t_bit_to_4(__m256i v, int bit) {
+    const __m256i s = bit <= 4 ? _mm256_sll_epi16(v, _mm_cvtsi32_si128(4 - bit)) : _mm256_srl_epi16(v, _mm_cvtsi32_si128(bit - 4));
+    return _mm256_and_si256(s, _mm256_set1_epi8(16));
+}
+
+/* Q6_K quarter g's fifth and sixth bits at bits 4-5 */
+T_AI __m256i t_q6_high(__m256i vh, int g) {
+    const __m256i m = _mm256_set1_epi8(0x30);
+    switch (g) {
+    case 0: return _mm256_and_si256(_mm256_slli_epi16(vh, 4), m);
+    case 1: return _mm256_and_si256(_mm256_slli_epi16(vh, 2), m);
+    case 2: return _mm256_and_si256(vh, m);
+    default: return _mm256_and_si256(_mm256_srli_epi16(vh, 2), m);
+    }
+}
+
+/* ---- integer dot products of a unit (q[j] against bytes 4j.. of a row's 32 at a) ------------ */
+
+/* int16 sum of runs j0 .. j0 + n - 1 (two chains) */
+T_AI __m256i t_runs(const __m256i *q, const int8_t *a, int j0, int n) {
+    __m256i p0 = _mm256_maddubs_epi16(q[j0], t_bc4(a + 4 * j0));
+    if (n == 1) return p0;
+    __m256i p1 = _mm256_maddubs_epi16(q[j0 + 1], t_bc4(a + 4 * j0 + 4));
+    for (int j = j0 + 2; j < j0 + n; j += 2) {
+        p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(q[j], t_bc4(a + 4 * j)));
+        p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(q[j + 1], t_bc4(a + 4 * j + 4)));
+    }
+    return _mm256_add_epi16(p0, p1);
+}
+
+/* 4-bit quants: all 8 runs in int16, widened by sc (int16 pairs: ones, or a K sub-block's scale) */
+T_AI __m256i t_dot4(const __m256i *q, const int8_t *a, __m256i sc) { return _mm256_madd_epi16(t_runs(q, a, 0, 8), sc); }
+
+/* 5-bit quants: two halves of 4 runs */
+T_AI __m256i t_dot5(const __m256i *q, const int8_t *a, __m256i sc) {
+    return _mm256_add_epi32(_mm256_madd_epi16(t_runs(q, a, 0, 4), sc), _mm256_madd_epi16(t_runs(q, a, 4, 4), sc));
+}
+
+/* Q6_K: unsigned quants, pairs of runs; sc0 / sc1 the two sub-blocks' scales as pairs, sc32 the
+ * pairs (32 sc0, 32 sc1) against t (the row's two 16-sums) */
+T_AI __m256i t_dot6(const __m256i *q, const int8_t *a, __m256i sc0, __m256i sc1, __m256i sc32, int32_t t) {
+    const __m256i h0 = _mm256_add_epi32(_mm256_madd_epi16(t_runs(q, a, 0, 2), sc0), _mm256_madd_epi16(t_runs(q, a, 2, 2), sc0));
+    const __m256i h1 = _mm256_add_epi32(_mm256_madd_epi16(t_runs(q, a, 4, 2), sc1), _mm256_madd_epi16(t_runs(q, a, 6, 2), sc1));
+    return _mm256_sub_epi32(_mm256_add_epi32(h0, h1), _mm256_madd_epi16(sc32, _mm256_set1_epi32(t)));
+}
+
+/* acc[i] = fma(float(isum_i), d8 * ad_i, acc[i]) */
+#define T_FMA(isum, i) acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d8, _mm256_set1_ps(t->d[b][i])), acc[i])
+
+/* ---- the activation tile --------------------------------------------------------------------- */
+
+/* Rows r .. r + T_ROWS - 1 of x, elements [e0, e0 + ne), into t; sums: Q6_K's t->t. */
+static void t_pack(t_act *t, const act_rows *x, int r, int e0, int ne, int sums) {
+    const int nb = ne / QK, xnb = x->k / QK, b0 = e0 / QK;
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    for (int i = 0; i < T_ROWS; i++) {
+        const int8_t *a = x->qs + (size_t)(r + i) * x->k + e0;
+        const float *d = x->d + (size_t)(r + i) * xnb + b0, *s = x->s + (size_t)(r + i) * xnb + b0;
+        for (int b = 0; b < nb; b++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(a + QK * b));
+            _mm256_store_si256((__m256i *)t->qs[b][i], v);
+            t->d[b][i] = d[b];
+            t->s[b][i] = s[b];
+            if (sums) {
+                /* 8 sums of 4 bytes, then of 16 (lane 0 of each half) */
+                __m256i q4 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, v), ones16);
+                q4 = _mm256_add_epi32(q4, _mm256_shuffle_epi32(q4, 0xB1));
+                q4 = _mm256_add_epi32(q4, _mm256_shuffle_epi32(q4, 0x4E));
+                const int lo = _mm256_cvtsi256_si32(q4), hi = _mm256_extract_epi32(q4, 4);
+                t->t[b][i] = (int32_t)(((uint32_t)lo & 0xffffu) | ((uint32_t)hi << 16));
+            }
+        }
+    }
+}
+
+/* ---- one group against the tile over a slice of nbs activation blocks -------------------------
+ * g: the group's first x8 block of the slice; acc/cor: its stash (T_ROWS each), read and written. */
+
+/* Q5_0, Q5_1: blocks of 32. q[j] for j < 4: low nibbles of run j (elements 4j..) with their
+ * fifth bits, q[4 + j] high nibbles (16 + 4j..). */
+T_AI void tg_q5(int tk, const char *g, int nbs, const t_act *t, __m256 *acc, __m256 *cor) {
+    const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    for (int b = 0; b < nbs; b++) {
+        __m256i q[8];
+        const uint8_t *qs, *qh;
+        const uint16_t *dp;
+        if (tk == T_Q5_0) {
+            const block_q5_0x8 *B = (const block_q5_0x8 *)g + b;
+            dp = B->d, qs = B->qs, qh = B->qh;
+        } else {
+            const block_q5_1x8 *B = (const block_q5_1x8 *)g + b;
+            dp = B->d, qs = B->qs, qh = B->qh;
+        }
+        const __m256i vh = _mm256_loadu_si256((const __m256i *)qh);
+        for (int j = 0; j < 4; j++) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            q[j] = _mm256_or_si256(_mm256_and_si256(w, low4), t_bit_to_4(vh, j));
+            q[4 + j] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), low4), t_bit_to_4(vh, 4 + j));
+        }
+        const __m256 d8 = t_ph(dp);
+        T_UNROLL for (int i = 0; i < T_ROWS; i++) T_FMA(t_dot5(q, t->qs[b][i], ones), i);
+    }
+    /* the correction, 4 rows at a time in registers */
+    for (int i0 = 0; i0 < T_ROWS; i0 += 4) {
+        __m256 c4[4];
+        T_UNROLL for (int i = 0; i < 4; i++) c4[i] = cor[i0 + i];
+        for (int b = 0; b < nbs; b++) {
+            const __m256 c8 = tk == T_Q5_0 ? _mm256_mul_ps(_mm256_set1_ps(-16.0f), t_ph(((const block_q5_0x8 *)g + b)->d))
+                                           : t_ph(((const block_q5_1x8 *)g + b)->m);
+            T_UNROLL for (int i = 0; i < 4; i++) c4[i] = _mm256_fmadd_ps(c8, _mm256_set1_ps(t->s[b][i0 + i]), c4[i]);
+        }
+        T_UNROLL for (int i = 0; i < 4; i++) cor[i0 + i] = c4[i];
+    }
+}
+
+/* Q4_K / Q5_K: super-blocks of 256; chunk c of 64 = sub-blocks 2c (low nibbles) and 2c+1 (high),
+ * 8 runs each: the unit is one sub-block (activation block 8s + 2c + half). nss: super-blocks. */
+T_AI void tg_k4(int tk, const char *g, int nss, const t_act *t, __m256 *acc, __m256 *cor) {
+    const int five = tk == T_Q5_K;
+    const __m256i low4 = _mm256_set1_epi8(15);
+    for (int s = 0; s < nss; s++) {
+        const uint16_t *dp;
+        const uint8_t(*sc)[ROW_GROUP];
+        const uint8_t *qs, *qh = NULL;
+        if (five) {
+            const block_q5_Kx8 *B = (const block_q5_Kx8 *)g + s;
+            dp = B->d, sc = B->sc, qs = B->qs, qh = B->qh;
+        } else {
+            const block_q4_Kx8 *B = (const block_q4_Kx8 *)g + s;
+            dp = B->d, sc = B->sc, qs = B->qs;
+        }
+        const __m256 d8 = t_ph(dp);
+        for (int c = 0; c < 4; c++)
+            for (int half = 0; half < 2; half++) {
+                __m256i q[8];
+                for (int rr = 0; rr < 8; rr++) {
+                    const __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 32 * (8 * c + rr)));
+                    q[rr] = half ? _mm256_and_si256(_mm256_srli_epi16(w, 4), low4) : _mm256_and_si256(w, low4);
+                    if (five) q[rr] = _mm256_or_si256(q[rr], t_bit_to_4(_mm256_loadu_si256((const __m256i *)(qh + 32 * rr)), 2 * c + half));
+                }
+                const __m256i scv = t_pairs_u8(sc[2 * c + half]);
+                const int b = 8 * s + 2 * c + half; /* the activation block in the slice */
+                T_UNROLL for (int i = 0; i < T_ROWS; i++) {
+                    const __m256i isum = five ? t_dot5(q, t->qs[b][i], scv) : t_dot4(q, t->qs[b][i], scv);
+                    T_FMA(isum, i);
+                }
+            }
+    }
+    /* the mins (x86_gemm_k.h k4_min_correction's operations, per super-block in order) */
+    for (int s = 0; s < nss; s++) {
+        const uint16_t *dminp;
+        const uint8_t(*mn)[ROW_GROUP];
+        if (five) {
+            const block_q5_Kx8 *B = (const block_q5_Kx8 *)g + s;
+            dminp = B->dmin, mn = B->m;
+        } else {
+            const block_q4_Kx8 *B = (const block_q4_Kx8 *)g + s;
+            dminp = B->dmin, mn = B->m;
+        }
+        const __m256 dmin8 = t_ph(dminp);
+        __m256 mf[8];
+        for (int j = 0; j < 8; j++)
+            mf[j] = _mm256_mul_ps(dmin8, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn[j]))));
+        for (int i0 = 0; i0 < T_ROWS; i0 += 4) {
+            __m256 c4[4];
+            T_UNROLL for (int i = 0; i < 4; i++) c4[i] = cor[i0 + i];
+            for (int j = 0; j < 8; j++)
+                T_UNROLL for (int i = 0; i < 4; i++) c4[i] = _mm256_fnmadd_ps(mf[j], _mm256_set1_ps(t->s[8 * s + j][i0 + i]), c4[i]);
+            T_UNROLL for (int i = 0; i < 4; i++) cor[i0 + i] = c4[i];
+        }
+    }
+}
+
+/* Q6_K: super-blocks of 256 = 2 halves x 4 quarters (activation blocks b = 4n + g) x 2
+ * sub-blocks of 16 (runs 0-3, 4-7 of the unit). nss: super-blocks. */
+T_AI void tg_q6_K(const char *g, int nss, const t_act *t, __m256 *acc) {
+    const __m256i low4 = _mm256_set1_epi8(15), lo16 = _mm256_set1_epi32(0xffff);
+    for (int s = 0; s < nss; s++) {
+        const block_q6_Kx8 *B = (const block_q6_Kx8 *)g + s;
+        const __m256 d8 = t_ph(B->d);
+        for (int n = 0; n < 2; n++)
+            for (int gq = 0; gq < 4; gq++) {
+                const int bs = 4 * n + gq, b = 8 * s + bs;
+                __m256i q[8];
+                for (int rr = 0; rr < 8; rr++) {
+                    const __m256i vl = _mm256_loadu_si256((const __m256i *)(B->q + q6x8_ql(16 * n + 8 * (gq & 1) + rr)));
+                    const __m256i vh = _mm256_loadu_si256((const __m256i *)(B->q + q6x8_qh(8 * n + rr)));
+                    const __m256i nib = gq < 2 ? _mm256_and_si256(vl, low4) : _mm256_and_si256(_mm256_srli_epi16(vl, 4), low4);
+                    q[rr] = _mm256_or_si256(nib, t_q6_high(vh, gq));
+                }
+                const __m256i v0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)B->sc[2 * bs]));
+                const __m256i v1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)B->sc[2 * bs + 1]));
+                const __m256i sc0 = _mm256_or_si256(_mm256_and_si256(v0, lo16), _mm256_slli_epi32(v0, 16));
+                const __m256i sc1 = _mm256_or_si256(_mm256_and_si256(v1, lo16), _mm256_slli_epi32(v1, 16));
+                const __m256i sc32 = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(v0, 5), lo16), _mm256_slli_epi32(v1, 21));
+                T_UNROLL for (int i = 0; i < T_ROWS; i++) {
+                    const __m256i isum = t_dot6(q, t->qs[b][i], sc0, sc1, sc32, t->t[b][i]);
+                    T_FMA(isum, i);
+                }
+            }
+    }
+}
+
+/* ---- driver ---------------------------------------------------------------------------------- */
+
+/* One group against the tile over a slice of nbs blocks of 32 (one instantiation per kind). */
+T_AI void t_group(int tk, const char *g, int nbs, const t_act *t, __m256 *acc, __m256 *cor) {
+    switch (tk) {
+    case T_Q5_0: tg_q5(T_Q5_0, g, nbs, t, acc, cor); break;
+    case T_Q5_1: tg_q5(T_Q5_1, g, nbs, t, acc, cor); break;
+    case T_Q4_K: tg_k4(T_Q4_K, g, nbs / 8, t, acc, cor); break;
+    case T_Q5_K: tg_k4(T_Q5_K, g, nbs / 8, t, acc, cor); break;
+    default: tg_q6_K(g, nbs / 8, t, acc); break;
+    }
+}
+
+/* Weight rows [o0, o1) (whole groups) against activation rows [0, n_rows) (whole tiles): per
+ * block of T_OB groups, tiles of T_ROWS rows, per slice of T_KS elements the tile packed once and
+ * every group run over it. */
+static void t_rows(int tk, float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows,
+                   int accumulate) {
+    const int k = w->n_in;
+    const size_t group_bytes = x8_bytes(w->type, k, ROW_GROUP);
+    const int unit = ggml_block_elems(w->type); /* elements per x8 block */
+    const size_t slice_bytes = group_bytes / (size_t)(k / unit) * (size_t)(T_KS / unit);
+    t_act t;
+    __m256 acc[T_OB][T_ROWS], cor[T_OB][T_ROWS];
+    for (int ob = o0; ob < o1; ob += T_OB * ROW_GROUP) {
+        const int ng = (o1 - ob < T_OB * ROW_GROUP ? o1 - ob : T_OB * ROW_GROUP) / ROW_GROUP;
+        for (int r = 0; r < n_rows; r += T_ROWS) {
+            for (int gi = 0; gi < ng; gi++)
+                for (int i = 0; i < T_ROWS; i++) acc[gi][i] = cor[gi][i] = _mm256_setzero_ps();
+            for (int e0 = 0; e0 < k; e0 += T_KS) {
+                const int ne = k - e0 < T_KS ? k - e0 : T_KS;
+                t_pack(&t, x, r, e0, ne, tk == T_Q6_K);
+                for (int gi = 0; gi < ng; gi++) {
+                    const char *g = (const char *)w->x8 + (size_t)(ob / ROW_GROUP + gi) * group_bytes +
+                                    (size_t)(e0 / T_KS) * slice_bytes;
+                    switch (tk) {
+#define T_CASE(K) case K: t_group(K, g, ne / QK, &t, acc[gi], cor[gi]); break;
+                    T_CASE(T_Q5_0) T_CASE(T_Q5_1) T_CASE(T_Q4_K) T_CASE(T_Q5_K) T_CASE(T_Q6_K)
+#undef T_CASE
+                    default: break;
+                    }
+                }
+            }
+            for (int gi = 0; gi < ng; gi++)
+                for (int i = 0; i < T_ROWS; i++) {
+                    float *dst = y + (size_t)(r + i) * ldy + ob + ROW_GROUP * gi;
+                    __m256 v = _mm256_add_ps(acc[gi][i], cor[gi][i]);
+                    if (accumulate) v = _mm256_add_ps(_mm256_loadu_ps(dst), v);
+                    _mm256_storeu_ps(dst, v);
+                }
+        }
+    }
+}
+
+int gemm_tiles_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows,
+                    int accumulate) {
+    int tk;
+    switch (w->type) {
+    case GGML_TYPE_Q5_0: tk = T_Q5_0; break;
+    case GGML_TYPE_Q5_1: tk = T_Q5_1; break;
+    case GGML_TYPE_Q4_K: tk = T_Q4_K; break;
+    case GGML_TYPE_Q5_K: tk = T_Q5_K; break;
+    case GGML_TYPE_Q6_K: tk = T_Q6_K; break;
+    default: return o0;
+    }
+    if (n_rows % T_ROWS || !w->x8) return o0;
+    int end = w->n_out / ROW_GROUP * ROW_GROUP;
+    if (end > o1) end = o1;
+    if (end <= o0) return o0;
+    t_rows(tk, y, ldy, w, o0, end, x, n_rows, accumulate);
+    return end;
+}
+
+#endif /* x86 */

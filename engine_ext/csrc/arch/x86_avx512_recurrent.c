@@ -10,6 +10,11 @@
  *     8-lane sums end with its horizontal sum and its scalar tail. What it gains is 8 rows in
  *     flight (4 vectors): the AVX2 kernel's one row at a time waits on one chain of dependent
  *     FMAs per pass.
+ *   - gdn_steps (prefill: a run of tokens) takes 16 rows at a time through every token of the
+ *     run, in a copy where each vector is one 64-byte load (8 columns of two rows side by side),
+ *     and sums the 16 rows together with hsum8's adds in hsum8's tree (hsum8_x16); d not a
+ *     multiple of 8, or over HOT_D, runs gdn_step's pairs instead. The state's 64 KiB is then
+ *     neither streamed from L2 once a token nor split into 256-bit halves.
  *   - ssm_conv and shortconv are lane-wise (the same FMA or multiply-then-add per tap, in tap
  *     order), 16 channels a vector, the rest through the AVX2 variant's own code
  *     (x86_avx2_recurrent.h).
@@ -116,11 +121,88 @@ void gdn_step_avx512(float *S, const float *src, float *o, const float *q, const
     for (; j < d; j++) gdn_row_avx2(S + (size_t)j * d, src + (size_t)j * d, o + j, q, k, v[j], decay, beta, scale, d);
 }
 
+#define HOT_D 256 /* widest row the interleaved block of gdn_steps_avx512 holds (16 KiB) */
+
+/* hsum8 of both halves of eight vectors (16 rows: row 2p in the low half of a[p], row 2p + 1 in
+ * the high one) at once, by the same adds in the same tree as hsum8 (x = lo4 + hi4; y0 = x0 + x2,
+ * y1 = x1 + x3; y0 + y1): lane 4b + m of the result holds row 4m + b (a 4 x 4 transpose). */
+static inline __m512 hsum8_x16(const __m512 *a) {
+    __m512 l1[4], l2[2];
+    for (int i = 0; i < 4; i++) /* blocks [a0 + a1, a2 + a3, b0 + b1, b2 + b3]: rows 4i .. 4i + 3 */
+        l1[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int i = 0; i < 2; i++) /* block b: rows 8i + b, 8i + 4 + b, each (x0 + x2, x1 + x3) */
+        l2[i] = _mm512_add_ps(_mm512_shuffle_ps(l1[2 * i], l1[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_ps(l1[2 * i], l1[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* block b: rows b, 4 + b, 8 + b, 12 + b, each y0 + y1 */
+    return _mm512_add_ps(_mm512_shuffle_ps(l2[0], l2[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(l2[0], l2[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* gdn_steps_avx512's block of 16 rows of d (a multiple of 8, at most HOT_D) through n tokens in an
+ * interleaved copy: vector (c, p) = columns 8c .. 8c + 7 of rows 2p (low half) and 2p + 1 (high
+ * half), so each is one 512-bit load and store; the 16 rows' sums together (hsum8_x16), their
+ * deltas and outputs lane-wise. Per row, the operations of gdn_pairs in the same order. */
+static void gdn_block16(float *S, float *o, int ldo, const float *q, const float *k, const float *v, int ldv,
+                        const float *decay, const float *beta, int ldg, float scale, int d, int n, int j) {
+    _Alignas(64) float B[HOT_D / 8][HOT_PAIRS][16];
+    const int nc = d / 8;
+    for (int c = 0; c < nc; c++)
+        for (int p = 0; p < HOT_PAIRS; p++)
+            _mm512_store_ps(B[c][p], ld_rows2(S + (size_t)(j + 2 * p) * d + 8 * c, S + (size_t)(j + 2 * p + 1) * d + 8 * c));
+    /* lane L of a sum vector holds row 4 (L % 4) + L / 4, and row r is in lane 4 (r % 4) + r / 4 */
+    const __m512i tr = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    __m512i half[HOT_PAIRS]; /* pair p: row 2p's lane in the low half, row 2p + 1's in the high */
+    for (int p = 0; p < HOT_PAIRS; p++) {
+        const int r0 = 2 * p, r1 = 2 * p + 1;
+        half[p] = _mm512_mask_blend_epi32(0xFF00, _mm512_set1_epi32(4 * (r0 % 4) + r0 / 4),
+                                          _mm512_set1_epi32(4 * (r1 % 4) + r1 / 4));
+    }
+    for (int t = 0; t < n; t++) {
+        const float *kt = k + (size_t)t * d, *qt = q + (size_t)t * d;
+        const __m512 vdecay = _mm512_set1_ps(decay[(size_t)t * ldg]);
+        __m512 acc[HOT_PAIRS];
+        for (int p = 0; p < HOT_PAIRS; p++) acc[p] = _mm512_setzero_ps();
+        for (int c = 0; c < nc; c++) {
+            const __m512 kk = bcast8(kt + 8 * c);
+            for (int p = 0; p < HOT_PAIRS; p++) {
+                const __m512 r = _mm512_mul_ps(_mm512_load_ps(B[c][p]), vdecay);
+                _mm512_store_ps(B[c][p], r);
+                acc[p] = _mm512_fmadd_ps(r, kk, acc[p]);
+            }
+        }
+        /* delta of row r = (v_r - sk_r) beta, in the sums' lane order */
+        const __m512 vt = _mm512_permutexvar_ps(tr, _mm512_loadu_ps(v + (size_t)t * ldv + j));
+        const __m512 delta =
+            _mm512_mul_ps(_mm512_sub_ps(vt, hsum8_x16(acc)), _mm512_set1_ps(beta[(size_t)t * ldg]));
+        __m512 vdelta[HOT_PAIRS];
+        for (int p = 0; p < HOT_PAIRS; p++) {
+            vdelta[p] = _mm512_permutexvar_ps(half[p], delta);
+            acc[p] = _mm512_setzero_ps();
+        }
+        for (int c = 0; c < nc; c++) {
+            const __m512 kk = bcast8(kt + 8 * c), qq = bcast8(qt + 8 * c);
+            for (int p = 0; p < HOT_PAIRS; p++) {
+                const __m512 r = _mm512_fmadd_ps(vdelta[p], kk, _mm512_load_ps(B[c][p]));
+                _mm512_store_ps(B[c][p], r);
+                acc[p] = _mm512_fmadd_ps(r, qq, acc[p]);
+            }
+        }
+        const __m512 out = _mm512_mul_ps(hsum8_x16(acc), _mm512_set1_ps(scale));
+        _mm512_storeu_ps(o + (size_t)t * ldo + j, _mm512_permutexvar_ps(tr, out));
+    }
+    for (int c = 0; c < nc; c++)
+        for (int p = 0; p < HOT_PAIRS; p++)
+            st_rows2(S + (size_t)(j + 2 * p) * d + 8 * c, S + (size_t)(j + 2 * p + 1) * d + 8 * c, _mm512_load_ps(B[c][p]));
+}
+
 /* Each block of 2 x HOT_PAIRS rows (then single pairs, then a last odd row) through all n tokens:
  * every row runs the operations gdn_step_avx512 runs on it, token after token. */
 void gdn_steps_avx512(float *S, float *o, int ldo, const float *q, const float *k, const float *v, int ldv,
                       const float *decay, const float *beta, int ldg, float scale, int d, int n) {
     int j = 0;
+    if (d % 8 == 0 && d <= HOT_D)
+        for (; j + 2 * HOT_PAIRS <= d; j += 2 * HOT_PAIRS) gdn_block16(S, o, ldo, q, k, v, ldv, decay, beta, ldg, scale, d, n, j);
     for (; j + 2 * HOT_PAIRS <= d; j += 2 * HOT_PAIRS)
         for (int t = 0; t < n; t++)
             gdn_pairs(S, S, o + (size_t)t * ldo, q + (size_t)t * d, k + (size_t)t * d, v + (size_t)t * ldv,

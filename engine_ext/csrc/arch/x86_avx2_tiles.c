@@ -42,6 +42,7 @@
 
 #include "../kernels.h"
 #include "../quant_k.h"
+#include "x86_avx2_bits.h"
 #include "x86_avx2_tiles.h"
 
 #define T_ROWS T8_ROWS /* activation rows per tile */
@@ -62,48 +63,18 @@ typedef struct {
     _Alignas(32) int32_t t[T_NB][T_ROWS];     /* Q6_K: the sums of the two 16s as an int16 pair */
 } t_act;
 
-/* 4 activation bytes broadcast to every 32-bit lane */
-T_AI __m256i t_bc4(const int8_t *a) {
-    int32_t v;
-    memcpy(&v, a, 4);
-    return _mm256_set1_epi32(v);
-}
-
 T_AI __m256 t_ph(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
-
-/* 8 bytes -> 8 int32 lanes holding the int16 pair (v, v): vpmaddwd then scales a pair sum */
-T_AI __m256i t_pairs_u8(const uint8_t *p) {
-    const __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-    return _mm256_or_si256(v, _mm256_slli_epi32(v, 16));
-}
-
-/* bit `bit` of every byte moved to bit 4 */
-T_AI __m256i t_bit_to_4(__m256i v, int bit) {
-    const __m256i s = bit <= 4 ? _mm256_sll_epi16(v, _mm_cvtsi32_si128(4 - bit)) : _mm256_srl_epi16(v, _mm_cvtsi32_si128(bit - 4));
-    return _mm256_and_si256(s, _mm256_set1_epi8(16));
-}
-
-/* Q6_K quarter g's fifth and sixth bits at bits 4-5 */
-T_AI __m256i t_q6_high(__m256i vh, int g) {
-    const __m256i m = _mm256_set1_epi8(0x30);
-    switch (g) {
-    case 0: return _mm256_and_si256(_mm256_slli_epi16(vh, 4), m);
-    case 1: return _mm256_and_si256(_mm256_slli_epi16(vh, 2), m);
-    case 2: return _mm256_and_si256(vh, m);
-    default: return _mm256_and_si256(_mm256_srli_epi16(vh, 2), m);
-    }
-}
 
 /* ---- integer dot products of a unit (q[j] against bytes 4j.. of a row's 32 at a) ------------ */
 
 /* int16 sum of runs j0 .. j0 + n - 1 (two chains) */
 T_AI __m256i t_runs(const __m256i *q, const int8_t *a, int j0, int n) {
-    __m256i p0 = _mm256_maddubs_epi16(q[j0], t_bc4(a + 4 * j0));
+    __m256i p0 = _mm256_maddubs_epi16(q[j0], bcast4(a + 4 * j0));
     if (n == 1) return p0;
-    __m256i p1 = _mm256_maddubs_epi16(q[j0 + 1], t_bc4(a + 4 * j0 + 4));
+    __m256i p1 = _mm256_maddubs_epi16(q[j0 + 1], bcast4(a + 4 * j0 + 4));
     for (int j = j0 + 2; j < j0 + n; j += 2) {
-        p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(q[j], t_bc4(a + 4 * j)));
-        p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(q[j + 1], t_bc4(a + 4 * j + 4)));
+        p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(q[j], bcast4(a + 4 * j)));
+        p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(q[j + 1], bcast4(a + 4 * j + 4)));
     }
     return _mm256_add_epi16(p0, p1);
 }
@@ -174,8 +145,8 @@ T_AI void tg_q5(int tk, const char *g, int nbs, const t_act *t, __m256 *acc, __m
         const __m256i vh = _mm256_loadu_si256((const __m256i *)qh);
         for (int j = 0; j < 4; j++) {
             const __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-            q[j] = _mm256_or_si256(_mm256_and_si256(w, low4), t_bit_to_4(vh, j));
-            q[4 + j] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), low4), t_bit_to_4(vh, 4 + j));
+            q[j] = _mm256_or_si256(_mm256_and_si256(w, low4), bit_to_4(vh, j));
+            q[4 + j] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), low4), bit_to_4(vh, 4 + j));
         }
         const __m256 d8 = t_ph(dp);
         T_UNROLL for (int i = 0; i < T_ROWS; i++) T_FMA(t_dot5(q, t->qs[b][i], ones), i);
@@ -216,9 +187,9 @@ T_AI void tg_k4(int tk, const char *g, int nss, const t_act *t, __m256 *acc, __m
                 for (int rr = 0; rr < 8; rr++) {
                     const __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 32 * (8 * c + rr)));
                     q[rr] = half ? _mm256_and_si256(_mm256_srli_epi16(w, 4), low4) : _mm256_and_si256(w, low4);
-                    if (five) q[rr] = _mm256_or_si256(q[rr], t_bit_to_4(_mm256_loadu_si256((const __m256i *)(qh + 32 * rr)), 2 * c + half));
+                    if (five) q[rr] = _mm256_or_si256(q[rr], bit_to_4(_mm256_loadu_si256((const __m256i *)(qh + 32 * rr)), 2 * c + half));
                 }
-                const __m256i scv = t_pairs_u8(sc[2 * c + half]);
+                const __m256i scv = scale_pairs_u8(sc[2 * c + half]);
                 const int b = 8 * s + 2 * c + half; /* the activation block in the slice */
                 T_UNROLL for (int i = 0; i < T_ROWS; i++) {
                     const __m256i isum = five ? t_dot5(q, t->qs[b][i], scv) : t_dot4(q, t->qs[b][i], scv);
@@ -266,7 +237,7 @@ T_AI void tg_q6_K(const char *g, int nss, const t_act *t, __m256 *acc) {
                     const __m256i vl = _mm256_loadu_si256((const __m256i *)(B->q + q6x8_ql(16 * n + 8 * (gq & 1) + rr)));
                     const __m256i vh = _mm256_loadu_si256((const __m256i *)(B->q + q6x8_qh(8 * n + rr)));
                     const __m256i nib = gq < 2 ? _mm256_and_si256(vl, low4) : _mm256_and_si256(_mm256_srli_epi16(vl, 4), low4);
-                    q[rr] = _mm256_or_si256(nib, t_q6_high(vh, gq));
+                    q[rr] = _mm256_or_si256(nib, q6_high(vh, gq));
                 }
                 const __m256i v0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)B->sc[2 * bs]));
                 const __m256i v1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)B->sc[2 * bs + 1]));

@@ -15,30 +15,12 @@
 #include "../kernels.h"
 #include "x86_attn_tiles.h"
 #include "x86_avx2_math.h"
+#include "x86_avx512_math.h"
 
 #define TILE_U2 6     /* pairs per score tile with 2 partial sums: 6 x 2 halves x 2 accumulators */
 #define TILE_U4 3     /* with 4 partial sums: 3 x 2 x 4 */
 #define TILE_V 6      /* pairs per value tile: 6 x VCHUNKS accumulators */
 #define VCHUNKS 4     /* 16-float chunks of the head per value tile */
-
-/* exp(x) as x86_avx2_math.h's exp256, lane for lane (same operations in the same order). */
-static inline __m512 exp512(__m512 x) {
-    x = _mm512_min_ps(x, _mm512_set1_ps(88.0f));
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500E-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-}
 
 static inline __m256 hi256(__m512 x) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)); }
 

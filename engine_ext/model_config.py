@@ -45,19 +45,6 @@ from .errors import UnsupportedModelError
 if TYPE_CHECKING:
     from .gguf_file import TensorRef
 
-# Per-layer tensors every architecture has: blk.{i}.{suffix}.weight.
-LAYER_TENSORS = (
-    "attn_norm",
-    "attn_q",
-    "attn_k",
-    "attn_v",
-    "attn_output",
-    "ffn_norm",
-    "ffn_gate",
-    "ffn_up",
-    "ffn_down",
-)
-
 
 class RopeMode(enum.IntEnum):
     """How RoPE pairs a head's dimensions (values: engine.h ROPE_*)."""

@@ -18,6 +18,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "slotserve.bench.tools",
         "tool-call recall and false calls of a served model (tool_choice auto)",
     ),
+    "versus": (
+        "slotserve.bench.versus",
+        "slotserve against llama.cpp's llama-bench on the same files, alternating, ratios per round",
+    ),
     "replica-sim": (
         "slotserve.bench.replica_sim",
         "N replicas x M slots: cache-aware vs round-robin vs random routing",

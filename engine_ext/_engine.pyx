@@ -285,6 +285,11 @@ cdef class Engine:
             raise RuntimeError("forward: a step walked another number of phases than the engine counted (engine bug)")
         return status
 
+    def workers_busy(self) -> int:
+        """Pool workers inside a task at this instant (engine_workers_busy; tests: 0 after any
+        forward has returned)."""
+        return engine_workers_busy(self.e)
+
     def moe_active(self) -> list:
         """Per layer, the experts the last step ran (each once for all the rows that chose it);
         0 on dense layers."""

@@ -181,6 +181,7 @@ cdef extern from "engine.h" nogil:
     void engine_destroy(engine *e)
     size_t engine_kv_bytes(const engine *e)
     int engine_n_threads(const engine *e)
+    int engine_workers_busy(engine *e)
     int engine_moe_active(const engine *e, int layer)
     int engine_forward(engine *e, const engine_item *items, int n_items, float *logits, int fault_layer)
     size_t engine_kv_snapshot_bytes(const engine *e, int n)

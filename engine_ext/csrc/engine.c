@@ -756,6 +756,8 @@ void engine_destroy(engine *e) {
 size_t engine_kv_bytes(const engine *e) { return e->kv_bytes; }
 int engine_ring_len(const engine *e) { return e->ring_len; }
 int engine_n_threads(const engine *e) { return threadpool_size(e->tp); }
+
+int engine_workers_busy(engine *e) { return threadpool_busy(e->tp); }
 int engine_moe_active(const engine *e, int layer) {
     return e->mn_active && layer >= 0 && layer < e->m.n_layers && is_moe_layer(&e->layers[layer]) ? e->mn_active[layer] : 0;
 }
@@ -1717,9 +1719,6 @@ int engine_forward(engine *e, const engine_item *items, int n_items, float *logi
     int item = 0, offset = 0, logit_base = 0;
     int first_step = 1;
     while (item < n_items) {
-        /* NOTE: workers may still be walking the previous step (threadpool.h): wait for them
-         * before touching any step field. */
-        threadpool_wait_idle(e->tp);
         /* gather the next step: up to max_tokens rows, whole segments where they fit */
         e->n_rows = e->n_segs = e->n_logits = 0;
         while (item < n_items && e->n_rows < e->max_tokens) {
@@ -1758,6 +1757,15 @@ int engine_forward(engine *e, const engine_item *items, int n_items, float *logi
         }
         e->phases_run = 0;
         threadpool_run(e->tp, step_worker, e);
+        /* NOTE: the caller's walk ends when every phase's units are done, but a worker that
+         * lost the CPU may still be walking the step: it finds every unit taken, yet it reads
+         * the step's fields to count each phase's units and bumps the phase counters. Waiting
+         * only before the next step sufficed while engine_forward alone writes what a count
+         * reads; a count read from anything changed between calls (a tunable, a slot's state)
+         * could exceed the step's, and the worker would run a unit past the end (into the
+         * returned logits) and wait forever for the rest. So no worker touches e once
+         * engine_forward returns (tests/engine/test_engine_threads.py). */
+        threadpool_wait_idle(e->tp);
         if (e->fault_layer >= 0 && e->fault_layer < e->m.n_layers) return ENGINE_EFAULT;
         /* thread 0 is this thread: it wrote phases_run at its walk's end */
         if (e->phases_run != e->n_phases) return ENGINE_EINTERNAL;

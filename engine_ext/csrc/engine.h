@@ -134,6 +134,9 @@ size_t engine_kv_bytes(const engine *e);
 /* Rows of a ring layer's planes; 0 when the engine keeps full planes on every layer. */
 int engine_ring_len(const engine *e);
 int engine_n_threads(const engine *e);
+/* Pool workers inside a task right now (a snapshot for tests: 0 whenever no call is running,
+ * since engine_forward returns only once its workers have left the step). */
+int engine_workers_busy(engine *e);
 /* Mixture of experts: the experts layer l ran in the last step, each once for all the step's
  * rows that chose it (so no other expert's weights were read); 0 on a dense layer or model. */
 int engine_moe_active(const engine *e, int layer);

@@ -153,6 +153,8 @@ void threadpool_wait_idle(threadpool *tp) {
     threadpool_count_wait(tp, &tp->n_done, (unsigned)tp->n_threads - 1);
 }
 
+int threadpool_busy(threadpool *tp) { return tp->n_threads - 1 - (int)atomic_load(&tp->n_done); }
+
 void threadpool_run(threadpool *tp, threadpool_fn fn, void *ctx) {
     if (tp->n_threads == 1) {
         fn(ctx, 0, 1);

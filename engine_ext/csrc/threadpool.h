@@ -6,7 +6,9 @@
  * work is split into units grabbed from shared counters, and a phase ends when its units are
  * done (threadpool_count_wait), not when every thread has arrived. A worker that was
  * descheduled simply finds the units taken. The next run (and destroy) first waits until
- * every worker has left the previous task.
+ * every worker has left the previous task; a caller that changes what the task reads, or
+ * frees it, before then calls threadpool_wait_idle first (engine_forward does so before it
+ * returns).
  *
  * Waits spin briefly and then block (a futex on Linux), so idle workers sleep.
  */
@@ -26,6 +28,8 @@ int threadpool_size(const threadpool *tp);
 void threadpool_run(threadpool *tp, threadpool_fn fn, void *ctx);
 /* Wait until no worker is inside a task. */
 void threadpool_wait_idle(threadpool *tp);
+/* Workers inside a task now (0: idle; a snapshot, for tests). */
+int threadpool_busy(threadpool *tp);
 /* Add one to a completion counter and wake its waiters. */
 void threadpool_count_add(threadpool *tp, atomic_uint *counter);
 /* Wait until *counter >= target. */

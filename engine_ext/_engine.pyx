@@ -52,6 +52,13 @@ def peak_macs(str mix, long iters) -> int:
     return done
 
 
+def avx2_tile_pairs(int ggml_type) -> int:
+    """(activation row, output) pairs the avx2 variant's prefill tiles (arch/x86_avx2_tiles.c)
+    computed for weights of this ggml type since the process started, over all threads (0 off
+    x86): a call of whole 16-row tiles on a tiled type adds rows x whole-group outputs."""
+    return gemm_tiles_avx2_pairs(ggml_type)
+
+
 def row_bytes(int ggml_type, int k) -> int:
     return ggml_row_bytes(ggml_type, k)
 

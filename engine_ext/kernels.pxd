@@ -85,6 +85,7 @@ cdef extern from "kernels.h" nogil:
     int kernels_avx2_supported()
     int kernels_avx512vnni_supported()
     long kernel_peak_macs(const char *mix, long iters)
+    long long gemm_tiles_avx2_pairs(int type)
     size_t ggml_row_bytes(int type, int k)
     int ggml_block_elems(int type)
     size_t attn_scratch_floats(int ctx_len, int head_dim)

@@ -192,6 +192,10 @@ int kernels_avx512vnni_supported(void);
  * instruction mix ("vnni512", "vnni256", "avx2") on independent accumulators, or 0 when this
  * CPU lacks it: the throughput peak `slotserve bench kernels` reports the GEMMs against. */
 long kernel_peak_macs(const char *mix, long iters);
+/* arch/x86_avx2_tiles.c: the (activation row, output) pairs the avx2 variant's prefill tiles have
+ * computed for weights of `type` since the process started (all threads; 0 off x86): lets a test
+ * check that a call of whole tiles ran on them, not on the row-group kernels they replace. */
+long long gemm_tiles_avx2_pairs(int type);
 
 /* Generic (portable) kernels. */
 void quantize_q8a_generic(int8_t *qs, float *d, float *s, const float *x, int k);

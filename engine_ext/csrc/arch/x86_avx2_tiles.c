@@ -306,6 +306,9 @@ static void t_rows(int tk, float *y, int ldy, const gemm_weight *w, int o0, int 
     }
 }
 
+/* (activation row, output) pairs the tiles computed, per weight type (gemm_tiles_avx2_pairs) */
+static unsigned long long tile_pairs[GGML_TYPE_COUNT];
+
 int gemm_tiles_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows,
                     int accumulate) {
     int tk;
@@ -322,7 +325,19 @@ int gemm_tiles_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, con
     if (end > o1) end = o1;
     if (end <= o0) return o0;
     t_rows(tk, y, ldy, w, o0, end, x, n_rows, accumulate);
+    __atomic_fetch_add(&tile_pairs[w->type], (unsigned long long)n_rows * (unsigned long long)(end - o0), __ATOMIC_RELAXED);
     return end;
+}
+
+long long gemm_tiles_avx2_pairs(int type) {
+    return type >= 0 && type < GGML_TYPE_COUNT ? (long long)__atomic_load_n(&tile_pairs[type], __ATOMIC_RELAXED) : 0;
+}
+
+#else
+
+long long gemm_tiles_avx2_pairs(int type) {
+    (void)type;
+    return 0;
 }
 
 #endif /* x86 */

@@ -1,4 +1,4 @@
-/* The avx2 variant's prefill tiles (x86_avx2_tiles.c): calls of T8_MIN_ROWS activation rows or
+/* The avx2 variant's prefill tiles (x86_avx2_tiles.c): calls of T8_ROWS activation rows or
  * more of the block types Q5_0, Q5_1, Q4_K, Q5_K and Q6_K. */
 #ifndef SLOTSERVE_X86_AVX2_TILES_H
 #define SLOTSERVE_X86_AVX2_TILES_H

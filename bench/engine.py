@@ -21,6 +21,10 @@ filled with N random tokens (untimed, once per depth), then
     tg128_dN               128 decode steps after the N
 
 and nothing else (the depth-0 figures and batches are skipped: a depth run is long).
+`--batch-ratio PAIRS` measures only 4 slots decoding against one slot (batch_ratio): PAIRS
+one-slot and 4-slot steps alternating at the same positions and tokens, greedy, after untimed
+warm-up pairs; the per-token speed-up 4 x t1 / t4 of the median steps, and its spread over
+blocks of 10 pairs.
 `--kv-type f16|q8_0` sets the KV element type of every pool (as `serve --kv-type`).
 
 Prefill figures are the mean of --reps timed runs after one untimed warm-up run of the same size
@@ -90,6 +94,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--step-ms",
         action="store_true",
         help="also print milliseconds per decode step of 1, 2, 4 and 8 slots (pool.forward alone)",
+    )
+    parser.add_argument(
+        "--batch-ratio",
+        type=int,
+        metavar="PAIRS",
+        help=f"measure only 4 slots decoding against one slot: PAIRS one-slot and {RATIO_SLOTS}-slot steps "
+        "alternating at the same depths, per-token speed-up of the median steps and its spread",
     )
     parser.add_argument(
         "--depth",
@@ -239,6 +250,63 @@ def step_ms(pool: Any, n_vocab: int, batch_sizes: tuple[int, ...], rng: Any) -> 
     return best
 
 
+RATIO_SLOTS = 4  # --batch-ratio: the batch measured against one slot
+RATIO_CONTEXT = 64  # --batch-ratio: tokens each slot holds before the first pair
+RATIO_WARMUP = 4  # --batch-ratio: untimed pairs first (the pool's scratch pages, the weights' TLB)
+RATIO_BLOCK = 10  # --batch-ratio: pairs per block of the spread
+
+
+def batch_ratio(pool: Any, n_vocab: int, pairs: int, rng: Any) -> dict[str, Any]:
+    """4 slots decoding against one: `pairs` pairs of a one-slot step (slot 0) and a
+    RATIO_SLOTS-slot step (slots 0 .. RATIO_SLOTS - 1), timed around pool.forward alone, after
+    RATIO_WARMUP untimed pairs. Every slot is prefilled with RATIO_CONTEXT random tokens and
+    decodes greedily; both steps of pair i run at position RATIO_CONTEXT + i with the same
+    tokens (slot 0 is cut back by the one token its lone step added, so the batch step rewrites
+    that row), so both sizes see the same depth and KV; the order within a pair alternates, so
+    neither size always follows the other. Returns the median step of each size (ms), the
+    per-token speed-up RATIO_SLOTS x t1 / t4 of those medians, and the same ratio over each
+    block of RATIO_BLOCK consecutive pairs (its spread on a shared machine). Side effect:
+    refills slots 0 .. RATIO_SLOTS - 1."""
+    import numpy as np
+
+    slots = list(range(RATIO_SLOTS))
+    last = []
+    for s in slots:
+        pool.truncate(s, 0)
+        prompt = rng.integers(0, n_vocab, RATIO_CONTEXT).astype(np.int32)
+        last.append(int(np.argmax(pool.forward([(s, prompt, 0, True)])[0])))
+    t1: list[float] = []
+    t4: list[float] = []
+    for i in range(RATIO_WARMUP + pairs):
+        pos = RATIO_CONTEXT + i
+        one = [(0, np.array(last[:1], np.int32), pos, True)]
+        batch = [(s, np.array([last[s]], np.int32), pos, True) for s in slots]
+        for lone in (True, False) if i % 2 == 0 else (False, True):
+            pool.truncate(0, pos)
+            t = time.perf_counter()
+            logits = pool.forward(one if lone else batch)
+            (t1 if lone else t4).append(time.perf_counter() - t)
+            if not lone:
+                last = [int(np.argmax(row)) for row in logits]
+    del t1[:RATIO_WARMUP], t4[:RATIO_WARMUP]
+
+    def ratio(a: list[float], b: list[float]) -> float:
+        return RATIO_SLOTS * statistics.median(a) / statistics.median(b)
+
+    blocks = [
+        round(ratio(t1[i : i + RATIO_BLOCK], t4[i : i + RATIO_BLOCK]), 2)
+        for i in range(0, pairs - RATIO_BLOCK + 1, RATIO_BLOCK)
+    ]
+    return {
+        "pairs": pairs,
+        "positions": [RATIO_CONTEXT + RATIO_WARMUP, RATIO_CONTEXT + RATIO_WARMUP + pairs - 1],
+        "step_ms_1": round(statistics.median(t1) * 1e3, 3),
+        f"step_ms_{RATIO_SLOTS}": round(statistics.median(t4) * 1e3, 3),
+        "ratio": round(ratio(t1, t4), 3),
+        "blocks": blocks,
+    }
+
+
 def measure(
     pool: Any,
     n_vocab: int,
@@ -343,6 +411,9 @@ def run(args: argparse.Namespace) -> int:
     depths = args.depth or []
     if any(d < 0 for d in depths):
         raise SystemExit("--depth must be >= 0")
+    pairs = args.batch_ratio
+    if pairs is not None and (pairs < 1 or depths):
+        raise SystemExit("--batch-ratio takes a number of pairs >= 1, and not with --depth")
     sizes = synthetic.BenchSizes(PREFILL_SIZES, DECODE_STEPS, DEPTH)
     long_len = 300
     if args.synthetic:
@@ -367,6 +438,8 @@ def run(args: argparse.Namespace) -> int:
     ctx_len = max(*sizes.prefill, sizes.depth + sizes.decode_steps, long_len) + 16
     if depths:
         ctx_len = max(max(depths) + DEPTH_PREFILL, long_len) + 16
+    if pairs:
+        ctx_len = max(RATIO_CONTEXT + RATIO_WARMUP + pairs, long_len) + 16
     info: dict[str, Any] = {"model": str(path), "machine": machine(), "command": "slotserve bench engine"}
     if args.synthetic:
         info["synthetic"] = args.synthetic
@@ -392,7 +465,7 @@ def run(args: argparse.Namespace) -> int:
         path.name == DEFAULT_MODEL_NAME,
         long_len,
     )
-    batch_sizes = (4,) if args.synthetic else (4, 8)  # 8 slots of an 8B model's KV: too much memory
+    batch_sizes = (4,) if args.synthetic or pairs else (4, 8)  # 8 slots of an 8B model's KV: too much memory
     # the validated pool is the one measured when it would be the same (one thread count; 4 slots,
     # or a depth run, which uses slot 0): a big model is then loaded once
     validated: Any = pool if len(threads) == 1 and (max(batch_sizes) == 4 or depths) else None
@@ -408,6 +481,23 @@ def run(args: argparse.Namespace) -> int:
 
     info["results"] = {}
     for t in threads:
+        if pairs:
+            pool = (
+                validated if validated is not None else SlotPool(model, RATIO_SLOTS, ctx_len, threads=t, **kv)
+            )
+            validated = None
+            ratio = batch_ratio(pool, model.config.n_vocab, pairs, np.random.default_rng(0))
+            del pool
+            info["results"][f"threads={t}"] = {"batch_ratio": ratio}
+            if not args.json:
+                blocks = ratio["blocks"] or [ratio["ratio"]]
+                print(
+                    f"threads {t}: {RATIO_SLOTS} slots vs 1, {pairs} pairs alternating at positions "
+                    f"{ratio['positions'][0]}-{ratio['positions'][1]}: median step {ratio['step_ms_1']:.2f} / "
+                    f"{ratio[f'step_ms_{RATIO_SLOTS}']:.2f} ms, {ratio['ratio']:.2f}x per token "
+                    f"(blocks of {RATIO_BLOCK} pairs: {min(blocks):.2f}-{max(blocks):.2f}x)"
+                )
+            continue
         if depths:
             pool = validated if validated is not None else SlotPool(model, 1, ctx_len, threads=t, **kv)
             validated = None

@@ -112,15 +112,16 @@
 #include "threadpool.h"
 
 #define MIN_GEMM_CHUNK 16       /* fewest output rows in one dynamic matmul chunk */
-#define STREAM_PCT 75           /* one-row matmuls: the share of the rows in one run a thread (stream_phase) */
-#define STREAM_TAIL_CHUNKS 4    /* one-row matmuls: units a thread for the rest */
+#define STREAM_PCT 75           /* streamed matmuls: the share of the rows in one run a thread (stream_phase) */
+#define STREAM_TAIL_CHUNKS 4    /* streamed matmuls: units a thread for the rest */
 #define CHUNKS_PER_THREAD 8     /* dynamic matmul chunks per thread (load balance) */
 #define PAIRED_CHUNKS_PER_THREAD 4 /* the same for calls of PAIRED_ROWS rows or more: each call
                                       repacks its activation tiles (arch/x86_gemm_z16.h), so
                                       fewer, wider chunks */
 #define PAIRED_ROWS 9           /* from this many activation rows, matmul chunks hold whole pairs of
                                    row groups: the avx512vnni prefill tiles take two at once
-                                   (arch/x86_gemm_z16.h Z_MIN_ROWS) */
+                                   (arch/x86_gemm_z16.h Z_MIN_ROWS); matmul_phase streams the
+                                   calls of fewer (decode steps of 1-8 slots: stream_phase) */
 /* norm, qkv, rope, attention, merge, quantize, output, post-norm, norm, gate/up, act, down, post-norm,
  * and MOE_EXTRA_PHASES the MoE FFN block walks beyond the dense one (moe_block) */
 #define MOE_EXTRA_PHASES 4
@@ -989,8 +990,8 @@ static act_rows input_view(const engine *e, const float *f, int k) {
     return a;
 }
 
-/* Output rows per matmul unit: a multiple of two ROW_GROUPs, about CHUNKS_PER_THREAD units per
- * thread (PAIRED_CHUNKS_PER_THREAD from PAIRED_ROWS rows), and at least MIN_GEMM_CHUNK.
+/* Output rows per dynamic matmul unit: a multiple of two ROW_GROUPs, about CHUNKS_PER_THREAD units
+ * per thread (PAIRED_CHUNKS_PER_THREAD from PAIRED_ROWS rows), and at least MIN_GEMM_CHUNK.
  * NOTE: whole pairs of groups at every row count: the 512-bit kernels of a decode step
  * (arch/x86_vnni_rows.c) and of prefill (x86_gemm_z16.h) run two groups a vector, and a unit's
  * odd last group costs them as much as a pair (a chunk of 7 groups did the work of 8). */
@@ -1017,29 +1018,31 @@ static void mm_span(engine *e, const mm_job *jobs, int n_jobs, int a, int b, con
     }
 }
 
-/* A one-row matmul phase (one-slot decode) streams: each thread's first unit is one contiguous
- * STREAM_PCT% / nth of the phase's output rows (the jobs' outputs laid end to end), so most of
- * the weights stream front to back as one run a thread; the rest goes in STREAM_TAIL_CHUNKS
- * small units a thread, taken by whichever thread is free (balance). Eight units a thread of
- * the general cut restarted the prefetchers eight times a matrix (measured: lfm2-350m decode
- * +12% tokens/s, docs/benchmarks.md). */
-static void stream_phase(engine *e, int p, const mm_job *jobs, int n_jobs, const act_rows *x, int nth) {
+/* A decode step's matmul phase (fewer than PAIRED_ROWS rows) streams: each thread's first unit
+ * is one contiguous STREAM_PCT% / nth of the phase's output rows (the jobs' outputs laid end to
+ * end), so most of the weights stream front to back as one run a thread; the rest goes in
+ * STREAM_TAIL_CHUNKS small units a thread, taken by whichever thread is free (balance). Eight
+ * units a thread of the general cut restarted the prefetchers eight times a matrix (measured:
+ * lfm2-350m decode +12% tokens/s, docs/benchmarks.md); from 2 rows the cut is in whole pairs of
+ * row groups (the 512-bit decode kernels run two groups a vector: gemm_chunk's NOTE). */
+static void stream_phase(engine *e, int p, const mm_job *jobs, int n_jobs, const act_rows *x, int n_rows, int nth) {
+    const int align = n_rows == 1 ? ROW_GROUP : 2 * ROW_GROUP;
     int total = 0;
     for (int j = 0; j < n_jobs; j++) total += group_pad(jobs[j].w->n_out);
-    const int big = total * STREAM_PCT / 100 / (nth * ROW_GROUP) * ROW_GROUP, rest = total - nth * big;
-    int small = (rest / (nth * STREAM_TAIL_CHUNKS) + ROW_GROUP - 1) / ROW_GROUP * ROW_GROUP;
+    const int big = total * STREAM_PCT / 100 / (nth * align) * align, rest = total - nth * big;
+    int small = (rest / (nth * STREAM_TAIL_CHUNKS) + align - 1) / align * align;
     if (small < MIN_GEMM_CHUNK) small = MIN_GEMM_CHUNK;
     const int n = nth + (rest + small - 1) / small;
     FOR_EACH_UNIT(e, p, n, u) {
         const int a = u < nth ? u * big : nth * big + (u - nth) * small, len = u < nth ? big : small;
-        mm_span(e, jobs, n_jobs, a, a + len < total ? a + len : total, x, 1);
+        mm_span(e, jobs, n_jobs, a, a + len < total ? a + len : total, x, n_rows);
     }
     phase_end(e, p, n);
 }
 
 static void matmul_phase(engine *e, int p, const mm_job *jobs, int n_jobs, const act_rows *x, int n_rows, int nth) {
-    if (n_rows == 1) {
-        stream_phase(e, p, jobs, n_jobs, x, nth);
+    if (n_rows < PAIRED_ROWS) {
+        stream_phase(e, p, jobs, n_jobs, x, n_rows, nth);
         return;
     }
     const int chunk = gemm_chunk(jobs, n_jobs, nth, n_rows);

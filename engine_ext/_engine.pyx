@@ -158,6 +158,15 @@ cdef class Engine:
         m.expert_ffn = moe.expert_ffn if moe is not None else 0
         m.expert_norm = moe.norm_weights if moe is not None else 0
         m.qk_norm_full = cfg.qk_norm_full
+        mb = cfg.mamba
+        m.mamba_taps = mb.conv if mb is not None else 0
+        m.mamba_state = mb.d_state if mb is not None else 0
+        m.mamba_groups = mb.n_group if mb is not None else 0
+        m.mamba_heads = mb.n_heads if mb is not None else 0
+        m.mamba_inner = mb.inner if mb is not None else 0
+        m.residual_scale = cfg.residual_scale
+        m.logit_scale = cfg.logit_scale
+        m.no_rope = not cfg.rope
         m.release_rows = bool(getattr(model_file, "read_only_map", False))
         # zeroed: the weights a layer's kind lacks stay empty (NULL rows)
         cdef layer_weights *layers = <layer_weights *>calloc(cfg.n_layers, sizeof(layer_weights))
@@ -190,6 +199,16 @@ cdef class Engine:
                     layers[i].conv_in = _weight(t[p + "shortconv.in_proj.weight"])
                     layers[i].conv_out = _weight(t[p + "shortconv.out_proj.weight"])
                     layers[i].conv_w = _f32(t[p + "shortconv.conv.weight"], cfg.dim * cfg.conv_len)
+                    continue
+                if cfg.recurrent_layers[i] and mb is not None:  # granitehybrid: a Mamba2 block
+                    layers[i].mamba_in = _weight(t[p + "ssm_in.weight"])
+                    layers[i].mamba_out = _weight(t[p + "ssm_out.weight"])
+                    layers[i].mamba_conv = _f32(t[p + "ssm_conv1d.weight"], mb.conv_dim * mb.conv)
+                    layers[i].mamba_conv_b = _f32(t[p + "ssm_conv1d.bias"], mb.conv_dim)
+                    layers[i].mamba_dt = _f32(t[p + "ssm_dt.bias"], mb.n_heads)
+                    layers[i].mamba_a = _f32(t[p + "ssm_a"], mb.n_heads)
+                    layers[i].mamba_d = _f32(t[p + "ssm_d"], mb.n_heads)
+                    layers[i].mamba_norm = _f32(t[p + "ssm_norm.weight"], mb.inner)
                     continue
                 if cfg.recurrent_layers[i]:  # qwen35: a Gated DeltaNet block instead of attention
                     layers[i].ssm_qkv = _weight(t[p + "attn_qkv.weight"])
@@ -227,7 +246,7 @@ cdef class Engine:
                 # (none for a DeltaNet layer: its f32 state is fixed per slot, and per rollback state)
                 row = sum(0 if rec else cfg.dim if conv else 2 * cfg.n_kv_heads * cfg.head_dim
                           for conv, rec in zip(cfg.conv_layers, cfg.recurrent_layers))
-                state = 4 * sum(cfg.recurrent_layers) * (cfg.ssm.state_floats if cfg.ssm is not None else 0)
+                state = 4 * sum(cfg.recurrent_layers) * cfg.recurrent_state_floats
                 elt = {"f32": 4, "f16": 2, "q8_0": 34 / 32}[kv_dtype]
                 kv_gib = (num_slots * row * (-(-ctx_len // KEY_LANES) * KEY_LANES) * elt
                           + num_slots * (1 + rollback) * state) / 2**30
@@ -696,6 +715,26 @@ cdef class KernelTable:
         self.kt.gdn_steps(&sv[0, 0], &ov[0, 0], d, &q[0, 0], &k[0, 0], &v[0, 0], d, &decay[0], &beta[0], 1, scale,
                           d, n)
         return new_s, out
+
+    def mamba2_scan(self, const float[:, ::1] S, const float[::1] x, const float[::1] B, const float[::1] C,
+                    float dA, float dt, bint in_place=True):
+        """One token of one Mamba2 head's scan on S [p, n] (kernels.h mamba2_scan): x [p], B, C
+        [n]. Returns (new S, y [p]): the new state written over a copy of S (in_place) or into
+        another array."""
+        cdef int p = S.shape[0], n = S.shape[1]
+        if p < 1 or n < 1 or x.shape[0] != p or B.shape[0] != n or C.shape[0] != n:
+            raise ValueError("need S [p, n], x [p] and B, C [n]")
+        _check_row(n, n)
+        new_s = np.array(S, dtype=np.float32, copy=True)
+        src = new_s if in_place else np.array(S, dtype=np.float32, copy=True)
+        if not in_place:
+            new_s[...] = np.nan  # every element must be written
+        y = np.empty(p, np.float32)
+        cdef float[:, ::1] sv = new_s
+        cdef float[:, ::1] iv = src
+        cdef float[::1] yv = y
+        self.kt.mamba2_scan(&sv[0, 0], &iv[0, 0], &yv[0], &x[0], &B[0], &C[0], dA, dt, p, n)
+        return new_s, y
 
     def gdn_gates(self, const float[::1] alpha, const float[::1] beta, const float[::1] dt, const float[::1] a):
         """The delta rule's gates of n heads (kernels.h gdn_gates). Returns (decay, beta)."""

@@ -272,7 +272,13 @@ def _expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
                     "ffn_down_shexp.weight": (s, c.dim),
                 }
             )
-    recurrent = _deltanet_shapes(c, per_layer) if c.ssm is not None else per_layer
+    recurrent = (
+        _deltanet_shapes(c, per_layer)
+        if c.ssm is not None
+        else _mamba2_shapes(c, per_layer)
+        if c.mamba is not None
+        else per_layer
+    )
     for i in range(c.n_layers):
         kind = conv_layer if c.conv_layers[i] else recurrent if c.recurrent_layers[i] else per_layer
         for suffix, shape in kind.items():
@@ -295,6 +301,24 @@ def _deltanet_shapes(c: ModelConfig, per_layer: dict[str, tuple[int, ...]]) -> d
         "ssm_alpha.weight": (c.dim, s.v_heads),
         "ssm_norm.weight": (s.d_state,),
         "ssm_out.weight": (s.value_dim, c.dim),
+        **{k: v for k, v in per_layer.items() if k.startswith(("ffn_", c.ffn_norm_name))},
+    }
+
+
+def _mamba2_shapes(c: ModelConfig, per_layer: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """A Mamba2 layer's tensors (llama.cpp's names, granite-hybrid.cpp): these replace attention's."""
+    assert c.mamba is not None
+    m = c.mamba
+    return {
+        "attn_norm.weight": (c.dim,),
+        "ssm_in.weight": (c.dim, m.in_proj),
+        "ssm_conv1d.weight": (m.conv, m.conv_dim),
+        "ssm_conv1d.bias": (m.conv_dim,),
+        "ssm_dt.bias": (m.n_heads,),
+        "ssm_a": (1, m.n_heads),
+        "ssm_d": (1, m.n_heads),
+        "ssm_norm.weight": (m.inner // m.n_group, m.n_group),
+        "ssm_out.weight": (m.inner, c.dim),
         **{k: v for k, v in per_layer.items() if k.startswith(("ffn_", c.ffn_norm_name))},
     }
 

@@ -80,8 +80,11 @@ cdef extern from "kernels.h" nogil:
         void (*gdn_steps)(float *S, float *o, int ldo, const float *q, const float *k, const float *v, int ldv,
                           const float *decay, const float *beta, int ldg, float scale, int d, int n)
         void (*gdn_gates)(float *alpha, float *beta, const float *dt, const float *a, int n)
+        void (*mamba2_scan)(float *S, const float *src, float *y, const float *x, const float *B, const float *C,
+                            float dA, float dt, int p, int n)
 
     const kernel_table *kernels_select(const char *name)
+    void mamba2_gates(float *dt, float *dA, const float *bias, const float *a, int n)
     int kernels_avx2_supported()
     int kernels_avx512vnni_supported()
     long kernel_peak_macs(const char *mix, long iters)
@@ -139,6 +142,14 @@ cdef extern from "engine.h" nogil:
         const float *ssm_dt
         const float *ssm_a
         const float *ssm_norm
+        weight_t mamba_in
+        weight_t mamba_out
+        const float *mamba_conv
+        const float *mamba_conv_b
+        const float *mamba_dt
+        const float *mamba_a
+        const float *mamba_d
+        const float *mamba_norm
         weight_t moe_router
         weight_t moe_gate
         weight_t moe_up
@@ -165,6 +176,10 @@ cdef extern from "engine.h" nogil:
         int qk_norm_full
         int release_rows
         int ssm_taps, ssm_d, ssm_k_heads, ssm_v_heads
+        int mamba_taps, mamba_state, mamba_groups, mamba_heads, mamba_inner
+        float residual_scale
+        float logit_scale
+        int no_rope
 
     ctypedef struct engine_item:
         int slot

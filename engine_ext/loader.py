@@ -95,7 +95,7 @@ def open_model(
             kv_dtype=kv_dtype,
             swa_full=swa_full,
             max_batch_tokens=512 if max_batch_tokens is None else max_batch_tokens,
-            rollback=rollback if model_file.config.ssm is not None else 0,
+            rollback=rollback if model_file.config.has_recurrent_state else 0,
         )
     except ModelOpenError:
         raise

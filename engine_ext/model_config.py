@@ -25,6 +25,9 @@ ssm.inner_size = value heads * d, ssm.conv_kernel taps; the FFN norm is post_att
 rope.dimension_sections is honoured only where it rotates every pair by the token position
 (text: sections t, h, w cover rope.dimension_count / 2 pairs), as for every Qwen3.5 file.
 
+NOTE: granitehybrid (IBM Granite 4.0 H): Mamba2 layers where head_count_kv[i] is 0, llama
+attention elsewhere, and the granite scales; granite_config.py reads its keys.
+
 NOTE: gemma's norms. HF Gemma computes rmsnorm(x) * (1 + w); llama.cpp's converter stores
 w + 1 in the GGUF, so every norm here, gemma3's included, is plain rmsnorm(x) * w.
 """
@@ -44,6 +47,7 @@ from .errors import UnsupportedModelError
 
 if TYPE_CHECKING:
     from .gguf_file import TensorRef
+    from .granite_config import Mamba2Config
 
 
 class RopeMode(enum.IntEnum):
@@ -79,6 +83,7 @@ class ArchSpec:
     shared_expert: bool = False  # qwen2moe: ffn_*_shexp scaled by sigmoid(ffn_gate_inp_shexp . h)
     expert_norm: bool = False  # qwen3moe: the chosen experts' weights renormalised to sum 1
     experts_ffn_wide: bool = False  # olmoe: experts of feed_forward_length (llama.cpp's n_ff)
+    mamba2: bool = False  # granitehybrid: Mamba2 layers where head_count_kv[i] == 0 (granite_config.py)
 
 
 ARCHITECTURES: dict[str, ArchSpec] = {
@@ -100,6 +105,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "olmoe": ArchSpec(
         RopeMode.NEOX, Activation.SILU, qk_norm=True, qk_norm_full=True, moe=True, experts_ffn_wide=True
     ),
+    "granitehybrid": ArchSpec(RopeMode.NORMAL, Activation.SILU, mamba2=True),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 
@@ -190,11 +196,15 @@ class ModelConfig:
     rope_dim: int = 0  # dims of a head RoPE rotates (the first ones); 0 = head_dim
     q_gate: bool = False  # qwen35: attn_q also yields a sigmoid gate per head on the attention output
     ssm: SsmConfig | None = None  # qwen35: the Gated DeltaNet layers' dimensions
-    recurrent_layers: tuple[bool, ...] = ()  # per layer: Gated DeltaNet (no KV); () = none
+    recurrent_layers: tuple[bool, ...] = ()  # per layer: Gated DeltaNet or Mamba2 (no KV); () = none
     ffn_norm_name: str = "ffn_norm"  # the FFN's norm tensor (qwen35: post_attention_norm)
     moe: MoeConfig | None = (
         None  # mixture-of-experts FFN (ffn_dim is then the shared expert's, or the experts')
     )
+    mamba: Mamba2Config | None = None  # granitehybrid: the Mamba2 layers' dimensions
+    residual_scale: float = 1.0  # granite: a block's output * this before the residual add
+    logit_scale: float = 1.0  # granite: logits / this
+    rope: bool = True  # False: attention layers rotate nothing (granite 4.0 H)
 
     def __post_init__(self) -> None:
         if not self.attn_scale:
@@ -217,10 +227,26 @@ class ModelConfig:
             object.__setattr__(self, "rope_dim", self.head_dim)
         if not self.recurrent_layers:
             object.__setattr__(self, "recurrent_layers", (False,) * self.n_layers)
-        if len(self.recurrent_layers) != self.n_layers or any(self.recurrent_layers) != (
-            self.ssm is not None
+        if (
+            len(self.recurrent_layers) != self.n_layers
+            or any(self.recurrent_layers) != (self.ssm is not None or self.mamba is not None)
+            or (self.ssm is not None and self.mamba is not None)
         ):
-            raise ValueError("recurrent_layers needs one entry per layer, and ssm exactly when one is set")
+            raise ValueError(
+                "recurrent_layers needs one entry per layer, and ssm or mamba exactly when one is set"
+            )
+
+    @property
+    def has_recurrent_state(self) -> bool:
+        """Some layer keeps a recurrent state per slot (DeltaNet, Mamba2): slots extend only."""
+        return self.ssm is not None or self.mamba is not None
+
+    @property
+    def recurrent_state_floats(self) -> int:
+        """f32 values one recurrent layer keeps per slot (0 without such layers)."""
+        if self.ssm is not None:
+            return self.ssm.state_floats
+        return self.mamba.state_floats if self.mamba is not None else 0
 
     @property
     def q_dim(self) -> int:
@@ -258,7 +284,14 @@ def read_config(path: Path, metadata: dict[str, object], tensors: Mapping[str, T
     n_layers = _meta_int(path, metadata, key("block_count"))
     dim = _meta_int(path, metadata, key("embedding_length"))
     n_heads = _meta_int(path, metadata, key("attention.head_count"))
-    n_kv_heads, conv_layers, conv_len = _read_layer_kinds(path, metadata, arch, n_layers, n_heads)
+    granite = None
+    if spec.mamba2:
+        from .granite_config import read_granite
+
+        granite = read_granite(path, metadata, arch, n_layers, n_heads, tensors)
+        n_kv_heads, conv_layers, conv_len = granite.n_kv_heads, (False,) * n_layers, 0
+    else:
+        n_kv_heads, conv_layers, conv_len = _read_layer_kinds(path, metadata, arch, n_layers, n_heads)
     if dim % n_heads != 0 and key("attention.key_length") not in metadata:
         raise ValueError(f"{path}: embedding_length {dim} is not a multiple of head_count {n_heads}")
     head_dim = _meta_int(path, metadata, key("attention.key_length"), dim // n_heads)
@@ -315,6 +348,9 @@ def read_config(path: Path, metadata: dict[str, object], tensors: Mapping[str, T
     ssm, recurrent = (
         _read_deltanet(path, metadata, arch, n_layers, rope_dim, head_dim) if spec.deltanet else (None, ())
     )
+    if granite is not None:
+        recurrent = granite.recurrent_layers
+    embed_scale = float(np.float32(math.sqrt(dim))) if spec.embed_scaled else 1.0
     if spec.sliding_window and metadata.get(key("attention.sliding_window")):
         window = _meta_int(path, metadata, key("attention.sliding_window"))
         local = [(i + 1) % SWA_PATTERN != 0 for i in range(n_layers)]
@@ -340,7 +376,8 @@ def read_config(path: Path, metadata: dict[str, object], tensors: Mapping[str, T
         qk_norm_full=spec.qk_norm_full,
         post_norms=spec.post_norms,
         # NOTE: llama.cpp scales by sqrtf(n_embd) in float32 (HF rounds it to the weights' dtype)
-        embed_scale=float(np.float32(math.sqrt(dim))) if spec.embed_scaled else 1.0,
+        embed_scale=granite.embed_scale if granite is not None else embed_scale,
+        attn_scale=granite.attn_scale if granite is not None else 0.0,
         rope_freqs=has_rope_freqs,
         layer_windows=windows,
         layer_rope_bases=bases,
@@ -353,6 +390,10 @@ def read_config(path: Path, metadata: dict[str, object], tensors: Mapping[str, T
         conv_len=conv_len,
         output_norm_name="token_embd_norm.weight" if spec.shortconv else "output_norm.weight",
         moe=moe,
+        mamba=granite.mamba if granite is not None else None,
+        residual_scale=granite.residual_scale if granite is not None else 1.0,
+        logit_scale=granite.logit_scale if granite is not None else 1.0,
+        rope=granite.rope if granite is not None else True,
     )
 
 

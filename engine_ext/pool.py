@@ -16,7 +16,7 @@ Snapshot layout (little-endian):
     | token ids int32 [n]                                                                   |
     | KV per layer: n_kv_heads k planes (blocked keys), n_kv_heads v planes (rows); engine.h |
     |  (q8_0: the same planes of 34-byte blocks, half the f16 bytes + 1/16; kv_q8.h)          |
-    | recurrent state (qwen35 only): engine_state_bytes, the state at length n; engine.h      |
+    | recurrent state (qwen35, granitehybrid): engine_state_bytes, the state at n; engine.h |
     | crc32 u32 of everything before it                                                     |
     +---------------------------------------------------------------------------------------+
 
@@ -34,8 +34,8 @@ dim values in the KV dtype; f16 when the KV is q8_0) per position, in the KV's p
 rewound, copied and snapshotted exactly like full KV (min_truncate_len stays 0); the fingerprint
 names the conv length, so snapshots never cross into a layout without it.
 
-Recurrent state (qwen35's Gated DeltaNet layers): a slot holds one state, the one at its length,
-so it can only be extended (scheduler/interface.py). `_rs_lo[slot]` is the shortest length whose
+Recurrent state (qwen35's Gated DeltaNet, granitehybrid's Mamba2 layers): a slot holds one state,
+the one at its length, so it can only be extended (scheduler/interface.py). `_rs_lo[slot]` is the shortest length whose
 state the slot still holds: its length, or with a rollback ring of k states (SlotPool(rollback=k),
 engine.h) down to length - k while the slot went through those lengths since it was last emptied,
 restored or copied into. Every forward from L0 to L1 sets it to max(_rs_lo, L1 - k) (0 when L0 is
@@ -167,7 +167,7 @@ class SlotPool:
             raise ValueError(f"threads must be an integer in 1..256, got {threads!r}")
         if kv_dtype not in KV_DTYPE_CODES:
             raise ValueError(f"kv_dtype must be one of {sorted(KV_DTYPE_CODES)}, got {kv_dtype!r}")
-        recurrent = model.config.ssm is not None
+        recurrent = model.config.has_recurrent_state
         if isinstance(rollback, bool) or not isinstance(rollback, int) or not 0 <= rollback <= MAX_ROLLBACK:
             raise ValueError(f"rollback must be an integer in 0..{MAX_ROLLBACK}, got {rollback!r}")
         if rollback and not recurrent:

@@ -76,6 +76,25 @@ def qwen35_model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[.
 
 
 @pytest.fixture(scope="session")
+def granite_model_factory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """callable(weight_type="Q8_0", **write_tiny_granite_kwargs) -> Path of a tiny granitehybrid
+    GGUF (gguf_fixtures_granite.write_tiny_granite), written once per argument set per session."""
+    from gguf_fixtures_granite import write_tiny_granite
+
+    root = tmp_path_factory.mktemp("tiny_granite")
+    cache: dict[tuple, Path] = {}
+
+    def make(weight_type: str = "Q8_0", **kwargs: object) -> Path:
+        key = (weight_type, *sorted((k, repr(v)) for k, v in kwargs.items()))
+        if key not in cache:
+            path = root / f"tiny-granite-{len(cache)}-{weight_type}.gguf"
+            cache[key] = write_tiny_granite(path, weight_type=weight_type, **kwargs)  # type: ignore[arg-type]
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def tiny_model_path(tiny_model_factory: Callable[..., Path]) -> Path:
     """The default tiny model: Q8_0 weights, 2 layers, dim 64, 4 heads / 2 kv heads, vocab 299."""
     return tiny_model_factory("Q8_0")

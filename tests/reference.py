@@ -50,6 +50,20 @@ attention, and the FFN reads post_attention_norm:
     attention: q|gate = h @ Wq.T (per head: d query values, then d gate values); q, k normed
               per head; NEOX rope on the first rope.dimension_count dims only, angle
               pos * base ** (-2i / rope_dim); softmax attention; o = attn * sigmoid(gate)
+
+granitehybrid (IBM Granite 4.0 H, llama.cpp's src/models/granite-hybrid.cpp, mamba-base.cpp) has
+its own block too (`_granite_hidden`): layers whose head_count_kv is 0 are Mamba2, the others
+llama attention (adjacent-pair rope only when rope.scaling.finetuned, its default; scale
+attention.scale), x = embd * embedding_scale, every block's output * residual_scale before its
+residual add, logits / logit_scale:
+
+    Mamba2: z | xBC | dt = h @ W_in.T  ([inner | inner + 2 G N | H]); c = silu(causal depthwise
+            conv of xBC over ssm.conv_kernel positions (zeros before 0) + conv bias);
+            x, B, C = c split [H heads x P | G groups x N | G groups x N]; head h reads group
+            h // (H / G); dt = softplus(dt + dt_bias); per token, per head:
+            S = exp(dt * A) S + dt x B^T (S [P][N], A = ssm_a = -exp(A_log)); y = S C
+            y = (y + D x) * silu(z); y = rmsnorm per group of inner / G channels * ssm_norm
+            out = y @ W_out.T
 """
 
 from __future__ import annotations
@@ -62,7 +76,18 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
-ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "lfm2", "qwen35", "qwen3moe", "qwen2moe", "olmoe")
+ARCHS = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "gemma3",
+    "lfm2",
+    "qwen35",
+    "qwen3moe",
+    "qwen2moe",
+    "olmoe",
+    "granitehybrid",
+)
 
 
 class ReferenceModel:
@@ -109,6 +134,19 @@ class ReferenceModel:
                 k: int(meta[f"{arch}.ssm.{k}"])
                 for k in ("conv_kernel", "state_size", "group_count", "time_step_rank")
             }
+        self.logit_scale = 1.0
+        if arch == "granitehybrid":
+            self.ssm = {
+                k: int(meta[f"{arch}.ssm.{k}"])
+                for k in ("conv_kernel", "state_size", "group_count", "time_step_rank", "inner_size")
+            }
+            self.scales = {
+                k: float(meta.get(f"{arch}.{k}", 0.0)) or 1.0
+                for k in ("embedding_scale", "residual_scale", "logit_scale")
+            }
+            self.attn_scale = float(meta.get(f"{arch}.attention.scale", 0.0))
+            self.rope_on = bool(meta.get(f"{arch}.rope.scaling.finetuned", True))
+            self.logit_scale = self.scales["logit_scale"]
         self.w: dict[str, np.ndarray] = {}
         for t in reader.tensors:
             qtype = GGMLQuantizationType(int(t.tensor_type))
@@ -136,13 +174,14 @@ class ReferenceModel:
         angle = np.arange(n, dtype=np.float64)[:, None] * inv_freq[None, :]  # [n, head_dim/2]
         cos = np.cos(angle)[:, None, :].astype(self.dtype)
         sin = np.sin(angle)[:, None, :].astype(self.dtype)
-        if self.arch == "llama":  # adjacent pairs
+        adjacent = self.arch in ("llama", "granitehybrid")
+        if adjacent:  # adjacent pairs
             a, b = x[..., 0::2], x[..., 1::2]
         else:  # NEOX: halves
             a, b = x[..., : hd // 2], x[..., hd // 2 :]
         ra, rb = a * cos - b * sin, a * sin + b * cos
         out = np.empty_like(x)
-        if self.arch == "llama":
+        if adjacent:
             out[..., 0::2], out[..., 1::2] = ra, rb
         else:
             out[..., : hd // 2], out[..., hd // 2 :] = ra, rb
@@ -154,12 +193,14 @@ class ReferenceModel:
 
     def logits(self, tokens: Sequence[int]) -> np.ndarray:
         """[len(tokens), n_vocab] in self.dtype: row p is the next-token logits after tokens[:p+1]."""
-        return self._final_hidden(tokens) @ self.out.T
+        return self._final_hidden(tokens) @ self.out.T / self.logit_scale
 
     def _final_hidden(self, tokens: Sequence[int]) -> np.ndarray:
         """[len(tokens), dim]: the normalized hidden state that the output matrix reads."""
         if self.arch == "qwen35":
             return self._qwen35_hidden(tokens)
+        if self.arch == "granitehybrid":
+            return self._granite_hidden(tokens)
         ids = np.asarray(tokens, dtype=np.int64)
         n, hd = len(ids), self.head_dim
         group = self.n_heads // self.n_kv_heads
@@ -327,6 +368,69 @@ class ReferenceModel:
             h = self._rmsnorm(x, w("post_attention_norm.weight"))
             gate_f = h @ w("ffn_gate.weight").T
             x = x + (self._silu(gate_f) * (h @ w("ffn_up.weight").T)) @ w("ffn_down.weight").T
+        return self._rmsnorm(x, self.w["output_norm.weight"])
+
+    def _granite_hidden(self, tokens: Sequence[int]) -> np.ndarray:
+        ids = np.asarray(tokens, dtype=np.int64)
+        n, hd, sc = len(ids), self.head_dim, self.scales
+        x = self.embd[ids] * sc["embedding_scale"]
+        pos = np.arange(n)
+        causal = np.where(pos[None, :] > pos[:, None], -np.inf, 0.0).astype(self.dtype)
+        taps, N, G, H, inner = (
+            self.ssm[k] for k in ("conv_kernel", "state_size", "group_count", "time_step_rank", "inner_size")
+        )
+        P = inner // H
+        for i in range(self.n_layers):
+            w = lambda s, i=i: self.w[f"blk.{i}.{s}"]  # noqa: E731
+            h = self._rmsnorm(x, w("attn_norm.weight"))
+            if i in self.conv_layers:  # head_count_kv 0: Mamba2
+                zxbcdt = h @ w("ssm_in.weight").T
+                z, xbc, dt = (
+                    zxbcdt[:, :inner],
+                    zxbcdt[:, inner : 2 * inner + 2 * G * N],
+                    zxbcdt[:, 2 * inner + 2 * G * N :],
+                )
+                kernel = w("ssm_conv1d.weight")  # [conv_dim, taps]
+                padded = np.concatenate([np.zeros((taps - 1, xbc.shape[1]), self.dtype), xbc])
+                c = self._silu(
+                    sum(padded[j : j + n] * kernel[:, j] for j in range(taps)) + w("ssm_conv1d.bias")
+                )
+                xs = c[:, :inner].reshape(n, H, P)
+                B = c[:, inner : inner + G * N].reshape(n, G, N)
+                C = c[:, inner + G * N :].reshape(n, G, N)
+                v = dt + w("ssm_dt.bias")
+                sp = np.where(v > 20.0, v, np.log1p(np.exp(np.minimum(v, 20.0))))  # [n, H]
+                dA = np.exp(sp * w("ssm_a").reshape(H))
+                state = np.zeros((H, P, N), self.dtype)
+                y = np.empty((n, H, P), self.dtype)
+                for t in range(n):
+                    for head in range(H):
+                        g = head // (H // G)
+                        state[head] = state[head] * dA[t, head] + np.outer(xs[t, head] * sp[t, head], B[t, g])
+                        y[t, head] = state[head] @ C[t, g]
+                y = (y + xs * w("ssm_d").reshape(H)[None, :, None]) * self._silu(z.reshape(n, H, P))
+                y = self._rmsnorm(y.reshape(n, G, inner // G), w("ssm_norm.weight").reshape(G, inner // G))
+                out = y.reshape(n, inner) @ w("ssm_out.weight").T
+            else:
+                q = (h @ w("attn_q.weight").T).reshape(n, self.n_heads, hd)
+                k = (h @ w("attn_k.weight").T).reshape(n, self.n_kv_heads, hd)
+                v = (h @ w("attn_v.weight").T).reshape(n, self.n_kv_heads, hd)
+                if self.rope_on:
+                    q, k = self._rope(q, self.rope_base), self._rope(k, self.rope_base)
+                group = self.n_heads // self.n_kv_heads
+                attn = np.empty((n, self.n_heads, hd), dtype=self.dtype)
+                scale = self.attn_scale or 1.0 / math.sqrt(hd)
+                for head in range(self.n_heads):
+                    scores = q[:, head] @ k[:, head // group].T * scale + causal
+                    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+                    attn[:, head] = (scores / scores.sum(axis=-1, keepdims=True)) @ v[:, head // group]
+                out = attn.reshape(n, -1) @ w("attn_output.weight").T
+            x = x + out * sc["residual_scale"]
+            hf = self._rmsnorm(x, w("ffn_norm.weight"))
+            f = (self._silu(hf @ w("ffn_gate.weight").T) * (hf @ w("ffn_up.weight").T)) @ w(
+                "ffn_down.weight"
+            ).T
+            x = x + f * sc["residual_scale"]
         return self._rmsnorm(x, self.w["output_norm.weight"])
 
     def greedy(self, tokens: Sequence[int], n: int) -> list[int]:

@@ -62,6 +62,7 @@ static const kernel_table generic_table = {
     .gdn_step = gdn_step_generic,
     .gdn_steps = gdn_steps_generic,
     .gdn_gates = gdn_gates_generic,
+    .mamba2_scan = mamba2_scan_generic,
 };
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -82,7 +83,8 @@ static const kernel_table generic_table = {
     .silu_mul = silu_mul_avx2, .gelu_tanh_mul = gelu_tanh_mul_avx2, .exp = exp_avx2,               \
     .f32_to_f16 = f32_to_f16_avx2, .f16_to_f32 = f16_to_f32_avx2,                                  \
     .shortconv = shortconv_avx2, .ssm_conv = ssm_conv_avx2, .l2norm = l2norm_avx2,                 \
-    .gdn_step = gdn_step_avx2, .gdn_steps = gdn_steps_avx2, .gdn_gates = gdn_gates_avx2
+    .gdn_step = gdn_step_avx2, .gdn_steps = gdn_steps_avx2, .gdn_gates = gdn_gates_avx2,           \
+    .mamba2_scan = mamba2_scan_avx2
 /* The matmul table of an x86 variant: float types on AVX2, block types as given. */
 #define X86_GEMMS(q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K, q2_K, q3_K)                     \
     {                                                                                              \
@@ -108,7 +110,7 @@ static const kernel_table avx512vnni_table = {
     .attention_chunk = attention_chunk_avx512, /* overrides X86_COMMON's: query tiles, same results */
     /* these too: the same results as AVX2's on 512-bit vectors */
     .gdn_step = gdn_step_avx512, .gdn_steps = gdn_steps_avx512, .ssm_conv = ssm_conv_avx512,
-    .shortconv = shortconv_avx512, .silu_mul = silu_mul_avx512,
+    .shortconv = shortconv_avx512, .silu_mul = silu_mul_avx512, .mamba2_scan = mamba2_scan_avx512,
     .gemm = X86_GEMMS(gemm_q8_0_vnni, gemm_q4_0_vnni, gemm_q4_1_vnni, gemm_q5_0_vnni, gemm_q5_1_vnni,
                       gemm_q4_K_vnni, gemm_q5_K_vnni, gemm_q6_K_vnni, gemm_q2_K_avx2, gemm_q3_K_avx2),
 };

@@ -1,7 +1,7 @@
-/* The decoder forward pass over a pool of KV slots: llama, qwen2, qwen3, gemma3, lfm2 and qwen35,
- * one phase sequence whose optional parts (biases, q/k norms, post-norms, sliding windows, short
- * convolutions, gated attention, Gated DeltaNet layers) are switched by the model description
- * (engine.h).
+/* The decoder forward pass over a pool of KV slots: llama, qwen2, qwen3, gemma3, lfm2, qwen35,
+ * granitehybrid and the MoEs, one phase sequence whose optional parts (biases, q/k norms,
+ * post-norms, sliding windows, short convolutions, gated attention, Gated DeltaNet and Mamba2
+ * layers, the granite scales) are switched by the model description (engine.h).
  *
  * Design: a forward call is cut into steps of at most max_tokens rows; a step holds segments
  * (consecutive tokens of one slot) from any number of slots, so one step streams every weight
@@ -87,6 +87,16 @@
  * states rotate (engine.h): a token reads the state of its length and writes the next length's
  * into another entry, so the last k + 1 states stay without a copy (a copy aside of each state
  * the token leaves read and wrote it again: 19.3 MiB a decode token on Qwen3.5-0.8B).
+ *
+ * Mamba2 layers (granitehybrid) keep their state in the same block and ring (conv tail
+ * [taps-1][inner + 2 groups state], head states [heads][inner / heads][state], f32) and walk the
+ * attention block's phases as: norm | in_proj matmul (z | x B C | dt) | conv (segment x channel
+ * block over x, B, C: each channel's tokens in position order through the tail, + bias, silu;
+ * the first block's unit also turns each row's dt into its step and decay, mamba2_gates) | scan
+ * (segment x head: each token in position order through the head's state, mamba2_scan, then
+ * + D x and * silu(z)) | grouped rmsnorm + quantize (rows) | - | out matmul | residual. With a
+ * residual_scale (granite), every block's output matmul writes proj and its last phase adds
+ * proj * scale to the residual stream; the logits of a step are multiplied by 1 / logit_scale.
  *
  * NOTE: attention stays bit-identical to full planes: a chunk of ATTN_CHUNK keys never wraps,
  * so the chunk kernels run on the same keys in the same order with positions shifted by a
@@ -196,9 +206,11 @@ struct engine {
     float *rstate;            /* [num_slots][rollback + 1][rs_floats]: length m's state in entry m % (rollback + 1) */
     float *ssm_taps;          /* [n_layers][taps][conv_dim] tap-major conv kernels (DeltaNet layers) */
     float *ones;              /* [CONV_BLOCK] 1.0f (silu(x) = silu_mul(x, 1)) */
-    float *sqkv, *sconv;      /* [T][conv_dim] the qkv matmul result, its conv + silu */
+    int in_dim;               /* DeltaNet: conv_dim; Mamba2: the in_proj row (z | xBC | dt) */
+    float *sqkv, *sconv;      /* [T][in_dim] the qkv (in_proj) matmul result, [T][conv_dim] its conv + silu */
     float *sz;                /* [T][value_dim] output gate */
-    float *sb, *sa;           /* [T][v_heads] beta and alpha before their activations */
+    float *sb, *sa;           /* [T][v_heads] beta and alpha before their activations
+                               * (Mamba2: [T][heads] dA, and dt before then after its softplus) */
     float *ssm_scratch;       /* [n_threads][2][GDN_TOKENS][d] normalised q, then k, of a run of tokens */
     float *qg;                /* [T][2 * q_dim] gated attention's q matmul (q_gate) */
     float *qgate;             /* [T][q_dim] its gate values */
@@ -276,6 +288,9 @@ static int weight_ok(const weight_t *w, int n_in, int n_out) {
 
 static inline int is_conv_layer(const layer_weights *L) { return L->conv_in.rows != NULL; }
 static inline int is_delta_layer(const layer_weights *L) { return L->ssm_qkv.rows != NULL; }
+static inline int is_mamba_layer(const layer_weights *L) { return L->mamba_in.rows != NULL; }
+/* A layer with a recurrent state and no rows per position (DeltaNet, Mamba2). */
+static inline int is_state_layer(const layer_weights *L) { return is_delta_layer(L) || is_mamba_layer(L); }
 
 static inline int is_moe_layer(const layer_weights *L) { return L->moe_router.rows != NULL; }
 
@@ -303,6 +318,18 @@ static int delta_layer_ok(const model_desc *m, const layer_weights *L) {
            weight_ok(&L->ssm_out, vd, m->dim) && ffn_ok(m, L);
 }
 
+/* A Mamba2 layer's weights against the model's dimensions. */
+static int mamba_layer_ok(const model_desc *m, const layer_weights *L) {
+    const int inner = m->mamba_inner, H = m->mamba_heads, G = m->mamba_groups, N = m->mamba_state;
+    if (m->mamba_taps < 2 || m->mamba_taps > MAX_SSM_TAPS || H < 1 || G < 1 || N < 1 || inner % H || H % G ||
+        inner > MAX_ROW_LEN || inner + 2 * G * N > MAX_ROW_LEN)
+        return 0;
+    return L->attn_norm && L->ffn_norm && !L->attn_q.rows && !L->attn_output.rows && !L->ssm_qkv.rows && L->mamba_conv &&
+           L->mamba_conv_b && L->mamba_dt && L->mamba_a && L->mamba_d && L->mamba_norm &&
+           weight_ok(&L->mamba_in, m->dim, 2 * inner + 2 * G * N + H) && weight_ok(&L->mamba_out, inner, m->dim) &&
+           ffn_ok(m, L);
+}
+
 static int model_ok(const model_desc *m) {
     if (m->n_layers < 1 || m->dim < 1 || m->n_heads < 1 || m->n_kv_heads < 1 || m->head_dim < 2 ||
         m->head_dim % 2 || m->n_heads % m->n_kv_heads || m->ffn_dim < 1 || m->n_vocab < 1 ||
@@ -310,8 +337,9 @@ static int model_ok(const model_desc *m) {
         return 0;
     if ((m->rope_mode != ROPE_NORMAL && m->rope_mode != ROPE_NEOX) ||
         (m->activation != ACT_SILU && m->activation != ACT_GELU_TANH) || !(m->embed_scale > 0.0f) ||
-        !(m->attn_scale > 0.0f) || !(m->rms_eps >= 0.0f))
+        !(m->attn_scale > 0.0f) || !(m->rms_eps >= 0.0f) || !(m->residual_scale > 0.0f) || !(m->logit_scale >= 0.0f))
         return 0;
+    if (m->mamba_heads && m->ssm_v_heads) return 0; /* one kind of recurrent layer a model */
     if (m->n_heads / m->n_kv_heads > ATTN_MAX_ROWS) return 0;
     if (m->rope_dim < 0 || m->rope_dim > m->head_dim || m->rope_dim % 2 || (m->rope_dim && m->rope_dim < m->head_dim && m->rope_mode != ROPE_NEOX))
         return 0;
@@ -333,6 +361,10 @@ static int model_ok(const model_desc *m) {
         }
         if (is_delta_layer(L)) {
             if (!delta_layer_ok(m, L)) return 0;
+            continue;
+        }
+        if (is_mamba_layer(L)) {
+            if (!m->mamba_heads || !mamba_layer_ok(m, L)) return 0;
             continue;
         }
         if (!L->attn_norm || !L->ffn_norm || !weight_ok(&L->attn_q, m->dim, m->q_gate ? 2 * q_dim : q_dim) ||
@@ -387,7 +419,7 @@ static void big_free(void *p, size_t n) {
     free(p);
 }
 
-static const int N_LAYER_MATRICES = 14;
+static const int N_LAYER_MATRICES = 16;
 
 static int n_matrices(const engine *e) {
     return 1 + N_LAYER_MATRICES * e->m.n_layers + (e->experts ? e->m.n_layers * (1 + 3 * e->m.n_expert) : 0);
@@ -404,7 +436,8 @@ static weight_t *matrix(engine *e, int i) {
     layer_weights *L = &e->layers[(i - 1) / N_LAYER_MATRICES];
     weight_t *ws[] = {&L->attn_q,   &L->attn_k,  &L->attn_v,    &L->attn_output, &L->ffn_gate,
                       &L->ffn_up,   &L->ffn_down, &L->conv_in, &L->conv_out,   &L->ssm_qkv,
-                      &L->ssm_z,    &L->ssm_beta, &L->ssm_alpha, &L->ssm_out};
+                      &L->ssm_z,    &L->ssm_beta, &L->ssm_alpha, &L->ssm_out,   &L->mamba_in,
+                      &L->mamba_out};
     return ws[(i - 1) % N_LAYER_MATRICES];
 }
 
@@ -569,22 +602,29 @@ static int moe_create(engine *e, int max_tokens) {
     return ok;
 }
 
-/* The DeltaNet layers' state blocks, tap-major kernels and step buffers (see top). */
+/* The recurrent layers' state blocks, tap-major kernels and step buffers (DeltaNet or Mamba2:
+ * one kind a model; see top). */
 static int delta_create(engine *e, const model_desc *m, int max_tokens, int n_threads, int rollback) {
     int ok = 1;
-    const size_t T = (size_t)max_tokens, per_layer = (size_t)(m->ssm_taps - 1) * e->conv_dim +
-                                                       (size_t)m->ssm_v_heads * m->ssm_d * m->ssm_d;
+    const int mamba = m->mamba_heads > 0, taps_n = mamba ? m->mamba_taps : m->ssm_taps;
+    const size_t T = (size_t)max_tokens,
+                 per_layer = (size_t)(taps_n - 1) * e->conv_dim +
+                             (mamba ? (size_t)m->mamba_inner * m->mamba_state : (size_t)m->ssm_v_heads * m->ssm_d * m->ssm_d);
+    const int heads = mamba ? m->mamba_heads : m->ssm_v_heads;
+    /* the input matmul's row: DeltaNet's qkv (the conv's channels), Mamba2's z | xBC | dt */
+    e->in_dim = mamba ? 2 * m->mamba_inner + 2 * m->mamba_groups * m->mamba_state + heads : e->conv_dim;
     e->rs_off = xalloc(sizeof(size_t) * m->n_layers, &ok);
-    e->ssm_taps = xalloc(sizeof(float) * m->n_layers * m->ssm_taps * e->conv_dim, &ok);
+    e->ssm_taps = xalloc(sizeof(float) * m->n_layers * taps_n * e->conv_dim, &ok);
     if (!ok) return 0;
     for (int l = 0; l < m->n_layers; l++) {
         const layer_weights *L = &m->layers[l];
-        if (!is_delta_layer(L)) continue;
+        if (!is_state_layer(L)) continue;
         e->rs_off[l] = e->rs_floats;
         e->rs_floats += per_layer;
-        float *taps = e->ssm_taps + (size_t)l * m->ssm_taps * e->conv_dim;
+        float *taps = e->ssm_taps + (size_t)l * taps_n * e->conv_dim;
+        const float *w = mamba ? L->mamba_conv : L->ssm_conv;
         for (int c = 0; c < e->conv_dim; c++)
-            for (int j = 0; j < m->ssm_taps; j++) taps[(size_t)j * e->conv_dim + c] = L->ssm_conv[(size_t)c * m->ssm_taps + j];
+            for (int j = 0; j < taps_n; j++) taps[(size_t)j * e->conv_dim + c] = w[(size_t)c * taps_n + j];
     }
     e->rollback = rollback;
     /* populated like KV: committed at start-up, and a fresh slot's first forward does not
@@ -593,11 +633,11 @@ static int delta_create(engine *e, const model_desc *m, int max_tokens, int n_th
     if (!e->rstate) return 0;
     e->ones = xalloc(sizeof(float) * CONV_BLOCK, &ok);
     for (int i = 0; ok && i < CONV_BLOCK; i++) e->ones[i] = 1.0f;
-    e->sqkv = xalloc(sizeof(float) * T * e->conv_dim, &ok);
+    e->sqkv = xalloc(sizeof(float) * T * e->in_dim, &ok);
     e->sconv = xalloc(sizeof(float) * T * e->conv_dim, &ok);
-    e->sz = xalloc(sizeof(float) * T * e->value_dim, &ok);
-    e->sb = xalloc(sizeof(float) * T * m->ssm_v_heads, &ok);
-    e->sa = xalloc(sizeof(float) * T * m->ssm_v_heads, &ok);
+    e->sz = xalloc(sizeof(float) * T * (mamba ? 1 : e->value_dim), &ok);
+    e->sb = xalloc(sizeof(float) * T * heads, &ok);
+    e->sa = xalloc(sizeof(float) * T * heads, &ok);
     e->ssm_scratch = xalloc(sizeof(float) * 2 * GDN_TOKENS * m->ssm_d * n_threads, &ok);
     return ok;
 }
@@ -638,6 +678,10 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
     e->key_dim = m->ssm_k_heads * m->ssm_d;
     e->value_dim = m->ssm_v_heads * m->ssm_d;
     e->conv_dim = 2 * e->key_dim + e->value_dim;
+    if (m->mamba_heads) { /* Mamba2: the conv runs over x, B, C; the out matmul reads inner channels */
+        e->value_dim = m->mamba_inner;
+        e->conv_dim = m->mamba_inner + 2 * m->mamba_groups * m->mamba_state;
+    }
     if (e->value_dim > e->max_k) e->max_k = e->value_dim;
     e->kv_elt = e->kv_f16 ? 2 : 4;
     e->kv_row = kv_type == KV_Q8_0 ? kv_q8_row_bytes(m->head_dim) : (size_t)m->head_dim * e->kv_elt;
@@ -657,7 +701,7 @@ engine *engine_create(const model_desc *m, const kernel_table *kt, int num_slots
         for (int l = 0; l < m->n_layers; l++) {
             e->plane_rows[l] = e->ring_len && m->layers[l].window > 0 ? e->ring_len : e->ctx_pad;
             e->layer_off[l] = e->slot_bytes;
-            if (!is_delta_layer(&m->layers[l]))
+            if (!is_state_layer(&m->layers[l]))
                 e->slot_bytes += is_conv_layer(&m->layers[l]) ? (size_t)e->ctx_pad * e->conv_row_bytes
                                                               : 2 * (size_t)m->n_kv_heads * e->plane_rows[l] * e->kv_row;
         }
@@ -794,7 +838,7 @@ static inline size_t v_plane_bytes(const engine *e, int n) { return (size_t)n * 
  * (q8_0: rows of kv_row bytes in the v layout, keys too). */
 static inline int ring_lo(const engine *e, int n) { return n - e->ring_reach > 0 ? n - e->ring_reach : 0; }
 
-static inline int is_delta(const engine *e, int layer) { return is_delta_layer(&e->m.layers[layer]); }
+static inline int is_delta(const engine *e, int layer) { return is_state_layer(&e->m.layers[layer]); }
 
 size_t engine_kv_snapshot_bytes(const engine *e, int n) {
     size_t total = 0;
@@ -1142,6 +1186,34 @@ static void post_norm_phase(engine *e, int p, const float *w) {
     phase_end(e, p, nu);
 }
 
+/* rows: x += proj * residual_scale (granite: a block's output scaled before the residual add) */
+static void scaled_add_phase(engine *e, int p) {
+    const int dim = e->m.dim, nu = n_row_units(e->n_rows);
+    const float rs = e->m.residual_scale;
+    FOR_EACH_UNIT(e, p, nu, u) {
+        int r0, r1;
+        unit_rows(u, e->n_rows, &r0, &r1);
+        for (int r = r0; r < r1; r++) {
+            const float *pr = e->proj + (size_t)r * dim;
+            float *xr = e->x + (size_t)r * dim;
+            for (int i = 0; i < dim; i++) xr[i] += pr[i] * rs;
+        }
+    }
+    phase_end(e, p, nu);
+}
+
+/* Where a block's output matmul writes: straight into the residual stream, or into proj for a
+ * post-norm or a residual scale (the block's last phase adds it). */
+static inline int output_via_proj(const engine *e, const float *post_norm) {
+    return post_norm != NULL || e->m.residual_scale != 1.0f;
+}
+
+/* The last phase of a block whose output went to proj (output_via_proj). */
+static inline void block_residual_phase(engine *e, int p, const float *post_norm) {
+    if (post_norm) post_norm_phase(e, p, post_norm);
+    else if (e->m.residual_scale != 1.0f) scaled_add_phase(e, p);
+}
+
 /* One row's q, k, v after the matmuls: biases, per-head norms, rope, then the KV store. */
 static void qkv_row(engine *e, const layer_weights *L, int l, int r) {
     const model_desc *m = &e->m;
@@ -1168,7 +1240,9 @@ static void qkv_row(engine *e, const layer_weights *L, int l, int r) {
         for (int h = 0; h < m->n_kv_heads; h++) kt->rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, m->rms_eps);
     }
     const float *cs = e->rope_cs + ((size_t)e->layer_rope[l] * e->max_tokens + r) * hd;
-    if (m->rope_dim && m->rope_dim < hd) { /* partial: the first rope_dim dims of each head */
+    if (m->no_rope) {
+        /* granite 4.0 H: no positions in attention (the Mamba2 layers carry the order) */
+    } else if (m->rope_dim && m->rope_dim < hd) { /* partial: the first rope_dim dims of each head */
         for (int h = 0; h < m->n_heads; h++) kt->rope_neox(q + h * hd, 1, m->rope_dim, cs);
         for (int h = 0; h < m->n_kv_heads; h++) kt->rope_neox(k + h * hd, 1, m->rope_dim, cs);
     } else if (m->rope_mode == ROPE_NEOX) {
@@ -1221,11 +1295,12 @@ static int attention_block(engine *e, const layer_weights *L, int l, int p, int 
     p++;
     {
         /* without a post-norm the output adds straight into the residual stream */
-        mm_job job = {&L->attn_output, L->post_attn_norm ? e->proj : e->x, dim, !L->post_attn_norm};
+        const int via = output_via_proj(e, L->post_attn_norm);
+        mm_job job = {&L->attn_output, via ? e->proj : e->x, dim, !via};
         act_rows in = input_view(e, e->xb, e->q_dim);
         matmul_phase(e, p++, &job, 1, &in, T, nth);
     }
-    if (L->post_attn_norm) post_norm_phase(e, p, L->post_attn_norm);
+    block_residual_phase(e, p, L->post_attn_norm);
     p++;
     return p;
 }
@@ -1557,6 +1632,87 @@ static int delta_block(engine *e, const layer_weights *L, int l, int p, int ith,
     return p + 1; /* no post-norm */
 }
 
+/* A Mamba2 block (granitehybrid) in the attention block's phases from p on (see top). Returns the
+ * next phase, or -1 when the test hook fired (before any state changed). */
+static int mamba_block(engine *e, const layer_weights *L, int l, int p, int nth) {
+    const model_desc *m = &e->m;
+    const kernel_table *kt = e->kt;
+    const int T = e->n_rows, dim = m->dim, nu = n_row_units(T), H = m->mamba_heads, inner = m->mamba_inner;
+    const int N = m->mamba_state, G = m->mamba_groups, P = inner / H, cd = e->conv_dim, ld = e->in_dim;
+    const int taps = m->mamba_taps, gw = inner / G; /* gw: channels a group norm spans */
+    norm_phase(e, p++, L->attn_norm, is_block_type(L->mamba_in.type));
+    {
+        mm_job job = {&L->mamba_in, e->sqkv, ld, 0};
+        act_rows in = input_view(e, e->xb, dim);
+        matmul_phase(e, p++, &job, 1, &in, T, nth);
+    }
+    if (l == e->fault_layer) return -1; /* test hook: no state has changed yet */
+    /* conv: segment x channel block over x, B, C, tokens in position order through the tail,
+     * + bias, silu; the first block's unit also takes each row's dt to its step and decay */
+    const int n_cb = (cd + CONV_BLOCK - 1) / CONV_BLOCK;
+    const float *w = e->ssm_taps + (size_t)l * taps * cd;
+    FOR_EACH_UNIT(e, p, e->n_segs * n_cb, u) {
+        const step_seg *sg = &e->segs[u / n_cb];
+        const int c0 = (u % n_cb) * CONV_BLOCK, n = cd - c0 < CONV_BLOCK ? cd - c0 : CONV_BLOCK;
+        for (int j = 0; j < sg->n; j++) {
+            const int r = sg->row0 + j;
+            int from, to;
+            state_entries(e, sg, j, &from, &to);
+            const float *row = e->sqkv + (size_t)r * ld;
+            if (c0 == 0) {
+                memcpy(e->sa + (size_t)r * H, row + inner + cd, sizeof(float) * H);
+                mamba2_gates(e->sa + (size_t)r * H, e->sb + (size_t)r * H, L->mamba_dt, L->mamba_a, H);
+            }
+            const size_t off = e->rs_off[l] + c0;
+            float *out = e->sconv + (size_t)r * cd + c0;
+            kt->ssm_conv(out, state_of(e, sg->slot, to) + off, state_of(e, sg->slot, from) + off, row + inner + c0, w + c0,
+                         taps, n, cd);
+            for (int c = 0; c < n; c++) out[c] += L->mamba_conv_b[c0 + c];
+            kt->silu_mul(out, out, e->ones, n);
+        }
+    }
+    phase_end(e, p++, e->n_segs * n_cb);
+    /* scan: segment x head, tokens in position order through the head's state; y + D x, * silu(z) */
+    FOR_EACH_UNIT(e, p, e->n_segs * H, u) {
+        const step_seg *sg = &e->segs[u / H];
+        const int h = u % H, g = h / (H / G);
+        const size_t s_off = e->rs_off[l] + (size_t)(taps - 1) * cd + (size_t)h * P * N;
+        for (int j = 0; j < sg->n; j++) {
+            const int r = sg->row0 + j;
+            int from, to;
+            state_entries(e, sg, j, &from, &to);
+            const float *c = e->sconv + (size_t)r * cd, *x = c + (size_t)h * P;
+            float *y = e->xb + (size_t)r * inner + (size_t)h * P;
+            kt->mamba2_scan(state_of(e, sg->slot, to) + s_off, state_of(e, sg->slot, from) + s_off, y, x,
+                            c + inner + (size_t)g * N, c + inner + (size_t)(G + g) * N, e->sb[(size_t)r * H + h],
+                            e->sa[(size_t)r * H + h], P, N);
+            for (int i = 0; i < P; i++) y[i] += x[i] * L->mamba_d[h];
+            kt->silu_mul(y, e->sqkv + (size_t)r * ld + (size_t)h * P, y, P);
+        }
+    }
+    phase_end(e, p++, e->n_segs * H);
+    /* rows (attention's merge phase): the grouped rmsnorm, quantized for out_proj */
+    FOR_EACH_UNIT(e, p, nu, u) {
+        int r0, r1;
+        unit_rows(u, T, &r0, &r1);
+        for (int r = r0; r < r1; r++) {
+            float *y = e->xb + (size_t)r * inner;
+            for (int gi = 0; gi < G; gi++) kt->rmsnorm(y + (size_t)gi * gw, y + (size_t)gi * gw, L->mamba_norm + (size_t)gi * gw, gw, m->rms_eps);
+            if (is_block_type(L->mamba_out.type)) quantize_row(e, e->xb, inner, r);
+        }
+    }
+    phase_end(e, p++, nu);
+    p++; /* attention's quantize phase: nothing here */
+    {
+        const int via = output_via_proj(e, NULL);
+        mm_job job = {&L->mamba_out, via ? e->proj : e->x, dim, !via};
+        act_rows in = input_view(e, e->xb, inner);
+        matmul_phase(e, p++, &job, 1, &in, T, nth);
+    }
+    block_residual_phase(e, p, NULL);
+    return p + 1;
+}
+
 /* The dense feed-forward block of layer l: its 5 phases from p on, then MOE_EXTRA_PHASES empty
  * ones (see top). */
 static int ffn_block(engine *e, const layer_weights *L, int p, int nth) {
@@ -1581,11 +1737,12 @@ static int ffn_block(engine *e, const layer_weights *L, int p, int nth) {
     }
     phase_end(e, p++, nu);
     {
-        mm_job job = {&L->ffn_down, L->post_ffn_norm ? e->proj : e->x, dim, !L->post_ffn_norm};
+        const int via = output_via_proj(e, L->post_ffn_norm);
+        mm_job job = {&L->ffn_down, via ? e->proj : e->x, dim, !via};
         act_rows in = input_view(e, e->gate, m->ffn_dim);
         matmul_phase(e, p++, &job, 1, &in, T, nth);
     }
-    if (L->post_ffn_norm) post_norm_phase(e, p, L->post_ffn_norm);
+    block_residual_phase(e, p, L->post_ffn_norm);
     p++;
     return p + MOE_EXTRA_PHASES; /* the MoE block's extra phases: nothing here */
 }
@@ -1624,6 +1781,7 @@ static void step_worker(void *ctx, int ith, int nth) {
         const layer_weights *L = &m->layers[l];
         p = is_conv_layer(L)    ? conv_block(e, L, l, p, nth)
             : is_delta_layer(L) ? delta_block(e, L, l, p, ith, nth)
+            : is_mamba_layer(L) ? mamba_block(e, L, l, p, nth)
                                 : attention_block(e, L, l, p, ith, nth);
         if (p < 0) return; /* test hook: every thread leaves at the same point */
         p = is_moe_layer(L) ? moe_block(e, L, l, p, nth) : ffn_block(e, L, p, nth);
@@ -1772,6 +1930,11 @@ int engine_forward(engine *e, const engine_item *items, int n_items, float *logi
         if (e->fault_layer >= 0 && e->fault_layer < e->m.n_layers) return ENGINE_EFAULT;
         /* thread 0 is this thread: it wrote phases_run at its walk's end */
         if (e->phases_run != e->n_phases) return ENGINE_EINTERNAL;
+        if (e->m.logit_scale != 0.0f && e->m.logit_scale != 1.0f) { /* granite: logits / logit_scale, as 1 / s * logit */
+            const float inv = 1.0f / e->m.logit_scale;
+            float *lg = e->logits_out;
+            for (size_t i = 0; i < (size_t)e->n_logits * e->m.n_vocab; i++) lg[i] *= inv;
+        }
         logit_base += e->n_logits;
         first_step = 0;
     }

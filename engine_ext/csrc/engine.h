@@ -1,4 +1,4 @@
-/* The decoder forward pass (llama, qwen2, qwen3, gemma3, lfm2, qwen35) over a pool of KV slots (see
+/* The decoder forward pass (llama, qwen2, qwen3, gemma3, lfm2, qwen35, granitehybrid, the MoEs) over a pool of KV slots (see
  * engine.c for the design). */
 #ifndef SLOTSERVE_ENGINE_H
 #define SLOTSERVE_ENGINE_H
@@ -74,6 +74,18 @@ typedef struct {
     const float *ssm_dt;    /* [v_heads] added to alpha before the softplus */
     const float *ssm_a;     /* [v_heads] -exp(A_log): g = softplus(alpha + dt) * a */
     const float *ssm_norm;  /* [d] */
+    /* granitehybrid: a Mamba2 block in place of attention when mamba_in.rows is set (the
+     * attention weights are then empty; dimensions in model_desc.mamba_*; engine.c): in_proj
+     * yields z [inner] | x [inner] B [groups][state] C [groups][state] (the conv's channels) |
+     * dt [heads]; head h (width inner / heads) reads group h / (heads / groups) */
+    weight_t mamba_in;      /* dim -> 2 * inner + 2 * groups * state + heads (ssm_in) */
+    weight_t mamba_out;     /* inner -> dim (ssm_out) */
+    const float *mamba_conv;   /* [inner + 2 * groups * state][taps], the file's layout */
+    const float *mamba_conv_b; /* [inner + 2 * groups * state] conv bias */
+    const float *mamba_dt;  /* [heads] dt bias */
+    const float *mamba_a;   /* [heads] -exp(A_log) */
+    const float *mamba_d;   /* [heads] skip: y += D * x */
+    const float *mamba_norm; /* [inner]: groups of inner / groups, each rmsnormed on its own */
     /* MoE (qwen3moe, qwen2moe): a mixture-of-experts FFN when moe_router.rows is set (moe.c,
      * engine.c): the 3-D expert tensors as one weight each, expert e's slice the rows
      * [e * per, (e + 1) * per) (per = model_desc.expert_ffn for gate/up, dim for down); the
@@ -105,6 +117,12 @@ typedef struct {
     int n_expert, n_expert_used, expert_ffn; /* MoE: experts, chosen per row (top-k), width; 0 = none */
     int expert_norm;        /* MoE: the chosen weights are renormalised to sum 1 (qwen3moe) */
     int qk_norm_full;       /* olmoe: q_norm, k_norm span the whole q (k) row, not one head */
+    int mamba_taps, mamba_state, mamba_groups, mamba_heads, mamba_inner; /* granitehybrid Mamba2: conv
+                             * taps, state per channel, B/C groups, heads, channels; 0 = none */
+    float residual_scale;   /* granite: every block's output is multiplied by this before the
+                             * residual add (must be > 0; 1 = none) */
+    float logit_scale;      /* granite: logits are multiplied by 1 / logit_scale (0 or 1 = none) */
+    int no_rope;            /* granite 4.0 H: the attention layers rotate nothing (rope.scaling.finetuned false) */
     int release_rows;       /* the weights' rows lie in a read-only file mapping: once a matrix is
                              * packed, engine_create gives its pages back (re-read from the file if
                              * touched again), so a load never holds the file and the packed copy */
@@ -153,14 +171,15 @@ int engine_forward(engine *e, const engine_item *items, int n_items, float *logi
  * ([n][dim]): engine_kv_snapshot_bytes(e, n) bytes. The caller keeps
  * those positions in the ring (engine_ext/pool.py). engine_kv_copy copies rings whole. */
 size_t engine_kv_snapshot_bytes(const engine *e, int n);
-/* (DeltaNet layers hold no KV rows: the KV functions skip them.) */
+/* (DeltaNet and Mamba2 layers hold no KV rows: the KV functions skip them.) */
 void engine_kv_read(const engine *e, int slot, int n, void *dst);
 void engine_kv_write(engine *e, int slot, int n, const void *src);
 void engine_kv_copy(engine *e, int src, int dst, int n);
 
-/* Recurrent state (qwen35): per slot, per DeltaNet layer, the conv tail [taps-1][conv_dim] then
- * the head matrices [v_heads][d][d], all f32: engine_state_bytes(e) bytes (0 without DeltaNet
- * layers). A forward updates it token by token; a segment starting at position 0 starts from
+/* Recurrent state (qwen35, granitehybrid): per slot, per DeltaNet layer, the conv tail
+ * [taps-1][conv_dim] then the head matrices [v_heads][d][d]; per Mamba2 layer, the conv tail
+ * [taps-1][inner + 2 groups state] then the head states [heads][inner / heads][state]; all f32:
+ * engine_state_bytes(e) bytes (0 without recurrent layers). A forward updates it token by token; a segment starting at position 0 starts from
  * zeros. A slot keeps k + 1 states (rollback k, engine_create): the state at length m lives in
  * entry m % (k + 1), so a token reads the entry of its position and writes the next one (in
  * place with k = 0), and the states of the last k + 1 lengths a slot went through stay where

@@ -172,7 +172,20 @@ struct kernel_table {
      * a[h]) (the decay; softplus(x) = x above 20, else log(1 + exp(x)), as ggml), beta[h] <-
      * 1 / (1 + exp(-beta[h])). */
     void (*gdn_gates)(float *alpha, float *beta, const float *dt, const float *a, int n);
+    /* Mamba2 (granitehybrid; mamba2.c). One token of one head's selective scan on S [p][n] (row
+     * i: channel i of the head, column j: state index j), from src (the state before the token;
+     * src == S: in place, else they do not overlap):
+     *   S_ij = src_ij * dA + B_j * (x_i * dt);   y_i = sum_j S_ij * C_j
+     * every product and sum rounded on its own (never fused), y's sum in mamba2.c's order, so
+     * every variant gives the same bits. dt: the softplus'd step, dA = exp(dt * A) (mamba2_gates). */
+    void (*mamba2_scan)(float *S, const float *src, float *y, const float *x, const float *B, const float *C,
+                        float dA, float dt, int p, int n);
 };
+
+/* Mamba2's step size and decay of n heads for one token, in place: dt[h] <- softplus(dt[h] +
+ * bias[h]) (x above 20, else log1p(exp(x)), as ggml), dA[h] = exp(dt[h] * a[h]) (a = -exp(A_log),
+ * as the file stores it). One portable version (mamba2.c): n exps a token. */
+void mamba2_gates(float *dt, float *dA, const float *bias, const float *a, int n);
 
 /* dispatch.c: the table called `name` ("generic"/"scalar", "avx2", "avx512vnni") or, for
  * NULL/"auto", the best the CPU supports. NULL if unknown or not supported by this CPU.
@@ -231,6 +244,8 @@ void gdn_step_generic(float *S, const float *src, float *o, const float *q, cons
 void gdn_steps_generic(float *S, float *o, int ldo, const float *q, const float *k, const float *v, int ldv,
                        const float *decay, const float *beta, int ldg, float scale, int d, int n);
 void gdn_gates_generic(float *alpha, float *beta, const float *dt, const float *a, int n);
+void mamba2_scan_generic(float *S, const float *src, float *y, const float *x, const float *B, const float *C, float dA,
+                         float dt, int p, int n);
 
 /* AVX2/FMA/F16C kernels (arch/x86_avx2.c); only called when the CPU has them. */
 void quantize_q8a_avx2(int8_t *qs, float *d, float *s, const float *x, int k);
@@ -269,6 +284,8 @@ void gdn_step_avx2(float *S, const float *src, float *o, const float *q, const f
 void gdn_steps_avx2(float *S, float *o, int ldo, const float *q, const float *k, const float *v, int ldv,
                     const float *decay, const float *beta, int ldg, float scale, int d, int n);
 void gdn_gates_avx2(float *alpha, float *beta, const float *dt, const float *a, int n);
+void mamba2_scan_avx2(float *S, const float *src, float *y, const float *x, const float *B, const float *C, float dA,
+                      float dt, int p, int n);
 
 /* Attention chunks in query tiles on AVX-512 (arch/x86_avx512_attn.c), bit-identical to
  * attention_chunk_avx2; the avx512vnni table's. */
@@ -282,6 +299,8 @@ void gdn_step_avx512(float *S, const float *src, float *o, const float *q, const
 void gdn_steps_avx512(float *S, float *o, int ldo, const float *q, const float *k, const float *v, int ldv,
                       const float *decay, const float *beta, int ldg, float scale, int d, int n);
 void ssm_conv_avx512(float *out, float *tail, const float *src, const float *x, const float *w, int taps, int n, int ld);
+void mamba2_scan_avx512(float *S, const float *src, float *y, const float *x, const float *B, const float *C, float dA,
+                        float dt, int p, int n);
 /* silu_mul on AVX-512 (arch/x86_avx512_act.c), bit-identical to silu_mul_avx2. */
 void silu_mul_avx512(float *out, const float *g, const float *u, int n);
 void shortconv_avx512(float *out, const float *gate, const void *const *rows, int rows_f16, const float *w, int taps,

@@ -2,7 +2,7 @@
 rewinds, copies, snapshots, internal steps, threads), its logits are bit-identical to a cold
 single-chunk run, so greedy tokens are identical too.
 
-qwen35 (Gated DeltaNet: a recurrent state per slot, extend only) runs every test with a
+qwen35 (Gated DeltaNet) and granitehybrid (Mamba2): a recurrent state per slot, extend only; they run every test with a
 rollback ring of ROLLBACK states, deep enough for each rewind here (and the random schedules
 keep their rewinds within it), so its rewinds go through the ring.
 
@@ -23,28 +23,31 @@ from slotserve.scheduler.interface import BatchItem
 
 N_VOCAB = 299
 GREEDY_STEPS = 6
-ROLLBACK = 64  # qwen35's rollback ring (slots are otherwise extend-only)
+ROLLBACK = 64  # the recurrent models' rollback ring (slots are otherwise extend-only)
 
 
 def make_pool(path, *args, **kwargs):
-    if model_file(path).config.ssm is not None:
+    if model_file(path).config.has_recurrent_state:
         kwargs.setdefault("rollback", ROLLBACK)
     return _make_pool(path, *args, **kwargs)
 
 
 def max_rewind(path) -> int:
-    return ROLLBACK if model_file(path).config.ssm is not None else 10**9
+    return ROLLBACK if model_file(path).config.has_recurrent_state else 10**9
 
 
-@pytest.fixture(scope="module", params=("Q4_1", "K_MIX") + ARCHS + ("qwen35",))
-def path(request, tiny_model_factory, arch_model_factory, qwen35_model_factory):
+@pytest.fixture(scope="module", params=("Q4_1", "K_MIX") + ARCHS + ("qwen35", "granitehybrid"))
+def path(request, tiny_model_factory, arch_model_factory, qwen35_model_factory, granite_model_factory):
     """Q4_1 (the default model's main type), a llama-quantize-style mix of K-quants, 5-bit and
     8-bit blocks (gguf_fixtures.WEIGHT_MIXES), and every other architecture's tiny model
-    (gemma3's sliding window of 16 is crossed many times), and qwen35's DeltaNet hybrid."""
+    (gemma3's sliding window of 16 is crossed many times), qwen35's DeltaNet hybrid and
+    granitehybrid's Mamba2 one (the granite scales on)."""
     if request.param == "K_MIX":
         return tiny_model_factory("K_MIX", **K_DIMS)
     if request.param == "qwen35":
         return qwen35_model_factory("Q8_0")
+    if request.param == "granitehybrid":
+        return granite_model_factory("Q8_0")
     if request.param in ARCHS:
         return arch_model_factory(request.param)
     return tiny_model_factory(request.param)

@@ -1,0 +1,266 @@
+"""granitehybrid (IBM Granite 4.0 H: Mamba2 layers and llama attention, the granite scales) in the
+engine: its loading, its logits against the NumPy reference (tests/reference.py), and the pool
+contract of a recurrent slot (scheduler/interface.py): extend only, snapshots that carry the
+Mamba2 state, whole-slot copies, the rollback ring."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from engine_support import feed, greedy, make_pool, model_file, random_tokens
+from gguf_fixtures_granite import write_tiny_granite
+from reference import ReferenceModel
+from slotserve.engine_ext.errors import UnsupportedModelError
+from slotserve.engine_ext.gguf_file import load_model_file
+from slotserve.engine_ext.pool import ComputeError
+
+N_VOCAB = 299
+KERNELS = ("scalar", "avx2")
+# float weights with f32 KV round float32 against float64 only (measured <= 6.2e-6 largest on
+# every variant, rope on and off); 8-bit weights also quantize every matmul input to 8-bit
+# blocks (measured <= 0.27 largest, 0.042 mean, logits of mean magnitude 1.07)
+FLOAT_ATOL = (1e-4, 1e-5)
+BLOCK_ATOL = (0.6, 0.08)
+
+
+@pytest.fixture(scope="module")
+def q8(granite_model_factory):
+    return granite_model_factory("Q8_0")
+
+
+@pytest.fixture(scope="module")
+def tokens() -> np.ndarray:
+    return random_tokens(100, N_VOCAB, seed=36)
+
+
+# -- loading ------------------------------------------------------------------------------------
+
+
+def test_config_reads_layer_kinds_dimensions_and_scales(q8):
+    cfg = model_file(q8).config
+    assert cfg.arch == "granitehybrid" and cfg.has_recurrent_state and cfg.ssm is None
+    assert cfg.recurrent_layers == (True, False, True, False, True)  # head_count_kv 0: Mamba2
+    assert cfg.n_kv_heads == 2 and cfg.conv_layers == (False,) * 5
+    m = cfg.mamba
+    assert m is not None
+    assert (m.conv, m.d_state, m.n_group, m.n_heads, m.inner, m.head_dim) == (4, 24, 2, 8, 128, 16)
+    assert (m.conv_dim, m.in_proj) == (128 + 2 * 2 * 24, 128 + 224 + 8)
+    assert cfg.embed_scale == 2.0 and cfg.residual_scale == 0.5 and cfg.logit_scale == 1.5
+    assert cfg.attn_scale == pytest.approx(0.2) and cfg.rope is False
+    assert cfg.recurrent_state_floats == 3 * 224 + 128 * 24
+
+
+def test_absent_scales_mean_none(granite_model_factory):
+    cfg = model_file(
+        granite_model_factory(
+            "F32",
+            rope=True,
+            scales={k: 0.0 for k in ("embedding_scale", "residual_scale", "attention.scale", "logit_scale")},
+        )
+    ).config
+    assert (cfg.embed_scale, cfg.residual_scale, cfg.logit_scale) == (1.0, 1.0, 1.0)
+    assert cfg.attn_scale == pytest.approx(16**-0.5) and cfg.rope is True
+
+
+def test_what_the_engine_does_not_run_is_refused(tmp_path):
+    with pytest.raises(UnsupportedModelError, match="bias"):
+        load_model_file(write_tiny_granite(tmp_path / "b.gguf", extra_tensors=["blk.1.attn_q.bias"]))
+    with pytest.raises(UnsupportedModelError, match="without any attention"):
+        load_model_file(write_tiny_granite(tmp_path / "a.gguf", attention_layers=()))
+
+
+# -- against the reference ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernels", KERNELS)
+@pytest.mark.parametrize(("weight_type", "rope"), [("F32", False), ("F32", True), ("Q8_0", False)])
+def test_prefill_and_decode_match_reference(granite_model_factory, weight_type, rope, kernels):
+    path = granite_model_factory(weight_type, rope=rope)
+    toks = random_tokens(40, N_VOCAB, seed=11)
+    want = ReferenceModel(path).logits(toks)[29:]
+    pool = make_pool(path, 2, 64, kv_dtype="f32", kernels=kernels)
+    rows = [pool.forward([(1, toks[:30], 0, True)])[0]]
+    for p in range(30, 40):
+        rows.append(pool.forward([(1, toks[p : p + 1], p, True)])[0])
+    diff = np.abs(np.array(rows) - want)
+    max_atol, mean_atol = FLOAT_ATOL if weight_type == "F32" else BLOCK_ATOL
+    assert diff.max() <= max_atol and diff.mean() <= mean_atol, (diff.max(), diff.mean())
+    if weight_type == "F32":  # greedy picks the reference's token wherever it is clear
+        top2 = np.sort(want, axis=1)[:, -2:]
+        clear = top2[:, 1] - top2[:, 0] > 2 * max_atol
+        assert clear.sum() >= 8
+        assert np.array_equal(np.array(rows)[clear].argmax(axis=1), want[clear].argmax(axis=1))
+
+
+def test_rope_changes_the_logits(granite_model_factory):
+    """rope.scaling.finetuned switches rotation on: the same weights give other logits (so the
+    reference test above tests both paths)."""
+    toks = random_tokens(20, N_VOCAB, seed=3)
+    a = make_pool(granite_model_factory("F32"), 1, 32, kv_dtype="f32").forward([(0, toks, 0, True)])[0]
+    b = make_pool(granite_model_factory("F32", rope=True), 1, 32, kv_dtype="f32").forward(
+        [(0, toks, 0, True)]
+    )[0]
+    assert np.abs(a - b).max() > 1e-3
+
+
+def test_other_shapes_untied_and_unscaled_match_reference(granite_model_factory):
+    """One group, a state of 16 (no scan tail), 3 taps, own output matrix, no scale keys."""
+    path = granite_model_factory(
+        "F32", n_group=1, d_state=16, conv=3, tied=False, n_layers=4, attention_layers=(2,),
+        scales={"embedding_scale": 0.0, "residual_scale": 0.0, "attention.scale": 0.0, "logit_scale": 0.0},
+    )  # fmt: skip
+    toks = random_tokens(24, N_VOCAB, seed=4)
+    want = ReferenceModel(path).logits(toks)[-1]
+    got = make_pool(path, 1, 32, kv_dtype="f32").forward([(0, toks, 0, True)])[0]
+    assert np.abs(got - want).max() <= FLOAT_ATOL[0]
+
+
+def test_f16_kv_stays_within_the_f16_tolerance(granite_model_factory):
+    path = granite_model_factory("F32")
+    toks = random_tokens(40, N_VOCAB, seed=12)
+    want = ReferenceModel(path).logits(toks)[29:]
+    pool = make_pool(path, 1, 64)
+    assert pool.kv_dtype == "f16"
+    rows = [pool.forward([(0, toks[:30], 0, True)])[0]]
+    for p in range(30, 40):
+        rows.append(pool.forward([(0, toks[p : p + 1], p, True)])[0])
+    diff = np.abs(np.array(rows) - want)
+    assert diff.max() <= 0.02 and diff.mean() <= 0.003, (diff.max(), diff.mean())
+
+
+# -- the pool contract of a recurrent slot ---------------------------------------------------------
+
+
+def test_extend_only(q8, tokens):
+    pool = make_pool(q8, 2, 128)
+    assert pool.recurrent and pool.kv_window is None
+    feed(pool, 0, tokens[:40])
+    assert pool.min_truncate_len(0) == pool.slot_len(0) == 40
+    for bad in (
+        lambda: pool.truncate(0, 39),
+        lambda: pool.copy_prefix(0, 1, 20),
+        lambda: pool.snapshot(0, 20),
+    ):
+        with pytest.raises(ValueError, match="recurrent state"):
+            bad()
+        assert pool.slot_len(0) == 40 and pool.slot_len(1) == 0
+    pool.truncate(0, 0)  # emptying is always allowed, and the slot starts afresh
+    cold = make_pool(q8, 1, 128)
+    assert np.array_equal(feed(pool, 0, tokens[:30]), feed(cold, 0, tokens[:30]))
+    pool.check_integrity()
+
+
+def test_snapshot_restore_then_extend_equals_cold(q8, tokens):
+    pool = make_pool(q8, 2, 128)
+    feed(pool, 0, tokens[:50])
+    snap = pool.snapshot(0, 50)
+    assert len(snap) == pool.snapshot_nbytes(50)
+    cold = make_pool(q8, 1, 128)
+    want = feed(cold, 0, tokens[:80])
+    want_tokens = greedy(cold, 0, want, 5)[0]
+    for target, slot in ((pool, 1), (make_pool(q8, 2, 128), 0)):
+        assert target.restore(slot, snap) == 50  # the reused tokens
+        assert target.min_truncate_len(slot) == 50
+        got = feed(target, slot, tokens[50:80])  # the tail only
+        assert np.array_equal(got, want)
+        assert greedy(target, slot, got, 5)[0] == want_tokens
+
+
+def test_snapshot_nbytes_is_exact(q8, tokens):
+    pool = make_pool(q8, 1, 128)
+    for n in (1, 8, 9, 33):
+        pool.truncate(0, 0)
+        feed(pool, 0, tokens[:n])
+        assert len(pool.snapshot(0, n)) == pool.snapshot_nbytes(n)
+    # 3 Mamba2 layers x f32 x (a tail of 3 conv inputs of 128 + 2 x 2 x 24 channels + 8 heads of 16 x 24)
+    assert pool.state_bytes == 3 * 4 * (3 * 224 + 8 * 16 * 24)
+
+
+def test_restore_refuses_other_layouts(q8, granite_model_factory, qwen35_model_factory, tokens):
+    pool = make_pool(q8, 1, 128)
+    feed(pool, 0, tokens[:20])
+    snap = pool.snapshot(0, 20)
+    others = (
+        make_pool(q8, 1, 128, kv_dtype="f32"),
+        make_pool(granite_model_factory("Q8_0", seed=1), 1, 128),
+        make_pool(qwen35_model_factory("Q8_0"), 1, 128),
+    )
+    for other in others:
+        feed(other, 0, tokens[:5])
+        with pytest.raises(ValueError, match="another model|dtype"):
+            other.restore(0, snap)
+        assert other.slot_len(0) == 5
+    damaged = bytearray(snap)
+    damaged[-100] ^= 1  # a bit of the Mamba2 state
+    with pytest.raises(ValueError, match="damaged"):
+        pool.restore(0, bytes(damaged))
+
+
+def test_whole_slot_copy_forks(q8, tokens):
+    pool = make_pool(q8, 3, 128)
+    feed(pool, 0, tokens[:45])
+    pool.copy_prefix(0, 1, 45)
+    pool.copy_prefix(0, 2, 45)
+    cold = make_pool(q8, 1, 128)
+    for slot, tail in ((0, tokens[45:60]), (1, tokens[60:75]), (2, tokens[45:50])):
+        cold.truncate(0, 0)
+        want = feed(cold, 0, np.concatenate([tokens[:45], tail]))
+        assert np.array_equal(feed(pool, slot, tail), want)
+
+
+def test_injected_fault_empties_only_its_slot(q8, tokens):
+    pool = make_pool(q8, 2, 128)
+    feed(pool, 0, tokens[:20])
+    feed(pool, 1, tokens[:10])
+    pool._inject_fault(1)
+    with pytest.raises(ComputeError) as info:
+        pool.forward([(1, tokens[10:12], 10, True), (0, tokens[20:25], 20, True)])
+    assert info.value.tainted == (1,)
+    assert pool.slot_len(1) == 0 and pool.slot_len(0) == 20
+    cold = make_pool(q8, 1, 128)
+    assert np.array_equal(feed(pool, 0, tokens[20:30]), feed(cold, 0, tokens[:30]))  # state untouched
+    pool.check_integrity()
+
+
+@pytest.mark.parametrize("max_batch_tokens", [3, 512])
+def test_rollback_ring_takes_back_up_to_k_tokens_exactly(q8, tokens, max_batch_tokens):
+    k = 4
+    pool = make_pool(q8, 2, 128, rollback=k, max_batch_tokens=max_batch_tokens)
+    feed(pool, 0, tokens[:2])
+    feed(pool, 0, tokens[2:30], chunks=[10, 1, 17])
+    assert pool.min_truncate_len(0) == 30 - k
+    cold = make_pool(q8, 1, 128)
+    for back in (k, 1, 3):
+        n = pool.slot_len(0) - back
+        pool.truncate(0, n)
+        cold.truncate(0, 0)
+        assert np.array_equal(feed(pool, 0, tokens[n : n + 2]), feed(cold, 0, tokens[: n + 2]))
+    n = pool.slot_len(0) - 2
+    snap = pool.snapshot(0, n)
+    pool.copy_prefix(0, 1, n)
+    cold.truncate(0, 0)
+    want = feed(cold, 0, tokens[: n + 3])
+    assert np.array_equal(feed(pool, 1, tokens[n : n + 3]), want)
+    pool.truncate(0, 0)
+    assert pool.restore(0, snap) == n
+    assert np.array_equal(feed(pool, 0, tokens[n : n + 3]), want)
+    pool.check_integrity()
+
+
+def test_rollback_ring_random_walk_matches_cold(q8, tokens):
+    k = 3
+    rng = np.random.default_rng(8)
+    pool, cold = make_pool(q8, 1, 128, rollback=k), make_pool(q8, 1, 128)
+    feed(pool, 0, tokens[:5])
+    cuts = 0
+    for _ in range(24):
+        n = pool.slot_len(0)
+        if rng.random() < 0.45 and n > pool.min_truncate_len(0):
+            pool.truncate(0, int(rng.integers(pool.min_truncate_len(0), n)))
+            cuts += 1
+            continue
+        m = min(int(rng.integers(1, 7)), len(tokens) - n)
+        cold.truncate(0, 0)
+        assert np.array_equal(feed(pool, 0, tokens[n : n + m]), feed(cold, 0, tokens[: n + m]))
+    assert cuts >= 5
+    pool.check_integrity()

@@ -1,0 +1,159 @@
+"""The tiny `granitehybrid` fixture (IBM Granite 4.0 H's architecture: Mamba2 layers and llama
+attention) written with the `gguf` package, its tensors named and shaped as llama.cpp's loader
+wants them (src/models/granite-hybrid.cpp). gguf_fixtures.py holds the shared tokenizer and
+weight writers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf_fixtures import BOS_ID, CHATML_TEMPLATE, EOS_ID, K_TYPES, _add, random_blocks, tiny_vocab
+
+# 5 layers, attention on 1 and 3 (head_count_kv 0 on the Mamba2 ones); 8 Mamba2 heads of 16
+# channels in 2 groups (heads 0-3 read group 0, 4-7 group 1); a state of 24 per channel (one
+# 16-wide block of the scan's vectors and a tail of 8); the granite scales all away from 1.
+GRANITE_DIMS: dict[str, object] = dict(
+    n_layers=5, dim=64, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=128, attention_layers=(1, 3),
+    inner=128, n_heads_ssm=8, d_state=24, n_group=2, conv=4,
+)  # fmt: skip
+
+
+def write_tiny_granite(
+    path: str | Path,
+    *,
+    weight_type: str = "F32",
+    seed: int = 0,
+    n_layers: int = 5,
+    dim: int = 64,
+    n_heads: int = 4,
+    n_kv_heads: int = 2,
+    head_dim: int = 16,
+    ffn_dim: int = 128,
+    attention_layers: Sequence[int] = (1, 3),
+    inner: int = 128,
+    n_heads_ssm: int = 8,
+    d_state: int = 24,
+    n_group: int = 2,
+    conv: int = 4,
+    rope: bool = False,
+    scales: Mapping[str, float] | None = None,
+    tensor_types: Mapping[str, str] | None = None,
+    tied: bool = True,
+    extra_tensors: Sequence[str] = (),
+) -> Path:
+    """A random tiny `granitehybrid` model with the tiny tokenizer:
+
+        Mamba2 layer (head_count_kv 0): ssm_in (dim -> z inner | x inner, B, C 2 n_group d_state |
+            dt n_heads_ssm), ssm_conv1d [conv_dim][conv] and its bias, ssm_dt.bias, ssm_a
+            (-exp(A_log)) and ssm_d [1][heads], ssm_norm [n_group][inner / n_group], ssm_out
+        attention layer: attn_q, attn_k, attn_v, attn_output (no biases, no q/k norms)
+        every layer: attn_norm, ffn_norm, ffn_{gate,up,down}
+
+    rope: rope.scaling.finetuned (False, as Granite 4.0 H files: no positions in attention);
+    scales overrides embedding_scale, residual_scale, attention.scale, logit_scale (0: the key
+    is not written); weight_type applies to every 2-D weight, tensor_types overrides single
+    tensors by name or kind; extra_tensors adds F32 tensors of those names (shape [dim]).
+    """
+    path = Path(path)
+    rng = np.random.default_rng(seed)
+    tokens, token_types, merges = tiny_vocab()
+    n_vocab = len(tokens)
+    overrides = dict(tensor_types or {})
+    conv_dim = inner + 2 * n_group * d_state
+    in_proj = inner + conv_dim + n_heads_ssm
+    q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
+    arch = "granitehybrid"
+    all_scales = {"embedding_scale": 2.0, "residual_scale": 0.5, "attention.scale": 0.2, "logit_scale": 1.5}
+    all_scales.update(scales or {})
+
+    def type_of(name: str) -> str:
+        kind = name.removesuffix(".weight").split(".")[-1]
+        return overrides.get(name, overrides.get(kind, weight_type))
+
+    w = GGUFWriter(path, arch)
+    w.add_name(f"tiny-granitehybrid-{weight_type}")
+    w.add_block_count(n_layers)
+    w.add_context_length(4096)
+    w.add_embedding_length(dim)
+    w.add_feed_forward_length(ffn_dim)
+    w.add_head_count(n_heads)
+    w.add_array(
+        f"{arch}.attention.head_count_kv",
+        [n_kv_heads if i in attention_layers else 0 for i in range(n_layers)],
+    )
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(10000.0)
+    w.add_bool(f"{arch}.rope.scaling.finetuned", rope)
+    w.add_layer_norm_rms_eps(1e-5)
+    for name, value in all_scales.items():
+        if value:
+            w.add_float32(f"{arch}.{name}", value)
+    w.add_uint32(f"{arch}.expert_count", 0)
+    w.add_uint32(f"{arch}.expert_used_count", 0)
+    w.add_uint32(f"{arch}.ssm.conv_kernel", conv)
+    w.add_uint32(f"{arch}.ssm.state_size", d_state)
+    w.add_uint32(f"{arch}.ssm.group_count", n_group)
+    w.add_uint32(f"{arch}.ssm.time_step_rank", n_heads_ssm)
+    w.add_uint32(f"{arch}.ssm.inner_size", inner)
+    w.add_vocab_size(n_vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(token_types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(False)
+    w.add_add_space_prefix(False)
+    w.add_chat_template(CHATML_TEMPLATE)
+
+    def add_weight(name: str, rows: int, cols: int, scale: float) -> None:
+        type_name = type_of(name)
+        if type_name in K_TYPES:
+            qtype = GGMLQuantizationType[type_name]
+            w.add_tensor(name, random_blocks(type_name, rows, cols, rng, std=scale), raw_dtype=qtype)
+        else:
+            _add(w, name, (rng.standard_normal((rows, cols)) * scale).astype(np.float32), type_name)
+
+    def add_vec(name: str, values: np.ndarray) -> None:
+        w.add_tensor(name, values.astype(np.float32))
+
+    def add_norm(name: str, n: int = dim) -> None:
+        add_vec(name, 1.0 + 0.1 * rng.standard_normal(n))
+
+    add_weight("token_embd.weight", n_vocab, dim, 0.25)
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        add_norm(p + "attn_norm.weight")
+        if i not in attention_layers:
+            add_weight(p + "ssm_in.weight", in_proj, dim, dim**-0.5)
+            add_vec(p + "ssm_conv1d.weight", 0.5 * rng.standard_normal((conv_dim, conv)))
+            add_vec(p + "ssm_conv1d.bias", 0.1 * rng.standard_normal(conv_dim))
+            add_vec(p + "ssm_dt.bias", 0.5 * rng.standard_normal(n_heads_ssm))
+            add_vec(p + "ssm_a", -np.exp(rng.uniform(-1.5, 0.5, (n_heads_ssm, 1))))
+            add_vec(p + "ssm_d", rng.uniform(0.5, 1.5, (n_heads_ssm, 1)))
+            add_vec(p + "ssm_norm.weight", 1.0 + 0.1 * rng.standard_normal((n_group, inner // n_group)))
+            add_weight(p + "ssm_out.weight", dim, inner, 4.0 * inner**-0.5)
+        else:
+            add_weight(p + "attn_q.weight", q_dim, dim, dim**-0.5)
+            add_weight(p + "attn_k.weight", kv_dim, dim, dim**-0.5)
+            add_weight(p + "attn_v.weight", kv_dim, dim, dim**-0.5)
+            add_weight(p + "attn_output.weight", dim, q_dim, 4.0 * q_dim**-0.5)
+        add_norm(p + "ffn_norm.weight")
+        add_weight(p + "ffn_gate.weight", ffn_dim, dim, dim**-0.5)
+        add_weight(p + "ffn_up.weight", ffn_dim, dim, dim**-0.5)
+        add_weight(p + "ffn_down.weight", dim, ffn_dim, 4.0 * ffn_dim**-0.5)
+    for name in extra_tensors:
+        add_vec(name, np.zeros(dim))
+    add_norm("output_norm.weight")
+    if not tied:
+        add_weight("output.weight", n_vocab, dim, 0.25)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -32,6 +32,14 @@ ssm_dt.bias and ssm_norm F32; the attention layers' attn_q is twice q_dim (queri
 with F32 q/k norms; the FFN's norm is post_attention_norm. attn_v's extra bit counts the
 attention layers only, as for lfm2.
 
+granitehybrid (granite-4.0-h-350m's shape): every layer not in attn_layers is Mamba2
+(head_count_kv written per layer, 0 there): ssm_in and ssm_out Q4_K like any 2-D weight,
+ssm_conv1d and its bias F32, ssm_dt.bias, ssm_a (-exp(A_log): -1 +- 0.2), ssm_d and ssm_norm F32
+(ssm_norm [groups][inner / groups], kept 2-D as the converter writes it); the attention layers are
+llama's (no norms, no biases); the granite scales (embedding_scale, residual_scale,
+attention.scale, logit_scale) as the real file's, rope.scaling.finetuned false (no RoPE).
+attn_v's extra bit counts the attention layers only, as for lfm2.
+
 qwen3moe (Qwen3-30B-A3B's shape, and a tiny one for CI-sized runs): every layer's FFN is
 n_expert experts of expert_ffn, stored as 3-D ffn_{gate,up,down}_exps (one slice per expert),
 the router ffn_gate_inp F32 (llama-quantize never quantizes it); ffn_down_exps takes
@@ -84,12 +92,22 @@ class Preset:
     attn_interval: int = 0  # qwen35: full_attention_interval
     rope_dim: int = 0  # qwen35: rope.dimension_count (0: head_dim)
     moe: tuple[int, ...] = ()  # qwen3moe: (experts, used per token, expert ffn)
+    mamba: tuple[int, ...] = ()  # granitehybrid: (conv taps, state, groups, heads, inner)
+    attn_layers: tuple[int, ...] = ()  # granitehybrid: the attention layers (the rest Mamba2)
+    scales: tuple[float, ...] = ()  # granitehybrid: embedding, residual, attention, logit scale
 
     def is_deltanet(self, i: int) -> bool:
         return bool(self.deltanet) and (i + 1) % self.attn_interval != 0
 
+    def is_mamba(self, i: int) -> bool:
+        return bool(self.mamba) and i not in self.attn_layers
+
     def attention_layers(self) -> list[int]:
-        return [i for i in range(self.n_layers) if i not in self.conv_layers and not self.is_deltanet(i)]
+        return [
+            i
+            for i in range(self.n_layers)
+            if i not in self.conv_layers and not self.is_deltanet(i) and not self.is_mamba(i)
+        ]
 
 
 PRESETS: dict[str, Preset] = {
@@ -166,6 +184,25 @@ PRESETS: dict[str, Preset] = {
         ctx_train=40960,
         moe=(128, 8, 768),
     ),
+    # IBM granite-4.0-h-350m: 32 layers, 28 Mamba2 (48 heads of 32 channels, a state of 128, one
+    # group, conv 4) and 4 attention (10, 13, 17, 27: 12 heads, 4 kv heads of 64, no RoPE), ffn
+    # 2048, tied embeddings of 100,352 tokens, the granite scales of its file
+    "granite-4.0-h-350m": Preset(
+        "granitehybrid",
+        32,
+        768,
+        12,
+        4,
+        64,
+        2048,
+        100352,
+        10000.0,
+        tied=True,
+        rms_eps=1e-5,
+        mamba=(4, 128, 1, 48, 1536),
+        attn_layers=(10, 13, 17, 27),
+        scales=(12.0, 0.246, 0.015625, 3.0),
+    ),
     # the same architecture at CI size: 4 layers, 8 experts of 256 (2 per token)
     "qwen3-moe-tiny": Preset("qwen3moe", 4, 256, 4, 2, 128, 512, 1024, 1e6, tied=False, moe=(8, 2, 256)),
 }
@@ -220,6 +257,7 @@ class TensorPlan:
     std: float  # dequantized values' standard deviation (F32: the value spread around `mean`)
     mean: float = 0.0
     experts: int = 0  # a 3-D expert tensor: rows is experts x the rows of one expert
+    two_d: bool = False  # an F32 tensor written [rows][cols] even when rows is 1
 
     @property
     def nbytes(self) -> int:
@@ -260,6 +298,10 @@ def tensor_plan(p: Preset) -> list[TensorPlan]:
             plan.extend(_deltanet_plan(p, b, weight, vector))
             plan.extend(_ffn_plan(p, b, weight, vector))
             continue
+        if p.is_mamba(i):
+            plan.extend(_mamba_plan(p, b, weight, vector))
+            plan.extend(_ffn_plan(p, b, weight, vector))
+            continue
         plan.append(weight(b + "attn_q.weight", 2 * q_dim if p.deltanet else q_dim, p.dim, p.dim**-0.5))
         plan.append(weight(b + "attn_k.weight", kv_dim, p.dim, p.dim**-0.5))
         plan.append(weight(b + "attn_v.weight", kv_dim, p.dim, p.dim**-0.5))
@@ -298,6 +340,26 @@ def _deltanet_plan(
         weight(b + "ssm_alpha.weight", v_heads, p.dim, p.dim**-0.5),
         vector(b + "ssm_norm.weight", d, 1.0, 0.1),
         weight(b + "ssm_out.weight", p.dim, value_dim, 4.0 * value_dim**-0.5),
+    ]
+
+
+def _mamba_plan(
+    p: Preset,
+    b: str,
+    weight: Callable[[str, int, int, float], TensorPlan],
+    vector: Callable[[str, int, float, float], TensorPlan],
+) -> list[TensorPlan]:
+    taps, state, groups, heads, inner = p.mamba
+    conv_dim = inner + 2 * groups * state
+    return [
+        weight(b + "ssm_in.weight", inner + conv_dim + heads, p.dim, p.dim**-0.5),
+        TensorPlan(b + "ssm_conv1d.weight", "F32", conv_dim, taps, 0.5),
+        vector(b + "ssm_conv1d.bias", conv_dim, 0.0, 0.1),
+        vector(b + "ssm_dt.bias", heads, 0.0, 0.5),
+        TensorPlan(b + "ssm_a", "F32", heads, 1, 0.2, -1.0),
+        TensorPlan(b + "ssm_d", "F32", heads, 1, 0.1, 1.0),
+        TensorPlan(b + "ssm_norm.weight", "F32", groups, inner // groups, 0.1, 1.0, two_d=True),
+        weight(b + "ssm_out.weight", p.dim, inner, 4.0 * inner**-0.5),
     ]
 
 
@@ -399,6 +461,10 @@ def write_synthetic(path: str | Path, preset: Preset, *, seed: int = 0) -> Path:
         counts = [0 if i in preset.conv_layers else preset.n_kv_heads for i in range(preset.n_layers)]
         w.add_array(f"{preset.arch}.attention.head_count_kv", counts)
         w.add_uint32(f"{preset.arch}.shortconv.l_cache", preset.conv_len)
+    elif preset.mamba:  # granitehybrid: per layer, 0 on the Mamba2 ones
+        counts = [0 if preset.is_mamba(i) else preset.n_kv_heads for i in range(preset.n_layers)]
+        w.add_array(f"{preset.arch}.attention.head_count_kv", counts)
+        _add_mamba_keys(w, preset)
     else:
         w.add_head_count_kv(preset.n_kv_heads)
     w.add_rope_dimension_count(preset.rope_dim or preset.head_dim)
@@ -434,7 +500,7 @@ def write_synthetic(path: str | Path, preset: Preset, *, seed: int = 0) -> Path:
     w.add_add_bos_token(preset.pre == "llama-bpe")
     for t in plan:
         if t.type_name == "F32":
-            shape = (t.rows, t.cols) if t.rows > 1 else (t.cols,)  # numpy order: ggml (cols, rows)
+            shape = (t.rows, t.cols) if t.rows > 1 or t.two_d else (t.cols,)  # numpy order: ggml (cols, rows)
             w.add_tensor_info(t.name, shape, np.dtype(np.float32), t.nbytes)
         elif t.experts:
             qtype, per = GGMLQuantizationType[t.type_name], t.rows // t.experts
@@ -462,6 +528,22 @@ def write_synthetic(path: str | Path, preset: Preset, *, seed: int = 0) -> Path:
         partial.unlink(missing_ok=True)
         raise
     return path
+
+
+def _add_mamba_keys(w: GGUFWriter, preset: Preset) -> None:
+    """granitehybrid's ssm.* keys, its scales, and no RoPE (module doc)."""
+    arch = preset.arch
+    taps, state, groups, heads, inner = preset.mamba
+    w.add_uint32(f"{arch}.ssm.conv_kernel", taps)
+    w.add_uint32(f"{arch}.ssm.state_size", state)
+    w.add_uint32(f"{arch}.ssm.group_count", groups)
+    w.add_uint32(f"{arch}.ssm.time_step_rank", heads)
+    w.add_uint32(f"{arch}.ssm.inner_size", inner)
+    for key, value in zip(
+        ("embedding_scale", "residual_scale", "attention.scale", "logit_scale"), preset.scales
+    ):
+        w.add_float32(f"{arch}.{key}", value)
+    w.add_bool(f"{arch}.rope.scaling.finetuned", False)
 
 
 def default_dir() -> Path:
@@ -497,6 +579,7 @@ BENCH_SIZES: dict[str, BenchSizes] = {
     "llama3-8b": BenchSizes((64,), 16, 64),
     "lfm2-350m": BenchSizes((128, 512), 64, 512),
     "qwen3.5-0.8b": BenchSizes((128, 512), 64, 512),
+    "granite-4.0-h-350m": BenchSizes((128, 512), 64, 512),
     "qwen3-30b-a3b": BenchSizes((512,), 128, 2048),  # issue 24's pp512, tg128, tg128 at depth 2048
     "qwen3-moe-tiny": BenchSizes((64, 256), 32, 256),
 }

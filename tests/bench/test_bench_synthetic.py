@@ -54,8 +54,8 @@ def test_q4_k_m_types_follow_the_rule(name: str) -> None:
     attention = p.attention_layers()
     for t in plan.values():
         if t.rows == 1 or t.name.endswith(
-            ("shortconv.conv.weight", "ssm_conv1d.weight", "ffn_gate_inp.weight")
-        ):  # norms, conv kernels, MoE routers
+            ("shortconv.conv.weight", "ssm_conv1d.weight", "ffn_gate_inp.weight", ".ssm_a", ".ssm_d")
+        ):  # norms, conv kernels, MoE routers, Mamba2's A and D
             assert t.type_name == "F32", t.name
             continue
         layer = int(t.name.split(".")[1]) if t.name.startswith("blk.") else -1
@@ -83,6 +83,7 @@ def test_q4_k_m_types_follow_the_rule(name: str) -> None:
         "llama3-8b": 4.92e9,
         "lfm2-350m": 0.229e9,
         "qwen3.5-0.8b": 0.516e9,
+        "granite-4.0-h-350m": 0.213e9,  # granite-4.0-h-350m-Q4_K_M.gguf: 213 MB
         "qwen3-30b-a3b": 18.6e9,  # Qwen3-30B-A3B-Q4_K_M.gguf: 18.6 GB
         "qwen3-moe-tiny": TINY_MOE_BYTES,
     }[name]
@@ -103,6 +104,13 @@ def test_q4_k_m_types_follow_the_rule(name: str) -> None:
             "blk.8.attn_v.weight",
             "blk.14.attn_v.weight",
         ]
+    if name == "granite-4.0-h-350m":  # 28 Mamba2 + 4 attention layers; attn_v's extra bit on the 3rd and 4th
+        assert sum("ssm_in" in n for n in plan) == 28 and sum("attn_q." in n for n in plan) == 4
+        assert plan["blk.0.ssm_in.weight"].rows == 2 * 1536 + 2 * 128 + 48
+        assert [n for n in plan if n.endswith("attn_v.weight") and plan[n].type_name == "Q6_K"] == [
+            "blk.17.attn_v.weight",
+            "blk.27.attn_v.weight",
+        ]
     if name == "qwen3.5-0.8b":  # 18 DeltaNet + 6 attention layers (3, 7, ..., 23)
         assert sum("attn_qkv" in n for n in plan) == 18 and sum("attn_q." in n for n in plan) == 6
         assert plan["blk.3.attn_q.weight"].rows == 2 * 8 * 256  # queries and gates
@@ -117,6 +125,8 @@ def test_engine_loads_the_file_and_logits_are_finite(tmp_path, name: str) -> Non
     # lfm2: 3 layers reach its first attention layer (2); qwen35: 4 reach its first (3)
     p = PRESETS[name]
     p = shrunk(p, n_layers=4 if p.deltanet else 3 if p.conv_layers else 2, n_vocab=600)
+    if p.mamba:  # granitehybrid: Mamba2, then attention
+        p = shrunk(p, attn_layers=(1,))
     if p.moe:  # 8 experts of 256, 2 per token: the file stays small
         p = shrunk(p, moe=(8, 2, 256))
     path = synthetic.write_synthetic(tmp_path / "m.gguf", p)

@@ -1,5 +1,6 @@
 """Captures and routing around recurrent state on the real C engine with the tiny qwen35
-fixture (the basic reuse paths: test_sched_real_engine_qwen35.py): an edited early turn restores
+fixture and the tiny granitehybrid one (Mamba2 state; the basic reuse paths:
+test_sched_real_engine_qwen35.py, test_sched_real_engine_granite.py): an edited early turn restores
 the turn capture below the divergence, an evicted conversation comes back from disk after a
 restart, a cancel mid-decode leaves the slot extendable, and a Hypothesis property checks the
 reuse against a brute-force oracle of the capture rules; every warm answer equals a cold run
@@ -26,15 +27,18 @@ from slotserve.scheduler.request import ReuseSource, TokenEvent
 from slotserve.scheduler.scheduler import Scheduler
 
 
-@pytest.fixture(scope="module")
-def qwen35_path(qwen35_model_factory):
+@pytest.fixture(scope="module", params=["qwen35", "granitehybrid"])
+def recurrent_path(request, qwen35_model_factory, granite_model_factory):
+    """The tiny qwen35 or granitehybrid fixture."""
+    if request.param == "granitehybrid":
+        return granite_model_factory("Q8_0")
     return qwen35_model_factory("Q8_0")
 
 
 @pytest.fixture
-def open_pool(qwen35_path):
+def open_pool(recurrent_path):
     # the recurrent layout is in use
-    return pool_opener(qwen35_path, check=lambda pool: "/recurrent=" in pool.fingerprint)
+    return pool_opener(recurrent_path, check=lambda pool: "/recurrent=" in pool.fingerprint)
 
 
 def sched_for(pool, tok, **kw) -> Scheduler:

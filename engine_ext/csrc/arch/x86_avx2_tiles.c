@@ -12,7 +12,7 @@
  * row's 4 activation bytes broadcast from a fixed offset (the row loop unrolled: no address
  * arithmetic per row). 16 ymm registers hold the unit, not the rows' sums: the rows' float
  * accumulators live in a stash in L1 (16 rows x T_OB groups), read and written once per unit;
- * the second pass (the corrections) runs 4 rows at a time in registers.
+ * the second pass (the corrections) runs T_CR rows at a time in registers.
  * NOTE: on the Zen 5 this was written on (AVX2 forced), the 5-bit and 6-bit types gain (their
  * unpacking, 3-4 instructions a vector, is now spread over 16 rows instead of 4: Q5_0 +10-20%,
  * Q5_K +40%, Q6_K 2x) and Q4_K a little; Q4_0, Q4_1 and Q8_0 (x86_gemm_x8.h: cheap to unpack,
@@ -49,6 +49,9 @@
 #define T_KS 1024   /* activation elements per slice of a tile (the buffer's row length) */
 #define T_NB (T_KS / QK)
 #define T_OB 16     /* groups per block of outputs (the accumulator stash) */
+/* rows per pass of the corrections: each row's sum is one chain of FMAs, so 4 at a time waited
+ * on the FMA's latency (4 cycles: 1 FMA a cycle, half the rate); 8 fill both FMA pipes */
+#define T_CR 8
 
 #define T_AI static inline __attribute__((always_inline))
 #define T_UNROLL _Pragma("GCC unroll 16")
@@ -151,16 +154,16 @@ T_AI void tg_q5(int tk, const char *g, int nbs, const t_act *t, __m256 *acc, __m
         const __m256 d8 = t_ph(dp);
         T_UNROLL for (int i = 0; i < T_ROWS; i++) T_FMA(t_dot5(q, t->qs[b][i], ones), i);
     }
-    /* the correction, 4 rows at a time in registers */
-    for (int i0 = 0; i0 < T_ROWS; i0 += 4) {
-        __m256 c4[4];
-        T_UNROLL for (int i = 0; i < 4; i++) c4[i] = cor[i0 + i];
+    /* the correction, T_CR rows at a time in registers */
+    for (int i0 = 0; i0 < T_ROWS; i0 += T_CR) {
+        __m256 c[T_CR];
+        T_UNROLL for (int i = 0; i < T_CR; i++) c[i] = cor[i0 + i];
         for (int b = 0; b < nbs; b++) {
             const __m256 c8 = tk == T_Q5_0 ? _mm256_mul_ps(_mm256_set1_ps(-16.0f), t_ph(((const block_q5_0x8 *)g + b)->d))
                                            : t_ph(((const block_q5_1x8 *)g + b)->m);
-            T_UNROLL for (int i = 0; i < 4; i++) c4[i] = _mm256_fmadd_ps(c8, _mm256_set1_ps(t->s[b][i0 + i]), c4[i]);
+            T_UNROLL for (int i = 0; i < T_CR; i++) c[i] = _mm256_fmadd_ps(c8, _mm256_set1_ps(t->s[b][i0 + i]), c[i]);
         }
-        T_UNROLL for (int i = 0; i < 4; i++) cor[i0 + i] = c4[i];
+        T_UNROLL for (int i = 0; i < T_CR; i++) cor[i0 + i] = c[i];
     }
 }
 
@@ -212,12 +215,12 @@ T_AI void tg_k4(int tk, const char *g, int nss, const t_act *t, __m256 *acc, __m
         __m256 mf[8];
         for (int j = 0; j < 8; j++)
             mf[j] = _mm256_mul_ps(dmin8, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn[j]))));
-        for (int i0 = 0; i0 < T_ROWS; i0 += 4) {
-            __m256 c4[4];
-            T_UNROLL for (int i = 0; i < 4; i++) c4[i] = cor[i0 + i];
+        for (int i0 = 0; i0 < T_ROWS; i0 += T_CR) {
+            __m256 c[T_CR];
+            T_UNROLL for (int i = 0; i < T_CR; i++) c[i] = cor[i0 + i];
             for (int j = 0; j < 8; j++)
-                T_UNROLL for (int i = 0; i < 4; i++) c4[i] = _mm256_fnmadd_ps(mf[j], _mm256_set1_ps(t->s[8 * s + j][i0 + i]), c4[i]);
-            T_UNROLL for (int i = 0; i < 4; i++) cor[i0 + i] = c4[i];
+                T_UNROLL for (int i = 0; i < T_CR; i++) c[i] = _mm256_fnmadd_ps(mf[j], _mm256_set1_ps(t->s[8 * s + j][i0 + i]), c[i]);
+            T_UNROLL for (int i = 0; i < T_CR; i++) cor[i0 + i] = c[i];
         }
     }
 }

@@ -143,8 +143,8 @@ def test_gemm_vnni_identical_to_avx2(type_name):
     # three whole groups and a tail: the decode-size kernels (x86_vnni_rows.c) run groups in
     # pairs and an odd last one alone
     cases += [(29, 512, n_rows) for n_rows in range(1, 6)]
-    # 2-4 rows longer than INTERLEAVE_MIN (1024 elements): the decode-size kernels read them
-    # interleaved (x86_vnni_rows.c)
+    # 2-4 rows of 1280, longer than the 1024 elements up to which rows were once read as given:
+    # the decode-size kernels read every call of 2+ rows interleaved (x86_vnni_rows.c)
     cases += [(37, 1280, n_rows) for n_rows in range(1, 6)]
     # more pairs than one block of outputs (Z_OB) and rows longer than a slice (Z_KS: 1024,
     # 1024, then 256 elements), the 512-bit tiles' stash between slices

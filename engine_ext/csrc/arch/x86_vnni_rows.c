@@ -14,15 +14,17 @@
  *
  * Each (super-)block asks the prefetcher for both groups' block PF_AHEAD bytes on.
  *
- * Calls of 2+ rows longer than INTERLEAVE_MIN elements read their activation rows interleaved,
- * copied once per call: row r's 4-byte run i at 4 * (R * i + r), block b's scale and sum at
- * R * b + r (act_view). Streaming from memory, the weight stream evicts the rows from L1
- * between two pairs of groups (4 rows of 4864 bytes beside 2 x 32 KB of Q6_K groups), and R
- * separate rows (each with its scales and sums) are 3R streams to fetch back beside the two
- * weight streams; interleaved they are three. A C harness, 4 rows, 2 threads, 14336 x 4864
- * from memory (benchmark window 2026-12-02 06:24 UTC): Q6_K 26.8 -> 36.9 GB/s of weights, Q4_K
- * 29.6 -> 37.3 (one row: 53-57). Rows of at most 1024 (Qwen2.5-Coder's 896) stay in L1 and are
- * read as given, without the copy.
+ * Calls of 2+ rows read their activation rows interleaved, copied once per call: row r's
+ * 4-byte run i at 4 * (R * i + r), block b's scale and sum at R * b + r (act_view). Streaming
+ * from memory, the weight stream evicts the rows from L1 between two pairs of groups (4 rows of
+ * 4864 bytes beside 2 x 32 KB of Q6_K groups), and R separate rows (each with its scales and
+ * sums) are 3R streams to fetch back beside the two weight streams; interleaved they are three.
+ * A C harness, 4 rows, 2 threads, 14336 x 4864 from memory (benchmark window 2026-12-02 06:24
+ * UTC): Q6_K 26.8 -> 36.9 GB/s of weights, Q4_K 29.6 -> 37.3 (one row: 53-57). Rows of 1024 or
+ * less (Gemma 3's 640, Qwen2.5-Coder's 896) were read as given until a window at 08:24 UTC
+ * (bench engine --batch-ratio, streamed matmuls): Gemma 3's 4 slots 3.57-3.60x one slot
+ * interleaved against 3.43-3.48x as given (its Q8_0 output head has rows of 640), Qwen2.5-Coder
+ * within the noise (3.45-3.48x against 3.47-3.57x).
  *
  * Q8_0, Q5_0 and Q5_1 take these kernels from 2 rows on only: at 2-4 rows the 256-bit tiles
  * are bound by their vpdpbusd count, which the pairs halve; one row (one-slot decode, whose
@@ -85,9 +87,6 @@ static inline __m512 f16x2(const uint16_t *p, size_t gap) {
  * (the groups of the low half are contiguous, and so are those of the high half). */
 #define PF_AHEAD 2048
 
-/* Calls of 2+ rows longer than this many elements read their activation rows interleaved
- * (gemm_rows_vnni) */
-#define INTERLEAVE_MIN 1024
 
 static inline void prefetch2(const uint8_t *p, size_t gap, size_t bytes) {
     for (size_t i = 0; i < bytes; i += 64) {
@@ -406,14 +405,14 @@ static inline __attribute__((always_inline)) int rows_call(int kind, const int R
                 asum[(size_t)b * R + r] = 128 * sum;
             }
     }
-    act_view v = {x->qs, x->d, x->s, (size_t)k, 1, (size_t)nb, 1};
-    if (R >= 2 && k > INTERLEAVE_MIN) {
+    if (R >= 2) {
         int8_t q[ROWS_MAX * MAX_ROW_LEN] __attribute__((aligned(64)));
         float d[ROWS_MAX * (MAX_ROW_LEN / QK)], s[ROWS_MAX * (MAX_ROW_LEN / QK)];
         interleave(R, x, q, d, s);
         const act_view iv = {q, d, s, 4, (size_t)R, 1, (size_t)R};
         return rows_groups(kind, R, y, ldy, w, o0, o1, &iv, accumulate, asum);
     }
+    const act_view v = {x->qs, x->d, x->s, (size_t)k, 1, (size_t)nb, 1};
     return rows_groups(kind, R, y, ldy, w, o0, o1, &v, accumulate, asum);
 }
 

@@ -124,8 +124,6 @@
 #define MIN_GEMM_CHUNK 16       /* fewest output rows in one dynamic matmul chunk */
 #define STREAM_PCT 75           /* streamed matmuls: the share of the rows in one run a thread (stream_phase) */
 #define STREAM_TAIL_CHUNKS 4    /* streamed matmuls: units a thread for the rest */
-#define PF_WAIT_BYTES (128 << 10) /* streamed matmuls: the bytes of its next run a thread may prefetch
-                                     while it waits before it (plan_next) */
 #define CHUNKS_PER_THREAD 8     /* dynamic matmul chunks per thread (load balance) */
 #define PAIRED_CHUNKS_PER_THREAD 4 /* the same for calls of PAIRED_ROWS rows or more: each call
                                       repacks its activation tiles (arch/x86_gemm_z16.h), so
@@ -167,8 +165,7 @@ typedef struct {
 typedef struct {
     atomic_uint next;         /* next unit to hand out */
     atomic_uint done;         /* units finished */
-    atomic_uint claimed;      /* stream phases: bit t set once thread t's long run is taken */
-    char pad[52];             /* one cache line per phase */
+    char pad[56];             /* one cache line per phase */
 } phase_sync;
 
 typedef struct {
@@ -1010,31 +1007,7 @@ static inline int grab(engine *e, int p, int n) {
 
 static inline void unit_done(engine *e, int p) { threadpool_count_add(e->tp, &e->sync[p].done); }
 
-/* One-row steps (plan_next, stream_phase): while a thread waits at a phase end it prefetches
- * into its L2 the start of its own long run of the next matmul, so memory does not idle through
- * the small phases and the waits between the matmuls. */
-typedef struct {
-    const char *at[2]; /* the run's two streams (the pair kernels read groups i and i + half) */
-    long left[2];
-} pf_plan;
-static _Thread_local pf_plan tl_pf;
-static _Thread_local int tl_ith;
-
-static inline void pf_some(void) {
-    for (int k = 0; k < 2; k++)
-        if (tl_pf.left[k] > 0) {
-            for (int i = 0; i < 512; i += 64) __builtin_prefetch(tl_pf.at[k] + i, 0, 2); /* to L2 */
-            tl_pf.at[k] += 512;
-            tl_pf.left[k] -= 512;
-        }
-}
-
-static inline void phase_end(engine *e, int p, int n) {
-    atomic_uint *done = &e->sync[p].done;
-    while ((tl_pf.left[0] > 0 || tl_pf.left[1] > 0) && atomic_load_explicit(done, memory_order_relaxed) < (unsigned)n)
-        pf_some();
-    threadpool_count_wait(e->tp, done, (unsigned)n);
-}
+static inline void phase_end(engine *e, int p, int n) { threadpool_count_wait(e->tp, &e->sync[p].done, (unsigned)n); }
 
 #define FOR_EACH_UNIT(e, p, n, u) for (int u; ((u) = grab((e), (p), (n))) >= 0; unit_done((e), (p)))
 
@@ -1089,75 +1062,24 @@ static void mm_span(engine *e, const mm_job *jobs, int n_jobs, int a, int b, con
     }
 }
 
-/* The rows of one run a thread of a streamed matmul phase (a multiple of align). */
-static inline int stream_big(int total, int nth, int align) { return total * STREAM_PCT / 100 / (nth * align) * align; }
-
-static inline int stream_align(int n_rows) { return n_rows == 1 ? ROW_GROUP : 2 * ROW_GROUP; }
-
-/* The next streamed matmul's weights (n_rows rows: a decode step): arm this thread's prefetch of the start of
- * its run there (both streams of the pair kernels, which read groups i and i + half of a call's
- * range; PF_WAIT_BYTES in all), issued by phase_end while the thread waits for a phase's other
- * units. */
-static void plan_next(int n_rows, int nth, const weight_t *const *ws, int n_ws) {
-    tl_pf.left[0] = tl_pf.left[1] = 0;
-    if (n_rows < 1 || n_rows >= PAIRED_ROWS || nth > 32) return;
-    int total = 0;
-    for (int j = 0; j < n_ws; j++) total += group_pad(ws[j]->n_out);
-    const int big = stream_big(total, nth, stream_align(n_rows)), a = tl_ith * big, b = a + big;
-    for (int j = 0, base = 0; j < n_ws; base += group_pad(ws[j]->n_out), j++) {
-        const weight_t *w = ws[j];
-        const int o0 = a > base ? a - base : 0, o1 = b - base < w->n_out ? b - base : w->n_out;
-        if (o0 >= o1) continue;
-        if (!w->x8) return;
-        const int groups = (o1 - o0) / ROW_GROUP, half = groups / 2;
-        const size_t gap = ggml_row_bytes(w->type, w->n_in) * ROW_GROUP;
-        const long each = PF_WAIT_BYTES / 2;
-        tl_pf.at[0] = (const char *)w->x8 + (size_t)(o0 / ROW_GROUP) * gap;
-        tl_pf.at[1] = tl_pf.at[0] + (size_t)half * gap;
-        tl_pf.left[0] = tl_pf.left[1] = (long)((size_t)half * gap) < each ? (long)((size_t)half * gap) : each;
-        return;
-    }
-}
-
-/* A decode step's matmul phase (fewer than PAIRED_ROWS rows) streams: thread t's first unit is
- * run t, one contiguous STREAM_PCT% / nth of the phase's output rows (the jobs' outputs laid end
- * to end), so most of the weights stream front to back as one run a thread; the rest goes in
- * STREAM_TAIL_CHUNKS small units a thread, taken by whichever thread is free (balance), and a
- * run whose thread has not come is taken last by whoever is free (any subset of threads
- * completes the phase). Eight units a thread of the general cut restarted the prefetchers
- * eight times a matrix (measured: lfm2-350m decode +12% tokens/s, docs/benchmarks.md); a fixed
- * run a thread lets it prefetch the run's start while it waits before the phase (plan_next);
- * from 2 rows the cut is in whole pairs of row groups (the 512-bit decode kernels run two
- * groups a vector: gemm_chunk's NOTE). */
+/* A decode step's matmul phase (fewer than PAIRED_ROWS rows) streams: each thread's first unit
+ * is one contiguous STREAM_PCT% / nth of the phase's output rows (the jobs' outputs laid end to
+ * end), so most of the weights stream front to back as one run a thread; the rest goes in
+ * STREAM_TAIL_CHUNKS small units a thread, taken by whichever thread is free (balance). Eight
+ * units a thread of the general cut restarted the prefetchers eight times a matrix (measured:
+ * lfm2-350m decode +12% tokens/s, docs/benchmarks.md); from 2 rows the cut is in whole pairs of
+ * row groups (the 512-bit decode kernels run two groups a vector: gemm_chunk's NOTE). */
 static void stream_phase(engine *e, int p, const mm_job *jobs, int n_jobs, const act_rows *x, int n_rows, int nth) {
-    const int align = stream_align(n_rows);
+    const int align = n_rows == 1 ? ROW_GROUP : 2 * ROW_GROUP;
     int total = 0;
     for (int j = 0; j < n_jobs; j++) total += group_pad(jobs[j].w->n_out);
-    const int big = stream_big(total, nth, align), rest = total - nth * big;
+    const int big = total * STREAM_PCT / 100 / (nth * align) * align, rest = total - nth * big;
     int small = (rest / (nth * STREAM_TAIL_CHUNKS) + align - 1) / align * align;
     if (small < MIN_GEMM_CHUNK) small = MIN_GEMM_CHUNK;
     const int n = nth + (rest + small - 1) / small;
-    tl_pf.left[0] = tl_pf.left[1] = 0;
-    if (nth <= 32) {
-        atomic_uint *claimed = &e->sync[p].claimed;
-        for (int i = 0; i <= nth; i++) { /* i = 0: this thread's run; then the short units; then others' runs */
-            if (i == 1)
-                for (int u; (u = grab(e, p, n - nth)) >= 0; unit_done(e, p)) {
-                    const int a = nth * big + u * small;
-                    mm_span(e, jobs, n_jobs, a, a + small < total ? a + small : total, x, n_rows);
-                }
-            const int t = i == 0 ? tl_ith : i - 1;
-            if (i > 0 && t == tl_ith) continue;
-            const unsigned bit = 1u << t;
-            if ((atomic_load(claimed) & bit) || (atomic_fetch_or(claimed, bit) & bit)) continue;
-            mm_span(e, jobs, n_jobs, t * big, t * big + big, x, n_rows);
-            unit_done(e, p);
-        }
-    } else {
-        FOR_EACH_UNIT(e, p, n, u) {
-            const int a = u < nth ? u * big : nth * big + (u - nth) * small, len = u < nth ? big : small;
-            mm_span(e, jobs, n_jobs, a, a + len < total ? a + len : total, x, n_rows);
-        }
+    FOR_EACH_UNIT(e, p, n, u) {
+        const int a = u < nth ? u * big : nth * big + (u - nth) * small, len = u < nth ? big : small;
+        mm_span(e, jobs, n_jobs, a, a + len < total ? a + len : total, x, n_rows);
     }
     phase_end(e, p, n);
 }
@@ -1337,7 +1259,6 @@ static void qkv_row(engine *e, const layer_weights *L, int l, int r) {
  * phase, or -1 when the test hook fired (after the layer stored its KV rows). */
 static int attention_block(engine *e, const layer_weights *L, int l, int p, int ith, int nth) {
     const int T = e->n_rows, dim = e->m.dim, nu = n_row_units(T);
-    plan_next(T, nth, (const weight_t *[]){&L->attn_q, &L->attn_k, &L->attn_v}, 3);
     norm_phase(e, p++, L->attn_norm,
                is_block_type(L->attn_q.type) || is_block_type(L->attn_k.type) || is_block_type(L->attn_v.type));
     {
@@ -1347,7 +1268,6 @@ static int attention_block(engine *e, const layer_weights *L, int l, int p, int 
         act_rows in = input_view(e, e->xb, dim);
         matmul_phase(e, p++, jobs, 3, &in, T, nth);
     }
-    plan_next(T, nth, (const weight_t *[]){&L->attn_output}, 1);
     FOR_EACH_UNIT(e, p, nu, u) {
         int r0, r1;
         unit_rows(u, T, &r0, &r1);
@@ -1390,14 +1310,12 @@ static int conv_block(engine *e, const layer_weights *L, int l, int p, int nth) 
     const kernel_table *kt = e->kt;
     const int T = e->n_rows, dim = e->m.dim, nu = n_row_units(T), taps = e->m.conv_len;
     const int quantize_out = is_block_type(L->conv_out.type);
-    plan_next(T, nth, (const weight_t *[]){&L->conv_in}, 1);
     norm_phase(e, p++, L->attn_norm, is_block_type(L->conv_in.type));
     {
         mm_job job = {&L->conv_in, e->bcx, 3 * dim, 0};
         act_rows in = input_view(e, e->xb, dim);
         matmul_phase(e, p++, &job, 1, &in, T, nth);
     }
-    plan_next(T, nth, (const weight_t *[]){&L->conv_out}, 1);
     /* rows: the conv input b * x of each row's position, into the slot's store */
     FOR_EACH_UNIT(e, p, nu, u) {
         int r0, r1;
@@ -1622,7 +1540,6 @@ static int delta_block(engine *e, const layer_weights *L, int l, int p, int ith,
     const kernel_table *kt = e->kt;
     const int T = e->n_rows, dim = m->dim, nu = n_row_units(T), d = m->ssm_d, vh = m->ssm_v_heads, cd = e->conv_dim;
     const int taps = m->ssm_taps;
-    plan_next(T, nth, (const weight_t *[]){&L->ssm_qkv, &L->ssm_z, &L->ssm_beta, &L->ssm_alpha}, 4);
     norm_phase(e, p++, L->attn_norm,
                is_block_type(L->ssm_qkv.type) || is_block_type(L->ssm_z.type) || is_block_type(L->ssm_beta.type) ||
                    is_block_type(L->ssm_alpha.type));
@@ -1634,7 +1551,6 @@ static int delta_block(engine *e, const layer_weights *L, int l, int p, int ith,
         act_rows in = input_view(e, e->xb, dim);
         matmul_phase(e, p++, jobs, 4, &in, T, nth);
     }
-    plan_next(T, nth, (const weight_t *[]){&L->ssm_out}, 1);
     if (l == e->fault_layer) return -1; /* test hook: no state has changed yet */
     /* conv: segment x channel block, tokens in position order through the slot's tail */
     const int n_cb = (cd + CONV_BLOCK - 1) / CONV_BLOCK;
@@ -1803,14 +1719,12 @@ static int ffn_block(engine *e, const layer_weights *L, int p, int nth) {
     const model_desc *m = &e->m;
     const kernel_table *kt = e->kt;
     const int T = e->n_rows, dim = m->dim, nu = n_row_units(T);
-    plan_next(T, nth, (const weight_t *[]){&L->ffn_gate, &L->ffn_up}, 2);
     norm_phase(e, p++, L->ffn_norm, is_block_type(L->ffn_gate.type) || is_block_type(L->ffn_up.type));
     {
         mm_job jobs[2] = {{&L->ffn_gate, e->gate, m->ffn_dim, 0}, {&L->ffn_up, e->up, m->ffn_dim, 0}};
         act_rows in = input_view(e, e->xb, dim);
         matmul_phase(e, p++, jobs, 2, &in, T, nth);
     }
-    plan_next(T, nth, (const weight_t *[]){&L->ffn_down}, 1);
     FOR_EACH_UNIT(e, p, nu, u) {
         int r0, r1;
         unit_rows(u, T, &r0, &r1);
@@ -1839,8 +1753,6 @@ static void step_worker(void *ctx, int ith, int nth) {
     const kernel_table *kt = e->kt;
     const int T = e->n_rows, dim = m->dim, hd = m->head_dim, nu = n_row_units(T);
     int p = 0; /* phase index: every thread walks the same sequence */
-    tl_ith = ith;
-    tl_pf.left[0] = tl_pf.left[1] = 0;
 
     /* embed rows (scaled); rope angles of each row's position in every rope table */
     const size_t embd_row = ggml_row_bytes(m->token_embd.type, dim);
@@ -1883,7 +1795,6 @@ static void step_worker(void *ctx, int ith, int nth) {
 
     /* logits of the requested rows only */
     const int nl = e->n_logits, nlu = n_row_units(nl);
-    plan_next(nl, nth, (const weight_t *[]){&m->output}, 1);
     FOR_EACH_UNIT(e, p, nlu, u) {
         int i0, i1;
         unit_rows(u, nl, &i0, &i1);
@@ -2004,7 +1915,6 @@ int engine_forward(engine *e, const engine_item *items, int n_items, float *logi
         for (int c = 0; c < e->n_phases + PHASES_PER_LAYER; c++) {
             atomic_store(&e->sync[c].next, 0);
             atomic_store(&e->sync[c].done, 0);
-            atomic_store(&e->sync[c].claimed, 0);
         }
         e->phases_run = 0;
         threadpool_run(e->tp, step_worker, e);

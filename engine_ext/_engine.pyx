@@ -167,6 +167,7 @@ cdef class Engine:
         m.residual_scale = cfg.residual_scale
         m.logit_scale = cfg.logit_scale
         m.no_rope = not cfg.rope
+        m.shexp_ungated = moe is not None and moe.shared_ffn > 0 and not moe.shared_gate
         m.release_rows = bool(getattr(model_file, "read_only_map", False))
         # zeroed: the weights a layer's kind lacks stay empty (NULL rows)
         cdef layer_weights *layers = <layer_weights *>calloc(cfg.n_layers, sizeof(layer_weights))
@@ -189,7 +190,8 @@ cdef class Engine:
                     layers[i].moe_up = _experts(t[p + "ffn_up_exps.weight"])
                     layers[i].moe_down = _experts(t[p + "ffn_down_exps.weight"])
                     if moe.shared_ffn:
-                        layers[i].shexp_gate = _f32(t[p + "ffn_gate_inp_shexp.weight"], cfg.dim)
+                        if moe.shared_gate:
+                            layers[i].shexp_gate = _f32(t[p + "ffn_gate_inp_shexp.weight"], cfg.dim)
                         layers[i].ffn_gate = _weight(t[p + "ffn_gate_shexp.weight"])
                         layers[i].ffn_up = _weight(t[p + "ffn_up_shexp.weight"])
                         layers[i].ffn_down = _weight(t[p + "ffn_down_shexp.weight"])

@@ -266,7 +266,7 @@ def _expected_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
             s = c.moe.shared_ffn
             per_layer.update(
                 {
-                    "ffn_gate_inp_shexp.weight": (c.dim,),
+                    **({"ffn_gate_inp_shexp.weight": (c.dim,)} if c.moe.shared_gate else {}),
                     "ffn_gate_shexp.weight": (c.dim, s),
                     "ffn_up_shexp.weight": (c.dim, s),
                     "ffn_down_shexp.weight": (s, c.dim),

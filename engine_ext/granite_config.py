@@ -10,6 +10,12 @@ embeddings, residual_scale every block's output before its residual add, attenti
 attention score scale, logits are divided by logit_scale (0 or absent: none). The attention
 layers rotate by RoPE (adjacent pairs) only when rope.scaling.finetuned is true (its default):
 Granite 4.0 H files say false (no positions in attention), Bamba true.
+
+Mixture of experts (Granite 4.0 H Tiny, Small: expert_count > 0): every layer's FFN is
+expert_count experts of feed_forward_length (llama.cpp's n_ff), expert_used_count chosen per
+token by a softmax over the router (ffn_gate_inp), the chosen weights renormalised to sum 1, plus
+a shared expert of expert_shared_feed_forward_length (ffn_*_shexp) added without a gate; the
+whole FFN output scaled by residual_scale like a dense one.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from .errors import UnsupportedModelError
 
 if TYPE_CHECKING:
     from .gguf_file import TensorRef
+    from .model_config import MoeConfig
 
 MAX_MAMBA_CONV = 16  # engine.c MAX_SSM_TAPS
 
@@ -69,6 +76,7 @@ class GraniteParts:
     attn_scale: float  # 0: 1/sqrt(head_dim)
     logit_scale: float  # 1: none
     rope: bool
+    moe: MoeConfig | None
 
 
 def _positive(path: Path, metadata: Mapping[str, object], key: str, default: float) -> float:
@@ -125,10 +133,6 @@ def read_granite(
         )
     if not 2 <= mamba.conv <= MAX_MAMBA_CONV:
         raise UnsupportedModelError(f"{path}: ssm.conv_kernel {mamba.conv} is not in 2..{MAX_MAMBA_CONV}")
-    if metadata.get(key("expert_count"), 0):
-        raise UnsupportedModelError(
-            f"{path}: mixture-of-experts {arch} (Granite 4.0 H Tiny, Small) is not supported"
-        )
     extra = sorted(
         n
         for n in tensors
@@ -140,6 +144,7 @@ def read_granite(
             f"{path}: {arch} with {extra[0]} (biases or a fused qkv) is not supported"
         )
     finetuned = metadata.get(key("rope.scaling.finetuned"), True)
+    moe = _read_experts(path, metadata, arch)
     return GraniteParts(
         n_kv_heads=attention.pop(),
         mamba=mamba,
@@ -149,4 +154,30 @@ def read_granite(
         attn_scale=_positive(path, metadata, key("attention.scale"), 0.0),
         logit_scale=_positive(path, metadata, key("logit_scale"), 1.0),
         rope=bool(finetuned),
+        moe=moe,
+    )
+
+
+def _read_experts(path: Path, metadata: Mapping[str, object], arch: str) -> MoeConfig | None:
+    """The module docstring's mixture of experts, None for a dense file (expert_count 0 or absent)."""
+    from .model_config import MoeConfig
+
+    n_expert = metadata.get(f"{arch}.expert_count", 0)
+    if not n_expert:
+        return None
+    n_expert = _count(path, metadata, f"{arch}.expert_count")
+    n_used = _count(path, metadata, f"{arch}.expert_used_count")
+    if n_used > n_expert:
+        raise ValueError(f"{path}: {arch}.expert_used_count {n_used} > expert_count {n_expert}")
+    scale = metadata.get(f"{arch}.expert_weights_scale", 0.0)
+    if scale not in (0, 0.0, 1, 1.0):
+        raise UnsupportedModelError(f"{path}: {arch} with expert_weights_scale {scale} is not supported")
+    shared = metadata.get(f"{arch}.expert_shared_feed_forward_length", 0)
+    return MoeConfig(
+        n_expert=n_expert,
+        n_expert_used=n_used,
+        expert_ffn=_count(path, metadata, f"{arch}.feed_forward_length"),
+        norm_weights=True,
+        shared_ffn=_count(path, metadata, f"{arch}.expert_shared_feed_forward_length") if shared else 0,
+        shared_gate=False,
     )

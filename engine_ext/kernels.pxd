@@ -180,6 +180,7 @@ cdef extern from "engine.h" nogil:
         float residual_scale
         float logit_scale
         int no_rope
+        int shexp_ungated
 
     ctypedef struct engine_item:
         int slot

@@ -160,6 +160,9 @@ class MoeConfig:
     expert_ffn: int
     norm_weights: bool
     shared_ffn: int  # 0: no shared expert
+    shared_gate: bool = (
+        True  # the shared expert scaled by sigmoid(ffn_gate_inp_shexp . h); granitehybrid: no gate
+    )
 
 
 @dataclass(frozen=True)
@@ -316,6 +319,8 @@ def read_config(path: Path, metadata: dict[str, object], tensors: Mapping[str, T
         else 0
     )
     moe = _read_moe(path, metadata, arch, ffn_dim) if spec.moe else None
+    if granite is not None:
+        moe = granite.moe
     if metadata.get(key("expert_count"), 0) and moe is None:
         raise UnsupportedModelError(f"{path}: mixture-of-experts {arch} models are not supported")
     if moe is not None:

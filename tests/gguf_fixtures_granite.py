@@ -43,6 +43,9 @@ def write_tiny_granite(
     tensor_types: Mapping[str, str] | None = None,
     tied: bool = True,
     extra_tensors: Sequence[str] = (),
+    n_expert: int = 0,
+    n_expert_used: int = 2,
+    shared_ffn: int = 0,
 ) -> Path:
     """A random tiny `granitehybrid` model with the tiny tokenizer:
 
@@ -56,6 +59,10 @@ def write_tiny_granite(
     scales overrides embedding_scale, residual_scale, attention.scale, logit_scale (0: the key
     is not written); weight_type applies to every 2-D weight, tensor_types overrides single
     tensors by name or kind; extra_tensors adds F32 tensors of those names (shape [dim]).
+    n_expert > 0 (Granite 4.0 H Tiny's FFN): every layer's FFN is n_expert experts of ffn_dim
+    (ffn_gate_inp F32, ffn_{gate,up,down}_exps; the router's last row repeats the one before it,
+    so those two experts tie on every token), n_expert_used per token, plus with shared_ffn a
+    shared expert (ffn_{gate,up,down}_shexp, no gate).
     """
     path = Path(path)
     rng = np.random.default_rng(seed)
@@ -91,8 +98,10 @@ def write_tiny_granite(
     for name, value in all_scales.items():
         if value:
             w.add_float32(f"{arch}.{name}", value)
-    w.add_uint32(f"{arch}.expert_count", 0)
-    w.add_uint32(f"{arch}.expert_used_count", 0)
+    w.add_uint32(f"{arch}.expert_count", n_expert)
+    w.add_uint32(f"{arch}.expert_used_count", n_expert_used if n_expert else 0)
+    if shared_ffn:
+        w.add_uint32(f"{arch}.expert_shared_feed_forward_length", shared_ffn)
     w.add_uint32(f"{arch}.ssm.conv_kernel", conv)
     w.add_uint32(f"{arch}.ssm.state_size", d_state)
     w.add_uint32(f"{arch}.ssm.group_count", n_group)
@@ -125,6 +134,22 @@ def write_tiny_granite(
     def add_norm(name: str, n: int = dim) -> None:
         add_vec(name, 1.0 + 0.1 * rng.standard_normal(n))
 
+    def add_experts(p: str, n: int, shared: int) -> None:
+        router = (rng.standard_normal((n, dim)) * dim**-0.5).astype(np.float32)
+        router[-1] = router[-2]  # a tie on every token
+        _add(w, p + "ffn_gate_inp.weight", router, "F32")
+        for name, rows, cols, scale in (
+            ("ffn_gate_exps", ffn_dim, dim, dim**-0.5),
+            ("ffn_up_exps", ffn_dim, dim, dim**-0.5),
+            ("ffn_down_exps", dim, ffn_dim, 4.0 * ffn_dim**-0.5),
+        ):
+            values = (rng.standard_normal((n, rows, cols)) * scale).astype(np.float32)
+            _add(w, p + name + ".weight", values, type_of(name))
+        if shared:
+            add_weight(p + "ffn_gate_shexp.weight", shared, dim, dim**-0.5)
+            add_weight(p + "ffn_up_shexp.weight", shared, dim, dim**-0.5)
+            add_weight(p + "ffn_down_shexp.weight", dim, shared, 4.0 * shared**-0.5)
+
     add_weight("token_embd.weight", n_vocab, dim, 0.25)
     for i in range(n_layers):
         p = f"blk.{i}."
@@ -144,6 +169,9 @@ def write_tiny_granite(
             add_weight(p + "attn_v.weight", kv_dim, dim, dim**-0.5)
             add_weight(p + "attn_output.weight", dim, q_dim, 4.0 * q_dim**-0.5)
         add_norm(p + "ffn_norm.weight")
+        if n_expert:
+            add_experts(p, n_expert, shared_ffn)
+            continue
         add_weight(p + "ffn_gate.weight", ffn_dim, dim, dim**-0.5)
         add_weight(p + "ffn_up.weight", ffn_dim, dim, dim**-0.5)
         add_weight(p + "ffn_down.weight", dim, ffn_dim, 4.0 * ffn_dim**-0.5)

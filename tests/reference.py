@@ -52,7 +52,8 @@ attention, and the FFN reads post_attention_norm:
               pos * base ** (-2i / rope_dim); softmax attention; o = attn * sigmoid(gate)
 
 granitehybrid (IBM Granite 4.0 H, llama.cpp's src/models/granite-hybrid.cpp, mamba-base.cpp) has
-its own block too (`_granite_hidden`): layers whose head_count_kv is 0 are Mamba2, the others
+its own block too (`_granite_hidden`; with experts, qwen3moe's `_moe` plus a shared expert added
+without a gate): layers whose head_count_kv is 0 are Mamba2, the others
 llama attention (adjacent-pair rope only when rope.scaling.finetuned, its default; scale
 attention.scale), x = embd * embedding_scale, every block's output * residual_scale before its
 residual add, logits / logit_scale:
@@ -125,7 +126,7 @@ class ReferenceModel:
         self.rope_base = float(meta.get(f"{arch}.rope.freq_base", 10000.0))
         self.eps = float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5))
         self.window = int(meta.get(f"{arch}.attention.sliding_window", 0)) if arch == "gemma3" else 0
-        if arch in ("qwen3moe", "qwen2moe", "olmoe"):
+        if arch in ("qwen3moe", "qwen2moe", "olmoe") or meta.get(f"{arch}.expert_count", 0):
             self.n_expert_used = int(meta[f"{arch}.expert_used_count"])
         if arch == "qwen35":
             self.rope_dim = int(meta[f"{arch}.rope.dimension_count"])
@@ -274,7 +275,7 @@ class ReferenceModel:
         for r in range(h.shape[0]):
             chosen = np.argsort(-logits[r], kind="stable")[:k]  # stable: lower index first on ties
             weights = p[r, chosen]
-            if self.arch == "qwen3moe":
+            if self.arch in ("qwen3moe", "granitehybrid"):
                 weights = weights / max(weights.sum(), 6.103515625e-5)
             for x, wt in zip(chosen, weights):
                 out[r] += wt * ((self._silu(gate[x] @ h[r]) * (up[x] @ h[r])) @ down[x].T)
@@ -427,9 +428,15 @@ class ReferenceModel:
                 out = attn.reshape(n, -1) @ w("attn_output.weight").T
             x = x + out * sc["residual_scale"]
             hf = self._rmsnorm(x, w("ffn_norm.weight"))
-            f = (self._silu(hf @ w("ffn_gate.weight").T) * (hf @ w("ffn_up.weight").T)) @ w(
-                "ffn_down.weight"
-            ).T
+            if f"blk.{i}.ffn_gate_inp.weight" in self.w:  # experts (renormalised), + the shared one ungated
+                f = self._moe(hf, lambda s, i=i: self.w[f"blk.{i}.{s}.weight"])
+                if f"blk.{i}.ffn_gate_shexp.weight" in self.w:
+                    shexp = self._silu(hf @ w("ffn_gate_shexp.weight").T) * (hf @ w("ffn_up_shexp.weight").T)
+                    f = f + shexp @ w("ffn_down_shexp.weight").T
+            else:
+                f = (self._silu(hf @ w("ffn_gate.weight").T) * (hf @ w("ffn_up.weight").T)) @ w(
+                    "ffn_down.weight"
+                ).T
             x = x + f * sc["residual_scale"]
         return self._rmsnorm(x, self.w["output_norm.weight"])
 

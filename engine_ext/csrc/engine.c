@@ -294,7 +294,8 @@ static inline int is_state_layer(const layer_weights *L) { return is_delta_layer
 
 static inline int is_moe_layer(const layer_weights *L) { return L->moe_router.rows != NULL; }
 
-/* The FFN of a layer: dense (ffn_*), or experts (+ the shared expert in ffn_* when shexp_gate). */
+/* The FFN of a layer: dense (ffn_*), or experts (+ the shared expert in ffn_* when shexp_gate, or
+ * ungated with model_desc.shexp_ungated). */
 static int ffn_ok(const model_desc *m, const layer_weights *L) {
     const int dense = weight_ok(&L->ffn_gate, m->dim, m->ffn_dim) && weight_ok(&L->ffn_up, m->dim, m->ffn_dim) &&
                       weight_ok(&L->ffn_down, m->ffn_dim, m->dim);
@@ -304,7 +305,7 @@ static int ffn_ok(const model_desc *m, const layer_weights *L) {
     if (!weight_ok(&L->moe_router, m->dim, E) || !weight_ok(&L->moe_gate, m->dim, E * F) ||
         !weight_ok(&L->moe_up, m->dim, E * F) || !weight_ok(&L->moe_down, F, E * m->dim))
         return 0;
-    return L->shexp_gate ? dense : !L->ffn_gate.rows && !L->ffn_up.rows && !L->ffn_down.rows;
+    return L->shexp_gate || m->shexp_ungated ? dense : !L->ffn_gate.rows && !L->ffn_up.rows && !L->ffn_down.rows;
 }
 
 /* A DeltaNet layer's weights against the model's dimensions. */
@@ -1406,7 +1407,8 @@ static int moe_block(engine *e, const layer_weights *L, int l, int p, int nth) {
     const model_desc *m = &e->m;
     const kernel_table *kt = e->kt;
     const int T = e->n_rows, dim = m->dim, E = m->n_expert, k = m->n_expert_used, F = m->expert_ffn;
-    const int nu = n_row_units(T), P = T * k, npu = n_row_units(P), shexp = L->shexp_gate != NULL;
+    const int nu = n_row_units(T), P = T * k, npu = n_row_units(P), shexp = L->shexp_gate != NULL || m->shexp_ungated;
+    const float rs = m->residual_scale; /* granite: the block's output scaled (x 1 is exact elsewhere) */
     const weight_t *ex = e->experts + (size_t)l * 3 * E; /* gate [E], up [E], down [E] */
     const int q_in = is_block_type(ex[0].type) || is_block_type(ex[E].type); /* the experts read quantized rows */
     const int q_act = is_block_type(ex[2 * E].type);
@@ -1423,7 +1425,7 @@ static int moe_block(engine *e, const layer_weights *L, int l, int p, int nth) {
         unit_rows(u, T, &r0, &r1);
         for (int r = r0; r < r1; r++) {
             moe_route(e->mlogits + (size_t)r * E, E, k, m->expert_norm, e->msel + (size_t)r * k, e->mw + (size_t)r * k);
-            if (shexp) {
+            if (L->shexp_gate) {
                 const float *h = e->xb + (size_t)r * dim;
                 float g = 0.0f;
                 for (int i = 0; i < dim; i++) g += L->shexp_gate[i] * h[i];
@@ -1514,8 +1516,9 @@ static int moe_block(engine *e, const layer_weights *L, int l, int p, int nth) {
             for (int i = 0; i < dim; i++) {
                 float acc = w[0] * e->mout[(size_t)pj[0] * dim + i];
                 for (int j = 1; j < k; j++) acc += w[j] * e->mout[(size_t)pj[j] * dim + i];
-                if (shexp) acc += e->mshg[r] * e->proj[(size_t)r * dim + i];
-                xr[i] += acc;
+                if (L->shexp_gate) acc += e->mshg[r] * e->proj[(size_t)r * dim + i];
+                else if (shexp) acc += e->proj[(size_t)r * dim + i];
+                xr[i] += acc * rs;
             }
         }
     }

@@ -123,6 +123,7 @@ typedef struct {
                              * residual add (must be > 0; 1 = none) */
     float logit_scale;      /* granite: logits are multiplied by 1 / logit_scale (0 or 1 = none) */
     int no_rope;            /* granite 4.0 H: the attention layers rotate nothing (rope.scaling.finetuned false) */
+    int shexp_ungated;      /* granitehybrid MoE: the shared expert (ffn_*) added as is, no sigmoid gate */
     int release_rows;       /* the weights' rows lie in a read-only file mapping: once a matrix is
                              * packed, engine_create gives its pages back (re-read from the file if
                              * touched again), so a load never holds the file and the packed copy */

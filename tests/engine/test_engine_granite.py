@@ -115,6 +115,31 @@ def test_other_shapes_untied_and_unscaled_match_reference(granite_model_factory)
     assert np.abs(got - want).max() <= FLOAT_ATOL[0]
 
 
+@pytest.mark.parametrize("kernels", KERNELS)
+@pytest.mark.parametrize("shared_ffn", [96, 0])
+def test_experts_match_reference(granite_model_factory, kernels, shared_ffn):
+    """Granite 4.0 H Tiny's FFN: 4 experts of ffn_dim (two of them tie on every token), 2 per
+    token renormalised, and a shared expert added without a gate (or none)."""
+    path = granite_model_factory("F32", n_expert=4, n_expert_used=2, shared_ffn=shared_ffn)
+    cfg = model_file(path).config
+    assert cfg.moe is not None and not cfg.moe.shared_gate and cfg.moe.norm_weights
+    assert (cfg.moe.n_expert, cfg.moe.n_expert_used, cfg.moe.expert_ffn, cfg.moe.shared_ffn) == (
+        4,
+        2,
+        128,
+        shared_ffn,
+    )
+    assert cfg.ffn_dim == (shared_ffn or 128)
+    toks = random_tokens(30, N_VOCAB, seed=5)
+    want = ReferenceModel(path).logits(toks)[19:]
+    pool = make_pool(path, 1, 64, kv_dtype="f32", kernels=kernels)
+    rows = [pool.forward([(0, toks[:20], 0, True)])[0]]
+    for p in range(20, 30):
+        rows.append(pool.forward([(0, toks[p : p + 1], p, True)])[0])
+    diff = np.abs(np.array(rows) - want)
+    assert diff.max() <= FLOAT_ATOL[0], diff.max()
+
+
 def test_f16_kv_stays_within_the_f16_tolerance(granite_model_factory):
     path = granite_model_factory("F32")
     toks = random_tokens(40, N_VOCAB, seed=12)

@@ -36,7 +36,9 @@ def max_rewind(path) -> int:
     return ROLLBACK if model_file(path).config.has_recurrent_state else 10**9
 
 
-@pytest.fixture(scope="module", params=("Q4_1", "K_MIX") + ARCHS + ("qwen35", "granitehybrid"))
+@pytest.fixture(
+    scope="module", params=("Q4_1", "K_MIX") + ARCHS + ("qwen35", "granitehybrid", "granitehybrid-moe")
+)
 def path(request, tiny_model_factory, arch_model_factory, qwen35_model_factory, granite_model_factory):
     """Q4_1 (the default model's main type), a llama-quantize-style mix of K-quants, 5-bit and
     8-bit blocks (gguf_fixtures.WEIGHT_MIXES), and every other architecture's tiny model
@@ -48,6 +50,8 @@ def path(request, tiny_model_factory, arch_model_factory, qwen35_model_factory, 
         return qwen35_model_factory("Q8_0")
     if request.param == "granitehybrid":
         return granite_model_factory("Q8_0")
+    if request.param == "granitehybrid-moe":  # Granite 4.0 H Tiny's FFN: experts + an ungated shared one
+        return granite_model_factory("Q8_0", n_expert=4, n_expert_used=2, shared_ffn=96)
     if request.param in ARCHS:
         return arch_model_factory(request.param)
     return tiny_model_factory(request.param)

@@ -142,6 +142,7 @@
 #define ROWS_PER_UNIT 4         /* rows per unit of the row-wise phases (1 for small steps) */
 #define CONV_BLOCK 256          /* channels per unit of the DeltaNet conv phase */
 #define MAX_SSM_TAPS 16         /* longest DeltaNet conv (gguf_file.MAX_SSM_CONV) */
+#define MAMBA_HEADS 4           /* Mamba2 heads per unit of the scan phase */
 #define GDN_TOKENS 64           /* tokens of a DeltaNet head's segment per gdn_steps call (their
                                    normalised q and k in the thread's scratch, in L2) */
 
@@ -1675,25 +1676,31 @@ static int mamba_block(engine *e, const layer_weights *L, int l, int p, int nth)
         }
     }
     phase_end(e, p++, e->n_segs * n_cb);
-    /* scan: segment x head, tokens in position order through the head's state; y + D x, * silu(z) */
-    FOR_EACH_UNIT(e, p, e->n_segs * H, u) {
-        const step_seg *sg = &e->segs[u / H];
-        const int h = u % H, g = h / (H / G);
-        const size_t s_off = e->rs_off[l] + (size_t)(taps - 1) * cd + (size_t)h * P * N;
-        for (int j = 0; j < sg->n; j++) {
-            const int r = sg->row0 + j;
-            int from, to;
-            state_entries(e, sg, j, &from, &to);
-            const float *c = e->sconv + (size_t)r * cd, *x = c + (size_t)h * P;
-            float *y = e->xb + (size_t)r * inner + (size_t)h * P;
-            kt->mamba2_scan(state_of(e, sg->slot, to) + s_off, state_of(e, sg->slot, from) + s_off, y, x,
-                            c + inner + (size_t)g * N, c + inner + (size_t)(G + g) * N, e->sb[(size_t)r * H + h],
-                            e->sa[(size_t)r * H + h], P, N);
-            for (int i = 0; i < P; i++) y[i] += x[i] * L->mamba_d[h];
-            kt->silu_mul(y, e->sqkv + (size_t)r * ld + (size_t)h * P, y, P);
+    /* scan: segment x MAMBA_HEADS heads (their states one contiguous run: a decode step streams
+     * 4 x 16 KiB a unit on granite-4.0-h-350m), each head's tokens in position order through its
+     * state; y + D x, * silu(z) */
+    const int n_hu = (H + MAMBA_HEADS - 1) / MAMBA_HEADS;
+    FOR_EACH_UNIT(e, p, e->n_segs * n_hu, u) {
+        const step_seg *sg = &e->segs[u / n_hu];
+        const int h0 = (u % n_hu) * MAMBA_HEADS, h1 = h0 + MAMBA_HEADS < H ? h0 + MAMBA_HEADS : H;
+        for (int h = h0; h < h1; h++) {
+            const int g = h / (H / G);
+            const size_t s_off = e->rs_off[l] + (size_t)(taps - 1) * cd + (size_t)h * P * N;
+            for (int j = 0; j < sg->n; j++) {
+                const int r = sg->row0 + j;
+                int from, to;
+                state_entries(e, sg, j, &from, &to);
+                const float *c = e->sconv + (size_t)r * cd, *x = c + (size_t)h * P;
+                float *y = e->xb + (size_t)r * inner + (size_t)h * P;
+                kt->mamba2_scan(state_of(e, sg->slot, to) + s_off, state_of(e, sg->slot, from) + s_off, y, x,
+                                c + inner + (size_t)g * N, c + inner + (size_t)(G + g) * N, e->sb[(size_t)r * H + h],
+                                e->sa[(size_t)r * H + h], P, N);
+                for (int i = 0; i < P; i++) y[i] += x[i] * L->mamba_d[h];
+                kt->silu_mul(y, e->sqkv + (size_t)r * ld + (size_t)h * P, y, P);
+            }
         }
     }
-    phase_end(e, p++, e->n_segs * H);
+    phase_end(e, p++, e->n_segs * n_hu);
     /* rows (attention's merge phase): the grouped rmsnorm, quantized for out_proj */
     FOR_EACH_UNIT(e, p, nu, u) {
         int r0, r1;

@@ -21,10 +21,12 @@ SLOTS = 3
 STEPS = 60
 
 
-@pytest.fixture(scope="module", params=("Q4_1", "lfm2", "qwen35"))
-def path(request, tiny_model_factory, arch_model_factory, qwen35_model_factory):
+@pytest.fixture(scope="module", params=("Q4_1", "lfm2", "qwen35", "granitehybrid"))
+def path(request, tiny_model_factory, arch_model_factory, qwen35_model_factory, granite_model_factory):
     if request.param == "qwen35":
         return qwen35_model_factory("Q8_0")
+    if request.param == "granitehybrid":
+        return granite_model_factory("Q8_0")
     if request.param == "lfm2":
         return arch_model_factory("lfm2")
     return tiny_model_factory(request.param)

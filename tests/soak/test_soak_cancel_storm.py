@@ -3,7 +3,8 @@ plain requests, leave in the middle of their bodies, or run to the end, all at o
 every slot is idle, every level gauge reads zero, the cancels were acknowledged and counted, and
 the server answers a greedy request exactly as a cold server does. Run over full KV and over
 recurrent state (FakeSlotPool(recurrent=True): slots that can only be extended or restored), and
-over the real engine with recurrent state (`slotserve serve` on the tiny qwen35 fixture); each
+over the real engine with recurrent state (`slotserve serve` on the tiny qwen35 and granitehybrid
+fixtures); each
 of full KV, the fake recurrent state and qwen35 also with speculative drafts verified in its
 steps (the recurrent ones cut back through a rollback ring)."""
 
@@ -150,9 +151,10 @@ def storm_server(
     kind: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[tuple[ServerProcess, Path | None]]:
     """The fake engine (full KV or recurrent) in a server process, or `slotserve serve` on the
-    tiny qwen35 fixture (recurrent state on the real engine), 3 slots, queue 16."""
-    if kind.startswith("qwen35"):
-        model: Path = request.getfixturevalue("qwen35_model_factory")("Q8_0")
+    tiny qwen35 or granitehybrid fixture (recurrent state on the real engine), 3 slots, queue 16."""
+    if kind.startswith(("qwen35", "granitehybrid")):
+        factory = "granite_model_factory" if kind.startswith("granitehybrid") else "qwen35_model_factory"
+        model: Path = request.getfixturevalue(factory)("Q8_0")
         spec = ("--speculative", "ngram") if kind.endswith("speculative") else ()
         server = start_serve(
             tmp_path / "serve.log", serve_argv(model, "--parallel", "3", "--max-queue", "16", *spec)
@@ -178,6 +180,7 @@ POOLS = {
     "kv": {},
     "recurrent": {"recurrent": True},
     "qwen35": {"recurrent": True},
+    "granitehybrid": {"recurrent": True},  # Mamba2 state
     # drafts on the real engine's recurrent state: its pool keeps --draft-max + 1 = 9 states
     "qwen35-speculative": {"recurrent": True, "rollback": 9},
     "speculative": {"copy_bias": 12.0},

@@ -99,12 +99,13 @@ def crash_while_writing(model: Path, disk: Path, log: Path, cycle: int) -> tuple
     return seen.get("whole", 0), seen.get("tmp", 0)
 
 
-@pytest.fixture(params=["llama", "qwen35"])
+@pytest.fixture(params=["llama", "qwen35", "granitehybrid"])
 def model_path(request: pytest.FixtureRequest) -> Path:
-    """The tiny full-KV fixture, and the tiny qwen35 one (recurrent state: slots restored only
-    from checkpoints at their own length)."""
-    if request.param == "qwen35":
-        path: Path = request.getfixturevalue("qwen35_model_factory")("Q8_0")
+    """The tiny full-KV fixture, and the tiny qwen35 and granitehybrid ones (recurrent state:
+    slots restored only from checkpoints at their own length)."""
+    if request.param in ("qwen35", "granitehybrid"):
+        factory = "qwen35_model_factory" if request.param == "qwen35" else "granite_model_factory"
+        path: Path = request.getfixturevalue(factory)("Q8_0")
         return path
     path = request.getfixturevalue("tiny_model_path")
     return path
@@ -190,7 +191,7 @@ def test_kill_9_during_checkpoint_writes_then_restart_warm_equals_cold(
     usable = [
         p
         for p in damaged
-        if "qwen35" not in model_path.name
+        if not any(kind in model_path.name for kind in ("qwen35", "granite"))  # the recurrent fixtures
         or common_prefix_len(file_tokens_of[p], prompt) == len(file_tokens_of[p]) < len(prompt)
     ]
     matched = max(usable, key=lambda p: common_prefix_len(file_tokens_of[p], prompt))

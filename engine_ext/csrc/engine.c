@@ -94,9 +94,11 @@
  * block over x, B, C: each channel's tokens in position order through the tail, + bias, silu;
  * the first block's unit also turns each row's dt into its step and decay, mamba2_gates) | scan
  * (segment x head: each token in position order through the head's state, mamba2_scan, then
- * + D x and * silu(z)) | grouped rmsnorm + quantize (rows) | - | out matmul | residual. With a
- * residual_scale (granite), every block's output matmul writes proj and its last phase adds
- * proj * scale to the residual stream; the logits of a step are multiplied by 1 / logit_scale.
+ * + D x and * silu(z)) | grouped rmsnorm + quantize (rows) | - | out matmul | -. With a
+ * residual_scale (granite), an attention, Mamba2 or dense FFN block's output matmul writes proj,
+ * and the next norm phase (the next block's, or the logits') first adds proj * scale to the
+ * residual stream row by row: no phase of its own (MoE blocks add into x in their last phase);
+ * the logits of a step are multiplied by 1 / logit_scale.
  *
  * NOTE: attention stays bit-identical to full planes: a chunk of ATTN_CHUNK keys never wraps,
  * so the chunk kernels run on the same keys in the same order with positions shifted by a
@@ -1159,13 +1161,24 @@ static void merge_phase(engine *e, int p) {
     phase_end(e, p, e->n_merges);
 }
 
-/* rows: out = rmsnorm(x) * w, quantized when the next matmuls need it */
-static void norm_phase(engine *e, int p, const float *w, int quantize) {
+/* x += proj * residual_scale of one row: granite's scaled residual add of the block before, done
+ * by the phase that reads x next (a norm) instead of a phase of its own (see top) */
+static inline void add_scaled_proj(engine *e, int r) {
+    const int dim = e->m.dim;
+    const float rs = e->m.residual_scale, *pr = e->proj + (size_t)r * dim;
+    float *xr = e->x + (size_t)r * dim;
+    for (int i = 0; i < dim; i++) xr[i] += pr[i] * rs;
+}
+
+/* rows: out = rmsnorm(x) * w, quantized when the next matmuls need it; add_proj: first the
+ * scaled residual add the block before left in proj (add_scaled_proj) */
+static void norm_phase(engine *e, int p, const float *w, int quantize, int add_proj) {
     const int dim = e->m.dim, nu = n_row_units(e->n_rows);
     FOR_EACH_UNIT(e, p, nu, u) {
         int r0, r1;
         unit_rows(u, e->n_rows, &r0, &r1);
         for (int r = r0; r < r1; r++) {
+            if (add_proj) add_scaled_proj(e, r);
             e->kt->rmsnorm(e->xb + (size_t)r * dim, e->x + (size_t)r * dim, w, dim, e->m.rms_eps);
             if (quantize) quantize_row(e, e->xb, dim, r);
         }
@@ -1188,33 +1201,32 @@ static void post_norm_phase(engine *e, int p, const float *w) {
     phase_end(e, p, nu);
 }
 
-/* rows: x += proj * residual_scale (granite: a block's output scaled before the residual add) */
-static void scaled_add_phase(engine *e, int p) {
-    const int dim = e->m.dim, nu = n_row_units(e->n_rows);
-    const float rs = e->m.residual_scale;
-    FOR_EACH_UNIT(e, p, nu, u) {
-        int r0, r1;
-        unit_rows(u, e->n_rows, &r0, &r1);
-        for (int r = r0; r < r1; r++) {
-            const float *pr = e->proj + (size_t)r * dim;
-            float *xr = e->x + (size_t)r * dim;
-            for (int i = 0; i < dim; i++) xr[i] += pr[i] * rs;
-        }
-    }
-    phase_end(e, p, nu);
-}
-
 /* Where a block's output matmul writes: straight into the residual stream, or into proj for a
- * post-norm or a residual scale (the block's last phase adds it). */
+ * post-norm (the block's last phase adds it) or a residual scale (the next norm phase adds it). */
 static inline int output_via_proj(const engine *e, const float *post_norm) {
     return post_norm != NULL || e->m.residual_scale != 1.0f;
 }
 
-/* The last phase of a block whose output went to proj (output_via_proj). */
+/* The last phase of a block whose output went to proj (output_via_proj): the post-norm's; with a
+ * residual scale, nothing (the output waits in proj for the next norm phase). */
 static inline void block_residual_phase(engine *e, int p, const float *post_norm) {
     if (post_norm) post_norm_phase(e, p, post_norm);
-    else if (e->m.residual_scale != 1.0f) scaled_add_phase(e, p);
 }
+
+/* Whether a norm phase must first add the scaled output the block before it left in proj: the
+ * attention and Mamba2 blocks and the dense FFN leave it with a residual scale and no post-norm
+ * (the short-convolution, DeltaNet and MoE blocks add into x themselves). A pure function of the
+ * model, so every thread takes the same branch. */
+static inline int mixer_leaves_proj(const engine *e, const layer_weights *L) {
+    return e->m.residual_scale != 1.0f && !L->post_attn_norm && !is_conv_layer(L) && !is_delta_layer(L);
+}
+
+static inline int ffn_leaves_proj(const engine *e, const layer_weights *L) {
+    return e->m.residual_scale != 1.0f && !L->post_ffn_norm && !is_moe_layer(L);
+}
+
+/* before layer l's first norm (l == n_layers: the logits' norm) */
+static inline int proj_before_layer(const engine *e, int l) { return l > 0 && ffn_leaves_proj(e, &e->m.layers[l - 1]); }
 
 /* One row's q, k, v after the matmuls: biases, per-head norms, rope, then the KV store. */
 static void qkv_row(engine *e, const layer_weights *L, int l, int r) {
@@ -1262,7 +1274,8 @@ static void qkv_row(engine *e, const layer_weights *L, int l, int r) {
 static int attention_block(engine *e, const layer_weights *L, int l, int p, int ith, int nth) {
     const int T = e->n_rows, dim = e->m.dim, nu = n_row_units(T);
     norm_phase(e, p++, L->attn_norm,
-               is_block_type(L->attn_q.type) || is_block_type(L->attn_k.type) || is_block_type(L->attn_v.type));
+               is_block_type(L->attn_q.type) || is_block_type(L->attn_k.type) || is_block_type(L->attn_v.type),
+               proj_before_layer(e, l));
     {
         mm_job jobs[3] = {{&L->attn_q, e->m.q_gate ? e->qg : e->q, e->m.q_gate ? 2 * e->q_dim : e->q_dim, 0},
                           {&L->attn_k, e->k, e->kv_dim, 0},
@@ -1312,7 +1325,7 @@ static int conv_block(engine *e, const layer_weights *L, int l, int p, int nth) 
     const kernel_table *kt = e->kt;
     const int T = e->n_rows, dim = e->m.dim, nu = n_row_units(T), taps = e->m.conv_len;
     const int quantize_out = is_block_type(L->conv_out.type);
-    norm_phase(e, p++, L->attn_norm, is_block_type(L->conv_in.type));
+    norm_phase(e, p++, L->attn_norm, is_block_type(L->conv_in.type), proj_before_layer(e, l));
     {
         mm_job job = {&L->conv_in, e->bcx, 3 * dim, 0};
         act_rows in = input_view(e, e->xb, dim);
@@ -1415,7 +1428,8 @@ static int moe_block(engine *e, const layer_weights *L, int l, int p, int nth) {
     const int q_act = is_block_type(ex[2 * E].type);
     norm_phase(e, p++, L->ffn_norm,
                q_in || is_block_type(L->moe_router.type) ||
-                   (shexp && (is_block_type(L->ffn_gate.type) || is_block_type(L->ffn_up.type))));
+                   (shexp && (is_block_type(L->ffn_gate.type) || is_block_type(L->ffn_up.type))),
+               mixer_leaves_proj(e, L));
     {
         mm_job job = {&L->moe_router, e->mlogits, E, 0};
         act_rows in = input_view(e, e->xb, dim);
@@ -1546,7 +1560,8 @@ static int delta_block(engine *e, const layer_weights *L, int l, int p, int ith,
     const int taps = m->ssm_taps;
     norm_phase(e, p++, L->attn_norm,
                is_block_type(L->ssm_qkv.type) || is_block_type(L->ssm_z.type) || is_block_type(L->ssm_beta.type) ||
-                   is_block_type(L->ssm_alpha.type));
+                   is_block_type(L->ssm_alpha.type),
+               proj_before_layer(e, l));
     {
         mm_job jobs[4] = {{&L->ssm_qkv, e->sqkv, cd, 0},
                           {&L->ssm_z, e->sz, e->value_dim, 0},
@@ -1644,7 +1659,7 @@ static int mamba_block(engine *e, const layer_weights *L, int l, int p, int nth)
     const int T = e->n_rows, dim = m->dim, nu = n_row_units(T), H = m->mamba_heads, inner = m->mamba_inner;
     const int N = m->mamba_state, G = m->mamba_groups, P = inner / H, cd = e->conv_dim, ld = e->in_dim;
     const int taps = m->mamba_taps, gw = inner / G; /* gw: channels a group norm spans */
-    norm_phase(e, p++, L->attn_norm, is_block_type(L->mamba_in.type));
+    norm_phase(e, p++, L->attn_norm, is_block_type(L->mamba_in.type), proj_before_layer(e, l));
     {
         mm_job job = {&L->mamba_in, e->sqkv, ld, 0};
         act_rows in = input_view(e, e->xb, dim);
@@ -1729,7 +1744,8 @@ static int ffn_block(engine *e, const layer_weights *L, int p, int nth) {
     const model_desc *m = &e->m;
     const kernel_table *kt = e->kt;
     const int T = e->n_rows, dim = m->dim, nu = n_row_units(T);
-    norm_phase(e, p++, L->ffn_norm, is_block_type(L->ffn_gate.type) || is_block_type(L->ffn_up.type));
+    norm_phase(e, p++, L->ffn_norm, is_block_type(L->ffn_gate.type) || is_block_type(L->ffn_up.type),
+               mixer_leaves_proj(e, L));
     {
         mm_job jobs[2] = {{&L->ffn_gate, e->gate, m->ffn_dim, 0}, {&L->ffn_up, e->up, m->ffn_dim, 0}};
         act_rows in = input_view(e, e->xb, dim);
@@ -1809,6 +1825,7 @@ static void step_worker(void *ctx, int ith, int nth) {
         int i0, i1;
         unit_rows(u, nl, &i0, &i1);
         for (int i = i0; i < i1; i++) {
+            if (proj_before_layer(e, m->n_layers)) add_scaled_proj(e, e->logit_src[i]);
             kt->rmsnorm(e->xb + (size_t)i * dim, e->x + (size_t)e->logit_src[i] * dim, m->output_norm, dim, m->rms_eps);
             if (is_block_type(m->output.type)) quantize_row(e, e->xb, dim, i);
         }

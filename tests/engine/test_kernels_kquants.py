@@ -135,17 +135,17 @@ def test_gemm_vnni_identical_to_avx2(type_name):
     every tile width 1..9 rows, and 17 and 29 (a prefill chunk's 512-bit tiles over pairs of
     groups, x86_gemm_z16.h: two and three tiles of 8 and a rest), row groups, a group left over
     from the pairs and the rows past them, weights without row groups, an output sub-range with accumulate, activation blocks at
-    the int8 range's ends, 2-4 rows of 1280 (read interleaved), more pairs than one block of outputs on rows of three slices (280 x
+    the int8 range's ends, 2-8 rows of 1280 (read interleaved, 5-8 in two passes), more pairs than one block of outputs on rows of three slices (280 x
     2304); Q6_K also on rows of 8192 (eight slices)."""
     avx2, vnni = _engine.KernelTable("avx2"), _engine.KernelTable("avx512vnni")
     t = type_id(type_name)
     cases = [(n_out, k, n_rows) for n_out, k in shapes(type_name) for n_rows in (*range(1, 10), 17, 29)]
     # three whole groups and a tail: the decode-size kernels (x86_vnni_rows.c) run groups in
-    # pairs and an odd last one alone
-    cases += [(29, 512, n_rows) for n_rows in range(1, 6)]
+    # pairs and an odd last one alone, 5-8 rows in two passes over each pair
+    cases += [(29, 512, n_rows) for n_rows in range(1, 10)]
     # 2-4 rows of 1280, longer than the 1024 elements up to which rows were once read as given:
     # the decode-size kernels read every call of 2+ rows interleaved (x86_vnni_rows.c)
-    cases += [(37, 1280, n_rows) for n_rows in range(1, 6)]
+    cases += [(37, 1280, n_rows) for n_rows in range(1, 10)]
     # more pairs than one block of outputs (Z_OB) and rows longer than a slice (Z_KS: 1024,
     # 1024, then 256 elements), the 512-bit tiles' stash between slices
     cases.append((280, 2304, 17))

@@ -13,7 +13,7 @@
  * Calls of Z_MIN_ROWS rows or more (prefill) run their pairs of whole groups on 512-bit vectors
  * (x86_gemm_z16.h: 16 weight rows per vector, the same per-lane operations) and only a group
  * left over, or rows past the groups, on the 256-bit tiles. Calls of a decode step's few rows
- * (1-4 of Q4_K, Q5_K, Q6_K; 2-4 of Q8_0, Q5_0, Q5_1) run their whole groups on x86_vnni_rows.c's
+ * (1-8 of Q4_K, Q5_K, Q6_K; 2-8 of Q8_0, Q5_0, Q5_1) run their whole groups on x86_vnni_rows.c's
  * 512-bit pairs.
  * Compiled for these extensions by pragma, as x86_avx2.c is for AVX2; dispatch.c hands these
  * functions out only when cpuid reports AVX512F, AVX512VL, AVX512BW and AVX512-VNNI too.
@@ -68,8 +68,8 @@ static inline __attribute__((always_inline)) void gemm_vnni(int kind, gemm_fn av
 }
 
 void gemm_q8_0_vnni(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows, int accumulate) {
-    /* NOTE: 2-4 rows only (see gemm_k_or_rows) */
-    if (n_rows >= 2 && n_rows <= ROWS_MAX) o0 = gemm_rows_vnni(ROWS_Q8_0, y, ldy, w, o0, o1, x, n_rows, accumulate);
+    /* NOTE: 2-8 rows only (see gemm_k_or_rows) */
+    if (n_rows >= 2 && n_rows <= ROWS_SPLIT_MAX) o0 = gemm_rows_vnni(ROWS_Q8_0, y, ldy, w, o0, o1, x, n_rows, accumulate);
     if (o0 < o1) gemm_vnni(KIND_Q8_0, gemm_q8_0_avx2, y, ldy, w, o0, o1, x, n_rows, accumulate);
 }
 
@@ -95,7 +95,7 @@ static inline __attribute__((always_inline)) void gemm_k_vnni(int kind, float *y
 }
 
 /* The quant_k.h block types (x86_gemm_k.h's VNNI tiles); Q2_K and Q3_K stay on AVX2. A decode
- * step's few rows (min_rows .. ROWS_MAX) run their whole row groups on x86_vnni_rows.c's
+ * step's few rows (min_rows .. ROWS_SPLIT_MAX) run their whole row groups on x86_vnni_rows.c's
  * kernels, the rest here.
  * NOTE: Q8_0, Q5_0 and Q5_1 go there from 2 rows on: at 2-4 rows the 256-bit tiles are bound by
  * their vpdpbusd count (one thread in cache, 4 rows: Q5_0 16.6 GB/s on the tile against 34.5 on
@@ -104,7 +104,7 @@ static inline __attribute__((always_inline)) void gemm_k_vnni(int kind, float *y
 static inline __attribute__((always_inline)) void gemm_k_or_rows(int kind, int rows_kind, int min_rows, float *y,
                                                                  int ldy, const gemm_weight *w, int o0, int o1,
                                                                  const act_rows *x, int n_rows, int accumulate) {
-    if (n_rows >= min_rows && n_rows <= ROWS_MAX) o0 = gemm_rows_vnni(rows_kind, y, ldy, w, o0, o1, x, n_rows, accumulate);
+    if (n_rows >= min_rows && n_rows <= ROWS_SPLIT_MAX) o0 = gemm_rows_vnni(rows_kind, y, ldy, w, o0, o1, x, n_rows, accumulate);
     if (o0 < o1) gemm_k_vnni(kind, y, ldy, w, o0, o1, x, n_rows, accumulate);
 }
 

@@ -1,7 +1,11 @@
-/* The avx512vnni variant's decode-size matmuls: one to ROWS_MAX activation rows against the row
- * groups of Q6_K, Q4_K and Q5_K weights, and two to ROWS_MAX rows against those of Q8_0, Q5_0
- * and Q5_1 (x86_vnni.c's gemm_*_vnni hand a call of that size here, and its rows outside whole
- * groups to the tiles of x86_gemm_x8.h / x86_gemm_k.h).
+/* The avx512vnni variant's decode-size matmuls: one to ROWS_SPLIT_MAX activation rows against the
+ * row groups of Q6_K, Q4_K and Q5_K weights, and two to ROWS_SPLIT_MAX rows against those of
+ * Q8_0, Q5_0 and Q5_1 (x86_vnni.c's gemm_*_vnni hand a call of that size here, and its rows
+ * outside whole groups to the tiles of x86_gemm_x8.h / x86_gemm_k.h). One pass over a pair of
+ * groups takes up to ROWS_MAX rows (its sums fill the 32 vector registers); 5-8 rows (a decode
+ * step of 5-8 slots) take a second pass over the same pair while it is in L1/L2, so the weights
+ * still stream from memory once (they went to the 256-bit tiles, one vpdpbusd per 8 weight rows
+ * where these do 16).
  *
  * Design: a decode step reads each weight once for a few rows, so what bounds it is the work of
  * unpacking a block, not the dot products. Here that work is done on 512-bit vectors holding
@@ -339,10 +343,27 @@ static inline __attribute__((always_inline)) void b32_pair(const int R, const in
     store16(y, ldy, o, o_hi, R, acc, cor, accumulate);
 }
 
-/* The whole groups of [o0, o1), two at a time. */
-static inline __attribute__((always_inline)) int rows_groups(int kind, const int R, float *y, int ldy,
-                                                             const gemm_weight *w, int o0, int o1, const act_view *x,
-                                                             int accumulate, const int32_t *asum) {
+/* One pass of rows_groups: R rows of y from row y, read through x (asum: Q6_K's and Q8_0's sums
+ * of x's rows, rows_call). */
+typedef struct {
+    float *y;
+    act_view x;
+    const int32_t *asum;
+} rows_pass;
+
+static inline __attribute__((always_inline)) void pair_pass(int kind, const int R, const rows_pass *ps, int ldy,
+                                                            const uint8_t *g0, size_t gap, int nsb, int o, int o_hi,
+                                                            int accumulate) {
+    if (kind == ROWS_Q6_K) q6_pair(R, ps->y, ldy, g0, gap, nsb, &ps->x, ps->asum, o, o_hi, accumulate);
+    else if (kind == ROWS_Q4_K || kind == ROWS_Q5_K) k4_pair(R, kind == ROWS_Q5_K, ps->y, ldy, g0, gap, nsb, &ps->x, o, o_hi, accumulate);
+    else b32_pair(R, kind, ps->y, ldy, g0, gap, nsb, &ps->x, ps->asum, o, o_hi, accumulate);
+}
+
+/* The whole groups of [o0, o1), two at a time: R rows in one pass over each pair of groups, and
+ * R2 more (when R2 > 0) in a second pass over the same pair while it is in cache. */
+static inline __attribute__((always_inline)) int rows_groups(int kind, const int R, const int R2, int ldy,
+                                                             const gemm_weight *w, int o0, int o1, const rows_pass *p1,
+                                                             const rows_pass *p2, int accumulate) {
     int end = w->x8 ? w->n_out / ROW_GROUP * ROW_GROUP : o0;
     if (end > o1) end = o1;
     if (end <= o0) return o0;
@@ -362,9 +383,8 @@ static inline __attribute__((always_inline)) int rows_groups(int kind, const int
         const uint8_t *g0 = (const uint8_t *)w->x8 + (size_t)(o0 / ROW_GROUP + lo_g) * gap;
         const size_t g = two ? (size_t)half * gap : 0;
         const int o = o0 + ROW_GROUP * lo_g, o_hi = two ? o + ROW_GROUP * half : -1;
-        if (kind == ROWS_Q6_K) q6_pair(R, y, ldy, g0, g, nsb, x, asum, o, o_hi, accumulate);
-        else if (kind == ROWS_Q4_K || kind == ROWS_Q5_K) k4_pair(R, kind == ROWS_Q5_K, y, ldy, g0, g, nsb, x, o, o_hi, accumulate);
-        else b32_pair(R, kind, y, ldy, g0, g, nsb, x, asum, o, o_hi, accumulate);
+        pair_pass(kind, R, p1, ldy, g0, g, nsb, o, o_hi, accumulate);
+        if (R2) pair_pass(kind, R2, p2, ldy, g0, g, nsb, o, o_hi, accumulate);
     }
     return end;
 }
@@ -382,10 +402,17 @@ static inline __attribute__((always_inline)) void interleave(const int R, const 
         }
 }
 
-static inline __attribute__((always_inline)) int rows_call(int kind, const int R, float *y, int ldy, const gemm_weight *w,
-                                                           int o0, int o1, const act_rows *x, int accumulate) {
-    const int k = x->k, nb = k / QK;
+/* Staging of one pass's R rows (x's first R): the kind's sums and, from 2 rows, the rows
+ * interleaved. */
+typedef struct {
     int32_t asum[ROWS_MAX * (MAX_ROW_LEN / 16)]; /* [sub-block or block][row] */
+    int8_t q[ROWS_MAX * MAX_ROW_LEN] __attribute__((aligned(64)));
+    float d[ROWS_MAX * (MAX_ROW_LEN / QK)], s[ROWS_MAX * (MAX_ROW_LEN / QK)];
+} rows_stage;
+
+static inline __attribute__((always_inline)) void rows_prep(int kind, const int R, float *y, const act_rows *x,
+                                                            rows_stage *st, rows_pass *ps) {
+    const int k = x->k, nb = k / QK;
     if (kind == ROWS_Q6_K) {
         /* 32 x each row's sum of its quantized activations over every 16 (x86_gemm_k.h k6_asum) */
         for (int r = 0; r < R; r++)
@@ -393,7 +420,7 @@ static inline __attribute__((always_inline)) int rows_call(int kind, const int R
                 const int8_t *a = x->qs + (size_t)r * k + 16 * (size_t)i;
                 int sum = 0;
                 for (int e = 0; e < 16; e++) sum += a[e];
-                asum[(size_t)i * R + r] = 32 * sum;
+                st->asum[(size_t)i * R + r] = 32 * sum;
             }
     } else if (kind == ROWS_Q8_0) {
         /* 128 x each row's sum of its quantized activations over every block (x86_vnni.c's abias) */
@@ -402,18 +429,35 @@ static inline __attribute__((always_inline)) int rows_call(int kind, const int R
                 const int8_t *a = x->qs + (size_t)r * k + (size_t)b * QK;
                 int sum = 0;
                 for (int e = 0; e < QK; e++) sum += a[e];
-                asum[(size_t)b * R + r] = 128 * sum;
+                st->asum[(size_t)b * R + r] = 128 * sum;
             }
     }
+    ps->y = y;
+    ps->asum = st->asum;
     if (R >= 2) {
-        int8_t q[ROWS_MAX * MAX_ROW_LEN] __attribute__((aligned(64)));
-        float d[ROWS_MAX * (MAX_ROW_LEN / QK)], s[ROWS_MAX * (MAX_ROW_LEN / QK)];
-        interleave(R, x, q, d, s);
-        const act_view iv = {q, d, s, 4, (size_t)R, 1, (size_t)R};
-        return rows_groups(kind, R, y, ldy, w, o0, o1, &iv, accumulate, asum);
+        interleave(R, x, st->q, st->d, st->s);
+        const act_view iv = {st->q, st->d, st->s, 4, (size_t)R, 1, (size_t)R};
+        ps->x = iv;
+    } else {
+        const act_view v = {x->qs, x->d, x->s, (size_t)k, 1, (size_t)nb, 1};
+        ps->x = v;
     }
-    const act_view v = {x->qs, x->d, x->s, (size_t)k, 1, (size_t)nb, 1};
-    return rows_groups(kind, R, y, ldy, w, o0, o1, &v, accumulate, asum);
+}
+
+/* R rows (1 .. 2 ROWS_MAX): up to ROWS_MAX in a first pass, the rest in a second. */
+static inline __attribute__((always_inline)) int rows_call(int kind, const int R, float *y, int ldy, const gemm_weight *w,
+                                                           int o0, int o1, const act_rows *x, int accumulate) {
+    const int R1 = R > ROWS_MAX ? ROWS_MAX : R, R2 = R - R1;
+    rows_stage st1, st2;
+    rows_pass p1, p2;
+    rows_prep(kind, R1, y, x, &st1, &p1);
+    if (R2) {
+        const int k = x->k, nb = k / QK;
+        const act_rows rest = {x->f ? x->f + (size_t)R1 * k : NULL, x->qs + (size_t)R1 * k, x->d + (size_t)R1 * nb,
+                               x->s + (size_t)R1 * nb, k};
+        rows_prep(kind, R2, y + (size_t)R1 * ldy, &rest, &st2, &p2);
+    }
+    return rows_groups(kind, R1, R2, ldy, w, o0, o1, &p1, &p2, accumulate);
 }
 
 int gemm_rows_vnni(int kind, float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows,
@@ -423,6 +467,10 @@ int gemm_rows_vnni(int kind, float *y, int ldy, const gemm_weight *w, int o0, in
     case 2: return rows_call(kind, 2, y, ldy, w, o0, o1, x, accumulate);
     case 3: return rows_call(kind, 3, y, ldy, w, o0, o1, x, accumulate);
     case 4: return rows_call(kind, 4, y, ldy, w, o0, o1, x, accumulate);
+    case 5: return rows_call(kind, 5, y, ldy, w, o0, o1, x, accumulate);
+    case 6: return rows_call(kind, 6, y, ldy, w, o0, o1, x, accumulate);
+    case 7: return rows_call(kind, 7, y, ldy, w, o0, o1, x, accumulate);
+    case 8: return rows_call(kind, 8, y, ldy, w, o0, o1, x, accumulate);
     default: return o0;
     }
 }

@@ -5,10 +5,10 @@ For each model and each of --rounds rounds, llama-bench and every --build run on
 rounds llama-bench first, even rounds last), as separate processes:
 
     llama-bench -m FILE -t T -p PP -n TG -r REPS -o json [-d D]
-    BUILD bench engine --model FILE --threads T --reps REPS --no-numpy --json [--depth D]
+    BUILD bench engine --model FILE --threads T --reps REPS --no-numpy --json --depth D
 
-PP is 512 (or the largest prefill a synthetic preset times), TG the preset's decode steps (128
-for real files); with --depth, pp512 and tg128 after the depth, as `bench engine --depth`. A --build is `LABEL=EXECUTABLE` (a slotserve console script: another
+PP is 512 and TG 128, after D tokens (default 0): `bench engine --depth` times those two figures
+alone (its other figures, the batches and pp2048, would make a round several minutes long). A --build is `LABEL=EXECUTABLE` (a slotserve console script: another
 worktree's venv/bin/slotserve compares two builds in the same window); the default is this
 interpreter's slotserve. The environment is inherited (SLOTSERVE_KERNELS=avx2 forces the AVX2
 kernels of every build; llama.cpp's instruction set is the one its binary was built for).
@@ -28,7 +28,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +137,7 @@ def _run_json(argv: list[str]) -> Any:
 
 def run_llama(exe: str, t: Target, rnd: int, threads: int, reps: int, depth: int) -> Run:
     argv = [exe, "-m", str(t.path), "-t", str(threads), "-p", str(t.pp), "-n", str(t.tg), "-r", str(reps)]
-    argv += ["-o", "json"] + (["-d", str(depth)] if depth else [])
+    argv += ["-o", "json", "-d", str(depth)]
     load = _load()
     rows = _run_json(argv)
     pp = next((r["avg_ts"] for r in rows if r.get("n_prompt") == t.pp and r.get("n_gen") == 0), None)
@@ -148,12 +148,11 @@ def run_llama(exe: str, t: Target, rnd: int, threads: int, reps: int, depth: int
 
 def run_build(label: str, prefix: list[str], t: Target, rnd: int, threads: int, reps: int, depth: int) -> Run:
     argv = prefix + ["bench", "engine", *t.engine_args, "--threads", str(threads), "--reps", str(reps)]
-    argv += ["--no-numpy", "--json"] + (["--depth", str(depth)] if depth else [])
+    argv += ["--no-numpy", "--json", "--depth", str(depth)]
     load = _load()
     info = _run_json(argv)
     res = info["results"][f"threads={threads}"]
-    suffix = f"_d{depth}" if depth else ""
-    pp, tg = res.get(f"pp{t.pp}{suffix}"), res.get(f"tg{t.tg}{suffix}")
+    pp, tg = res.get(f"pp{t.pp}_d{depth}"), res.get(f"tg{t.tg}_d{depth}")
     return Run(label, rnd, load, pp, tg, {"kernel_variant": info.get("kernel_variant")})
 
 
@@ -186,8 +185,6 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--llama-bench {args.llama_bench}: not an executable")
     builds = parse_builds(args.build)
     todo = targets(args)
-    if args.depth:  # bench engine --depth times pp512 and tg128 after the depth, whatever the preset
-        todo = [replace(t, pp=DEFAULT_PP, tg=DEFAULT_TG) for t in todo]
     from .engine import machine
 
     report: dict[str, Any] = {"machine": machine(), "command": " ".join(sys.argv), "models": {}}

@@ -29,9 +29,8 @@ BUILD = """
 import json, sys
 argv = sys.argv[1:]
 open(LOG, "a").write(NAME + " " + " ".join(argv) + "\\n")
-depth = int(argv[argv.index("--depth") + 1]) if "--depth" in argv else 0
-suffix = f"_d{depth}" if depth else ""
-res = {f"pp512{suffix}": 300.0 * FACTOR, f"tg128{suffix}": 25.0 * FACTOR, "pp128": 1.0}
+depth = int(argv[argv.index("--depth") + 1])
+res = {f"pp512_d{depth}": 300.0 * FACTOR, f"tg128_d{depth}": 25.0 * FACTOR, "pp512": 1.0}
 print(json.dumps({"kernel_variant": "scalar", "results": {"threads=2": res}}))
 """
 
@@ -68,8 +67,8 @@ def test_rounds_alternate_and_ratios_pair_each_round(
     order = [line.split()[0] for line in (tmp_path / "log").read_text().splitlines()]
     assert order == ["llama", "a", "b", "b", "a", "llama", "llama", "a", "b"]
     lines = (tmp_path / "log").read_text().splitlines()
-    assert "-p 512 -n 128 -r 2 -o json" in lines[0] and "-t 2" in lines[0]
-    assert "bench engine --model" in lines[1] and "--no-numpy --json" in lines[1]
+    assert "-p 512 -n 128 -r 2 -o json -d 0" in lines[0] and "-t 2" in lines[0]
+    assert "bench engine --model" in lines[1] and lines[1].endswith("--no-numpy --json --depth 0")
     model = report["models"]["m.gguf"]
     # llama-bench's n-th run reports 100 n / 10 n: rounds 1, 2, 3 are its runs 1, 2, 3
     assert model["ratios"]["a"] == {"pp": [3.0, 1.5, 1.0], "tg": [2.5, 1.25, 0.83]}

@@ -106,13 +106,9 @@ def targets(args: argparse.Namespace) -> list[Target]:
     for name in args.synthetic:
         from . import synthetic
 
-        sizes = synthetic.BENCH_SIZES.get(name)
         path, _ = synthetic.ensure_synthetic(name, args.synthetic_dir)
         extra = ("--synthetic-dir", args.synthetic_dir) if args.synthetic_dir else ()
-        pp = DEFAULT_PP if sizes is None or DEFAULT_PP in sizes.prefill else max(sizes.prefill)
-        out.append(
-            Target(name, path, ("--synthetic", name, *extra), pp, sizes.decode_steps if sizes else DEFAULT_TG)
-        )
+        out.append(Target(name, path, ("--synthetic", name, *extra), DEFAULT_PP, DEFAULT_TG))
     if not out:
         raise SystemExit("give at least one --model or --synthetic")
     for t in out:

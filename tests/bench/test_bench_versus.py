@@ -101,3 +101,14 @@ def test_a_failing_side_stops_with_its_error(tmp_path: Path) -> None:
     args.build = [f"x={broken}"]
     with pytest.raises(SystemExit, match="boom"):
         versus.run(args)
+
+
+def test_a_synthetic_preset_is_timed_at_pp512_and_tg128(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from slotserve.bench import synthetic
+
+    args = _args(tmp_path, rounds=1, model=[], synthetic=["lfm2-350m"])
+    monkeypatch.setattr(synthetic, "ensure_synthetic", lambda name, d: (tmp_path / "m.gguf", False))
+    (target,) = versus.targets(args)
+    assert (target.pp, target.tg, target.engine_args) == (512, 128, ("--synthetic", "lfm2-350m"))

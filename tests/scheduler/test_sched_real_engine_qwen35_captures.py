@@ -1,6 +1,6 @@
 """Captures and routing around recurrent state on the real C engine with the tiny qwen35
 fixture and the tiny granitehybrid one (Mamba2 state; the basic reuse paths:
-test_sched_real_engine_qwen35.py, test_sched_real_engine_granite.py): an edited early turn restores
+test_sched_real_engine_recurrent.py): an edited early turn restores
 the turn capture below the divergence, an evicted conversation comes back from disk after a
 restart, a cancel mid-decode leaves the slot extendable, and a Hypothesis property checks the
 reuse against a brute-force oracle of the capture rules; every warm answer equals a cold run

@@ -1,5 +1,7 @@
-"""The scheduler on the real C engine with the tiny granitehybrid fixture (Mamba2 layers beside
-llama attention, gguf_fixtures_granite.write_tiny_granite): a recurrent slot can only be extended, so
+"""The scheduler on the real C engine with the tiny recurrent fixtures, each test on both: qwen35
+(Gated DeltaNet layers beside gated attention, gguf_fixtures.write_tiny_qwen35) and granitehybrid
+(Mamba2 layers beside llama attention, gguf_fixtures_granite.write_tiny_granite). A recurrent
+slot can only be extended, so
 reuse is an exact extension of a live slot, a checkpoint restored at its own length, or a whole
 slot forked; every warm answer equals a cold run token for token, and the reuse source and
 count and the tokens the engine computed are asserted (the fake engine's tests of the same
@@ -21,25 +23,28 @@ from slotserve.scheduler.scheduler import Scheduler
 SEG = 16
 
 
-@pytest.fixture(scope="module")
-def granite_path(granite_model_factory):
-    return granite_model_factory("Q8_0")
+@pytest.fixture(scope="module", params=["qwen35", "granitehybrid"])
+def recurrent_path(request):
+    factory = "qwen35_model_factory" if request.param == "qwen35" else "granite_model_factory"
+    return request.param, request.getfixturevalue(factory)("Q8_0")
 
 
 @pytest.fixture
-def open_pool(granite_path):
+def open_pool(recurrent_path):
+    arch, path = recurrent_path
     from slotserve.engine_ext import SlotPool
     from slotserve.engine_ext.loader import open_model
 
     def make(num_slots: int, ctx_len: int = 512, rollback: int = 0):
-        bundle = open_model(granite_path, num_slots=num_slots, ctx_len=ctx_len, threads=1)
+        bundle = open_model(path, num_slots=num_slots, ctx_len=ctx_len, threads=1)
         pool = bundle.pool
         if rollback:
             pool = SlotPool(pool._model, num_slots, ctx_len, threads=1, rollback=rollback)
         assert pool.recurrent and "/recurrent=" in pool.fingerprint  # the recurrent layout is in use
-        assert pool._model.config.mamba is not None  # and it is Mamba2's
+        assert pool._model.config.arch == arch
         return CountingPool(pool), bundle.tokenizer
 
+    make.model_path = path  # type: ignore[attr-defined]  # cold()'s cache key: one per fixture
     return make
 
 
@@ -59,7 +64,7 @@ _COLD: dict[tuple, list[int]] = {}
 
 
 async def cold(open_pool, prompt, max_tokens) -> list[int]:
-    key = (tuple(prompt), max_tokens)
+    key = (open_pool.model_path, tuple(prompt), max_tokens)
     if key not in _COLD:
         out = await cold_run(open_pool, sched_for, prompt, max_tokens, checkpoint_memory_mb=0)
         assert reuse(out) == (ReuseSource.NONE, 0) and len(out.tokens) == max_tokens

@@ -1,5 +1,6 @@
 """The engine against llama.cpp's recorded greedy runs (tests/fixtures/record_*_llamacpp.py):
-one comparison that the lfm2 and MoE tests share.
+one comparison that the lfm2, MoE and granitehybrid tests share, and the two tests each of those
+modules runs (`record_tests`).
 
 The engine walks llama.cpp's path (it is fed llama.cpp's tokens, prompt then one token per
 step), so every recorded step is compared: each of llama.cpp's top-5 log-probabilities within
@@ -12,11 +13,14 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import numpy as np
+import pytest
 from reference import ReferenceModel
 from slotserve.engine_ext import SlotPool
 
@@ -92,3 +96,40 @@ def compare_with_record(
             f"{name}: mean distance to the NumPy reference: ours {ours_mean:.3f}, llama.cpp {theirs_mean:.3f}"
         )
         assert ours_mean <= theirs_mean
+
+
+def record_tests(
+    record_name: str,
+    script: str,
+    logprob_atol: dict[str, float | None],
+    clear_gap: dict[str, float],
+    closer_to_reference: str | None,
+) -> tuple[Callable[[], None], Callable[[str, Path], None]]:
+    """The two tests of a record module, for it to bind to its own `test_*` names: the record
+    (tests/fixtures/`record_name`) names its source and exactly the fixtures the bounds cover,
+    and the engine matches each fixture's record (`compare_with_record`)."""
+    loaded: dict[str, Any] = {}
+
+    def record() -> dict[str, Any]:
+        if not loaded:
+            loaded["record"] = json.loads((FIXTURES / record_name).read_text())
+            loaded["recorder"] = load_recorder(script)
+        return loaded["record"]
+
+    def test_record_names_its_source() -> None:
+        assert set(logprob_atol) == set(clear_gap)
+        check_record_source(record(), script, set(logprob_atol))
+
+    @pytest.mark.parametrize("name", sorted(logprob_atol))
+    def test_engine_matches_llamacpp(name: str, tmp_path: Path) -> None:
+        compare_with_record(
+            record(),
+            loaded["recorder"],
+            name,
+            tmp_path,
+            atol=logprob_atol[name],
+            clear_gap=clear_gap[name],
+            closer_to_reference=name == closer_to_reference,
+        )
+
+    return test_record_names_its_source, test_engine_matches_llamacpp

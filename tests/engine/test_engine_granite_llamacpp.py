@@ -12,13 +12,9 @@ two are further apart than twice that tolerance."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+from llamacpp_compare import record_tests
 
-import pytest
-from llamacpp_compare import check_record_source, compare_with_record, load_recorder
-
-RECORD = Path(__file__).resolve().parents[1] / "fixtures" / "granite_llamacpp.json"
+RECORD = "granite_llamacpp.json"
 
 # Largest |ours - llama.cpp| of a top-5 log-probability, and the top-2 gap of llama.cpp's above
 # which our greedy choice must be the same. F32 weights: both engines compute in float32 with f16
@@ -40,29 +36,6 @@ CLOSER_TO_REFERENCE = "granite-4.0-h-350m-4l"
 SCRIPT = "record_granite_llamacpp.py"
 
 
-@pytest.fixture(scope="module")
-def record() -> dict:
-    return json.loads(RECORD.read_text())
-
-
-@pytest.fixture(scope="module")
-def recorder():
-    return load_recorder(SCRIPT)
-
-
-def test_record_names_its_source(record):
-    assert set(LOGPROB_ATOL) == set(CLEAR_GAP)
-    check_record_source(record, SCRIPT, set(LOGPROB_ATOL))
-
-
-@pytest.mark.parametrize("name", sorted(LOGPROB_ATOL))
-def test_engine_matches_llamacpp(record, recorder, name, tmp_path):
-    compare_with_record(
-        record,
-        recorder,
-        name,
-        tmp_path,
-        atol=LOGPROB_ATOL[name],
-        clear_gap=CLEAR_GAP[name],
-        closer_to_reference=name == CLOSER_TO_REFERENCE,
-    )
+test_record_names_its_source, test_engine_matches_llamacpp = record_tests(
+    RECORD, SCRIPT, LOGPROB_ATOL, CLEAR_GAP, CLOSER_TO_REFERENCE
+)

@@ -409,6 +409,18 @@ cdef _check_row(Py_ssize_t n, Py_ssize_t n_other):
         raise ValueError(f"row of {n} elements is longer than the kernels' limit of {MAX_ROW_LEN}")
 
 
+cdef tuple _state_copies(state, bint in_place):
+    """(written, read) float32 copies of `state` for a kernel that reads one state and writes
+    another: one array twice (in_place), or two, the written one NaN so that every element the
+    kernel leaves unwritten shows."""
+    written = np.array(state, dtype=np.float32, copy=True)
+    if in_place:
+        return written, written
+    read = np.array(state, dtype=np.float32, copy=True)
+    written[...] = np.nan
+    return written, read
+
+
 cdef class KernelTable:
     """One kernel variant, callable kernel by kernel on NumPy arrays (for tests)."""
 
@@ -663,10 +675,7 @@ cdef class KernelTable:
         if not 2 <= taps <= 16 or w.shape[1] != n or tail.shape[0] != taps - 1 or tail.shape[1] != n:
             raise ValueError("need w [taps in 2..16, n] and tail [taps-1, n]")
         _check_row(n, n)
-        new_tail = np.array(tail, dtype=np.float32, copy=True)
-        src = new_tail if in_place else np.array(tail, dtype=np.float32, copy=True)
-        if not in_place:
-            new_tail[...] = np.nan  # every element must be written
+        new_tail, src = _state_copies(tail, in_place)
         out = np.empty(n, np.float32)
         cdef float[:, ::1] tv = new_tail
         cdef float[:, ::1] sv = src
@@ -690,10 +699,7 @@ cdef class KernelTable:
         if S.shape[1] != d or q.shape[0] != d or k.shape[0] != d or v.shape[0] != d:
             raise ValueError("need S [d, d] and q, k, v [d]")
         _check_row(d, d)
-        new_s = np.array(S, dtype=np.float32, copy=True)
-        src = new_s if in_place else np.array(S, dtype=np.float32, copy=True)
-        if not in_place:
-            new_s[...] = np.nan  # every element must be written
+        new_s, src = _state_copies(S, in_place)
         out = np.empty(d, np.float32)
         cdef float[:, ::1] sv = new_s
         cdef float[:, ::1] iv = src
@@ -727,10 +733,7 @@ cdef class KernelTable:
         if p < 1 or n < 1 or x.shape[0] != p or B.shape[0] != n or C.shape[0] != n:
             raise ValueError("need S [p, n], x [p] and B, C [n]")
         _check_row(n, n)
-        new_s = np.array(S, dtype=np.float32, copy=True)
-        src = new_s if in_place else np.array(S, dtype=np.float32, copy=True)
-        if not in_place:
-            new_s[...] = np.nan  # every element must be written
+        new_s, src = _state_copies(S, in_place)
         y = np.empty(p, np.float32)
         cdef float[:, ::1] sv = new_s
         cdef float[:, ::1] iv = src

@@ -170,6 +170,39 @@ def tiny_vocab() -> tuple[list[str], list[int], list[str]]:
     return tokens, types, list(TINY_MERGES)
 
 
+def add_tiny_tokenizer(
+    w: GGUFWriter, tokens: list[str], token_types: list[int], merges: list[str], chat_template: str | None
+) -> None:
+    """The tiny tokenizer's keys (tiny_vocab, or it with extra tokens), in the order every writer
+    here writes them, which the recorded fixtures' sha256 depend on."""
+    w.add_vocab_size(len(tokens))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(token_types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_unk_token_id(0)
+    w.add_add_bos_token(False)
+    w.add_add_space_prefix(False)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
+
+
+def add_random_weight(
+    w: GGUFWriter, rng: np.random.Generator, name: str, type_name: str, rows: int, cols: int, scale: float
+) -> None:
+    """A [rows, cols] weight of std `scale` in `type_name`: random blocks for the K-quants, else
+    normal floats converted (the draws the qwen35 and granitehybrid fixtures' records were
+    written with)."""
+    if type_name in K_TYPES:
+        qtype = GGMLQuantizationType[type_name]
+        w.add_tensor(name, random_blocks(type_name, rows, cols, rng, std=scale), raw_dtype=qtype)
+    else:
+        _add(w, name, (rng.standard_normal((rows, cols)) * scale).astype(np.float32), type_name)
+
+
 def write_tiny_llama(
     path: str | Path,
     *,
@@ -282,19 +315,7 @@ def write_tiny_llama(
         w.add_value_length(head_dim)
     if sliding_window:
         w.add_sliding_window(sliding_window)
-    w.add_vocab_size(n_vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types(token_types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(BOS_ID)
-    w.add_eos_token_id(EOS_ID)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(False)
-    w.add_add_space_prefix(False)
-    if chat_template is not None:
-        w.add_chat_template(chat_template)
+    add_tiny_tokenizer(w, tokens, token_types, merges, chat_template)
 
     def add_weight(name: str, rows: int, cols: int, scale: float) -> None:
         # numpy [rows=n_out, cols=n_in] -> GGUF shape (n_in, n_out)
@@ -645,26 +666,10 @@ def write_tiny_qwen35(
     w.add_uint32(f"{arch}.ssm.time_step_rank", ssm_v_heads)
     w.add_uint32(f"{arch}.ssm.inner_size", value_dim)
     w.add_uint32(f"{arch}.full_attention_interval", interval)
-    w.add_vocab_size(n_vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types(token_types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(BOS_ID)
-    w.add_eos_token_id(EOS_ID)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(False)
-    w.add_add_space_prefix(False)
-    w.add_chat_template(CHATML_TEMPLATE)
+    add_tiny_tokenizer(w, tokens, token_types, merges, CHATML_TEMPLATE)
 
     def add_weight(name: str, rows: int, cols: int, scale: float) -> None:
-        type_name = type_of(name)
-        if type_name in K_TYPES:
-            qtype = GGMLQuantizationType[type_name]
-            w.add_tensor(name, random_blocks(type_name, rows, cols, rng, std=scale), raw_dtype=qtype)
-        else:
-            _add(w, name, (rng.standard_normal((rows, cols)) * scale).astype(np.float32), type_name)
+        add_random_weight(w, rng, name, type_of(name), rows, cols, scale)
 
     def add_vec(name: str, values: np.ndarray) -> None:
         w.add_tensor(name, values.astype(np.float32))

@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFWriter
-from gguf_fixtures import BOS_ID, CHATML_TEMPLATE, EOS_ID, K_TYPES, _add, random_blocks, tiny_vocab
+from gguf import GGUFWriter
+from gguf_fixtures import CHATML_TEMPLATE, _add, add_random_weight, add_tiny_tokenizer, tiny_vocab
 
 # 5 layers, attention on 1 and 3 (head_count_kv 0 on the Mamba2 ones); 8 Mamba2 heads of 16
 # channels in 2 groups (heads 0-3 read group 0, 4-7 group 1); a state of 24 per channel (one
@@ -107,26 +107,10 @@ def write_tiny_granite(
     w.add_uint32(f"{arch}.ssm.group_count", n_group)
     w.add_uint32(f"{arch}.ssm.time_step_rank", n_heads_ssm)
     w.add_uint32(f"{arch}.ssm.inner_size", inner)
-    w.add_vocab_size(n_vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types(token_types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(BOS_ID)
-    w.add_eos_token_id(EOS_ID)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(False)
-    w.add_add_space_prefix(False)
-    w.add_chat_template(CHATML_TEMPLATE)
+    add_tiny_tokenizer(w, tokens, token_types, merges, CHATML_TEMPLATE)
 
     def add_weight(name: str, rows: int, cols: int, scale: float) -> None:
-        type_name = type_of(name)
-        if type_name in K_TYPES:
-            qtype = GGMLQuantizationType[type_name]
-            w.add_tensor(name, random_blocks(type_name, rows, cols, rng, std=scale), raw_dtype=qtype)
-        else:
-            _add(w, name, (rng.standard_normal((rows, cols)) * scale).astype(np.float32), type_name)
+        add_random_weight(w, rng, name, type_of(name), rows, cols, scale)
 
     def add_vec(name: str, values: np.ndarray) -> None:
         w.add_tensor(name, values.astype(np.float32))

@@ -14,7 +14,15 @@ interpreter's slotserve. The environment is inherited (SLOTSERVE_KERNELS=avx2 fo
 kernels of every build; llama.cpp's instruction set is the one its binary was built for).
 
 Each run's line carries the 1-minute load average before it; the ratios are per round (a build's
-figure over llama-bench's in the same round) and never averaged across rounds. The engine is
+figure over llama-bench's in the same round) and never averaged across rounds.
+
+A decode step of a dense model reads every weight once, so on a shared host its speed follows the
+memory bandwidth the host gives at that minute. `--probe` measures it before each run (reading a
+256 MiB array on --threads threads, best of 5: bench serve's read probe) and prints, for tg, the
+weight bytes each side read per second (tg x `decode_bytes`: the file's tensors, less the token
+embedding when the file has an output matrix) as a fraction of that probe. The fraction says how
+close each side is to the host's bound in that round, which a ratio alone cannot: one round's
+ratio moves with the host, the fractions do not. The engine is
 not imported: the builds' own processes do all the work, so this also runs builds whose C
 extension differs from this one's.
 """
@@ -34,6 +42,7 @@ from typing import Any
 
 DEFAULT_PP = 512
 DEFAULT_TG = 128
+PROBE_MIB = 256
 
 
 @dataclass(frozen=True)
@@ -52,6 +61,7 @@ class Run:
     who: str  # "llama-bench" or a build's label
     round: int
     load: float  # 1-minute load average before the run
+    probe: float | None  # read bandwidth before the run, GB/s (--probe)
     pp: float | None  # tokens/s
     tg: float | None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -81,6 +91,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="threads on both sides (default 2)")
     parser.add_argument("--reps", type=int, default=2, help="timed runs per figure on both sides (default 2)")
     parser.add_argument("--depth", type=int, default=0, help="measure after N tokens (llama-bench -d N)")
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="measure the read bandwidth before each run and print tg's weight reads as a fraction of it",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object at the end")
 
 
@@ -117,6 +132,30 @@ def targets(args: argparse.Namespace) -> list[Target]:
     return out
 
 
+def decode_bytes(path: Path) -> int | None:
+    """Weight bytes one decode token reads from `path`: every tensor, less the token embedding
+    when an output matrix is stored beside it (then only one embedding row is read). None for a
+    mixture of experts (a token reads only its experts) or a file gguf cannot read."""
+    from gguf import GGUFReader
+
+    try:
+        tensors = {t.name: int(t.n_bytes) for t in GGUFReader(str(path)).tensors}
+    except (ValueError, OSError, IndexError):  # not a GGUF, or cut short
+        return None
+    if any("_exps" in name for name in tensors):
+        return None
+    total = sum(tensors.values())
+    if "output.weight" in tensors:
+        total -= tensors.get("token_embd.weight", 0)
+    return total
+
+
+def probe_gb_s(threads: int) -> float:
+    from .serve import read_bandwidth
+
+    return round(read_bandwidth(PROBE_MIB, threads=threads) / 1e9, 1)
+
+
 def _load() -> float:
     return round(os.getloadavg()[0], 2)
 
@@ -131,25 +170,36 @@ def _run_json(argv: list[str]) -> Any:
         raise SystemExit(f"{' '.join(argv)}: output is not JSON ({exc})") from None
 
 
-def run_llama(exe: str, t: Target, rnd: int, threads: int, reps: int, depth: int) -> Run:
+def run_llama(exe: str, t: Target, rnd: int, threads: int, reps: int, depth: int, probe: bool = False) -> Run:
     argv = [exe, "-m", str(t.path), "-t", str(threads), "-p", str(t.pp), "-n", str(t.tg), "-r", str(reps)]
     argv += ["-o", "json", "-d", str(depth)]
+    bw = probe_gb_s(threads) if probe else None
     load = _load()
     rows = _run_json(argv)
     pp = next((r["avg_ts"] for r in rows if r.get("n_prompt") == t.pp and r.get("n_gen") == 0), None)
     tg = next((r["avg_ts"] for r in rows if r.get("n_gen") == t.tg and r.get("n_prompt") == 0), None)
     build = {k: rows[0].get(k) for k in ("build_commit", "build_number", "cpu_info")} if rows else {}
-    return Run("llama-bench", rnd, load, pp, tg, build)
+    return Run("llama-bench", rnd, load, bw, pp, tg, build)
 
 
-def run_build(label: str, prefix: list[str], t: Target, rnd: int, threads: int, reps: int, depth: int) -> Run:
+def run_build(
+    label: str,
+    prefix: list[str],
+    t: Target,
+    rnd: int,
+    threads: int,
+    reps: int,
+    depth: int,
+    probe: bool = False,
+) -> Run:
     argv = prefix + ["bench", "engine", *t.engine_args, "--threads", str(threads), "--reps", str(reps)]
     argv += ["--no-numpy", "--json", "--depth", str(depth)]
+    bw = probe_gb_s(threads) if probe else None
     load = _load()
     info = _run_json(argv)
     res = info["results"][f"threads={threads}"]
     pp, tg = res.get(f"pp{t.pp}_d{depth}"), res.get(f"tg{t.tg}_d{depth}")
-    return Run(label, rnd, load, pp, tg, {"kernel_variant": info.get("kernel_variant")})
+    return Run(label, rnd, load, bw, pp, tg, {"kernel_variant": info.get("kernel_variant")})
 
 
 def ratios(runs: list[Run]) -> dict[str, dict[str, list[float | None]]]:
@@ -168,6 +218,13 @@ def ratios(runs: list[Run]) -> dict[str, dict[str, list[float | None]]]:
                 b = getattr(ref, kind) if ref else None
                 out[r.who][kind].append(round(a / b, 2) if a and b else None)
     return out
+
+
+def read_fraction(r: Run, nbytes: int | None) -> float | None:
+    """tg's weight reads per second over the probe before the run (None without both)."""
+    if r.tg is None or r.probe is None or not nbytes:
+        return None
+    return round(r.tg * nbytes / 1e9 / r.probe, 2)
 
 
 def _fmt(x: float | None, spec: str = ".1f") -> str:
@@ -191,6 +248,7 @@ def run(args: argparse.Namespace) -> int:
         )
     for t in todo:
         runs: list[Run] = []
+        nbytes = decode_bytes(t.path) if args.probe else None
         d = f" after {args.depth}" if args.depth else ""
         if not args.json:
             print(f"== {t.label}: pp{t.pp} and tg{t.tg}{d}, tokens/s")
@@ -200,15 +258,20 @@ def run(args: argparse.Namespace) -> int:
                 order.reverse()
             for who, prefix in order:
                 if prefix is None:
-                    r = run_llama(args.llama_bench, t, rnd, args.threads, args.reps, args.depth)
+                    r = run_llama(args.llama_bench, t, rnd, args.threads, args.reps, args.depth, args.probe)
                 else:
-                    r = run_build(who, prefix, t, rnd, args.threads, args.reps, args.depth)
+                    r = run_build(who, prefix, t, rnd, args.threads, args.reps, args.depth, args.probe)
                 runs.append(r)
+                if r.probe is not None:
+                    r.extra["tg_read_fraction"] = read_fraction(r, nbytes)
                 if not args.json:
-                    print(
-                        f"  round {rnd} {who:<14} load {r.load:5.2f}  pp {_fmt(r.pp):>8}  tg {_fmt(r.tg):>7}",
-                        flush=True,
+                    line = (
+                        f"  round {rnd} {who:<14} load {r.load:5.2f}  pp {_fmt(r.pp):>8}  tg {_fmt(r.tg):>7}"
                     )
+                    if r.probe is not None:
+                        frac = r.extra["tg_read_fraction"]
+                        line += f"  probe {r.probe:5.1f} GB/s  tg reads {_fmt(frac, '.2f')} of it"
+                    print(line, flush=True)
         rat = ratios(runs)
         if not args.json:
             for who, k in rat.items():
@@ -217,6 +280,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  {who} over llama-bench by round: pp {pp}; tg {tg}")
         report["models"][t.label] = {
             "path": str(t.path),
+            "decode_bytes": nbytes,
             "runs": [vars(r) for r in runs],
             "ratios": rat,
         }

@@ -112,3 +112,47 @@ def test_a_synthetic_preset_is_timed_at_pp512_and_tg128(
     monkeypatch.setattr(synthetic, "ensure_synthetic", lambda name, d: (tmp_path / "m.gguf", False))
     (target,) = versus.targets(args)
     assert (target.pp, target.tg, target.engine_args) == (512, 128, ("--synthetic", "lfm2-350m"))
+
+
+def _gguf(path: Path, tensors: dict[str, int]) -> Path:
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    for name, n in tensors.items():
+        w.add_tensor(name, np.zeros(n, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_decode_bytes_counts_what_a_token_reads(tmp_path: Path) -> None:
+    tied = _gguf(tmp_path / "tied.gguf", {"token_embd.weight": 64, "blk.0.ffn_up.weight": 32})
+    assert versus.decode_bytes(tied) == (64 + 32) * 4  # the embedding is the output head: read whole
+    untied = _gguf(tmp_path / "untied.gguf", {"token_embd.weight": 64, "output.weight": 64, "blk.0.x": 8})
+    assert versus.decode_bytes(untied) == (64 + 8) * 4
+    moe = _gguf(tmp_path / "moe.gguf", {"token_embd.weight": 64, "blk.0.ffn_up_exps.weight": 32})
+    assert versus.decode_bytes(moe) is None
+    (tmp_path / "bad.gguf").write_bytes(b"GGUF")
+    assert versus.decode_bytes(tmp_path / "bad.gguf") is None
+
+
+def test_probe_gives_each_run_its_read_fraction(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    probes = iter([50.0, 40.0, 25.0])
+    monkeypatch.setattr(versus, "probe_gb_s", lambda threads: next(probes))
+    monkeypatch.setattr(versus, "decode_bytes", lambda path: 1_000_000_000)  # 1 GB read per token
+    args = _args(tmp_path, rounds=1, probe=True)
+    assert versus.run(args) == 0
+    report = json.loads(capsys.readouterr().out)["models"]["m.gguf"]
+    assert report["decode_bytes"] == 1_000_000_000
+    # llama-bench tg 10/s against 50 GB/s; a 25/s against 40; b 50/s against 25
+    fractions = [(r["who"], r["probe"], r["extra"]["tg_read_fraction"]) for r in report["runs"]]
+    assert fractions == [("llama-bench", 50.0, 0.2), ("a", 40.0, 0.62), ("b", 25.0, 2.0)]
+    args = _args(tmp_path, rounds=1, json=False, probe=True)
+    monkeypatch.setattr(versus, "probe_gb_s", lambda threads: 20.0)
+    assert versus.run(args) == 0
+    assert "probe  20.0 GB/s  tg reads" in capsys.readouterr().out

@@ -16,15 +16,15 @@ kernels of every build; llama.cpp's instruction set is the one its binary was bu
 Each run's line carries the 1-minute load average before it; the ratios are per round (a build's
 figure over llama-bench's in the same round) and never averaged across rounds.
 
-A decode step of a dense model reads every weight once, so on a shared host its speed follows the
-memory bandwidth the host gives at that minute. `--probe` measures it before each run (reading a
-256 MiB array on --threads threads, best of 5: bench serve's read probe) and prints, for tg, the
-weight bytes each side read per second (tg x `decode_bytes`: the file's tensors, less the token
-embedding when the file has an output matrix) as a fraction of that probe. The fraction says how
-close each side is to the host's bound in that round, which a ratio alone cannot: one round's
-ratio moves with the host, the fractions do not. The engine is
-not imported: the builds' own processes do all the work, so this also runs builds whose C
-extension differs from this one's.
+A decode step of a dense model reads every weight once, so on a shared host its speed follows
+the memory bandwidth the host gives at that minute. `--probe` measures it before each run
+(reading a 256 MiB array on --threads threads with the engine's C read loop, best of 5: bench
+serve's read probe) and prints, for tg, the weight bytes each side read per second (tg x
+`decode_bytes`: the file's tensors, less the token embedding when the file has an output matrix)
+as a fraction of that probe. The fraction says how close each side is to the host's bound in
+that round, which a ratio alone cannot: one round's ratio moves with the host, the fractions do
+not. The builds' own processes do all the timed work, so this also runs builds whose C
+extension differs from this one's (only --probe's read loop is this install's).
 """
 
 from __future__ import annotations

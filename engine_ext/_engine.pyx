@@ -7,7 +7,7 @@ fault hook) live in pool.py. Every call into C that does real work releases the 
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from libc.stdint cimport int8_t, int32_t, uint8_t, uint16_t
+from libc.stdint cimport int8_t, int32_t, uint8_t, uint16_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy
 
@@ -50,6 +50,19 @@ def peak_macs(str mix, long iters) -> int:
     with nogil:
         done = kernel_peak_macs(name, iters)
     return done
+
+
+def read_sum(const uint8_t[::1] buf) -> int:
+    """The wrapping 64-bit sum of `buf` read as little-endian words, a tail under 8 bytes byte by
+    byte (kernels.h kernel_read_sum): every byte read once, in order, without the GIL (the
+    memory-read probe of `bench versus --probe`)."""
+    cdef size_t n = buf.shape[0]
+    cdef uint64_t total
+    if n == 0:
+        return 0
+    with nogil:
+        total = kernel_read_sum(&buf[0], n)
+    return total
 
 
 def avx2_tile_pairs(int ggml_type) -> int:

@@ -1,5 +1,5 @@
 # Declarations of the C kernels and engine (engine_ext/csrc); no code.
-from libc.stdint cimport int8_t, int32_t, uint16_t
+from libc.stdint cimport int8_t, int32_t, uint8_t, uint16_t, uint64_t
 
 
 cdef extern from "kernels.h" nogil:
@@ -88,6 +88,7 @@ cdef extern from "kernels.h" nogil:
     int kernels_avx2_supported()
     int kernels_avx512vnni_supported()
     long kernel_peak_macs(const char *mix, long iters)
+    uint64_t kernel_read_sum(const uint8_t *p, size_t n)
     long long gemm_tiles_avx2_pairs(int type)
     size_t ggml_row_bytes(int type, int k)
     int ggml_block_elems(int type)

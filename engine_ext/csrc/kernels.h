@@ -205,6 +205,9 @@ int kernels_avx512vnni_supported(void);
  * instruction mix ("vnni512", "vnni256", "avx2") on independent accumulators, or 0 when this
  * CPU lacks it: the throughput peak `slotserve bench kernels` reports the GEMMs against. */
 long kernel_peak_macs(const char *mix, long iters);
+/* arch/x86_peak.c: the wrapping sum of p[0, n) read as little-endian 64-bit words (a tail under 8
+ * bytes byte by byte), reading every byte once in order: the memory-read probe. Any CPU. */
+uint64_t kernel_read_sum(const uint8_t *p, size_t n);
 /* arch/x86_avx2_tiles.c: the (activation row, output) pairs the avx2 variant's prefill tiles have
  * computed for weights of `type` since the process started (all threads; 0 off x86): lets a test
  * check that a call of whole tiles ran on them, not on the row-group kernels they replace. */

@@ -199,3 +199,15 @@ def test_server_cpu_seconds_reads_this_process():
     while time.process_time() < deadline:  # burn CPU until the process clock moved
         pass
     assert serve.server_cpu_seconds(os.getpid()) > before
+
+
+def test_read_sum_reads_every_byte_once() -> None:
+    from slotserve.engine_ext import _engine
+
+    rng = np.random.default_rng(7)
+    # lengths around the AVX2 loop's 128-byte steps and the 8-byte words, and offsets off alignment
+    for n in (0, 1, 7, 8, 127, 128, 129, 1000, 4096 + 13):
+        raw = rng.integers(0, 256, n + 3, dtype=np.uint8)[3:]
+        words = n // 8
+        want = int(raw[: 8 * words].view("<u8").sum(dtype=np.uint64)) + int(raw[8 * words :].sum())
+        assert _engine.read_sum(raw) == want % (1 << 64)

@@ -9,6 +9,11 @@
  *             widening vpmaddwd that follows every 4-8 of them is not counted)
  * kernel_peak_macs returns the products computed (0 when the CPU lacks the instructions or the
  * mix is unknown), so products / CPU seconds is the peak rate of one thread.
+ *
+ * kernel_read_sum is the other bound, memory's: it reads n bytes once, in order, as a decode
+ * step's matmuls read weights (32-byte loads into four independent sums on AVX2, 8-byte words
+ * elsewhere), and returns their wrapping sum so the reads cannot be dropped. Bytes / seconds on
+ * the engine's threads is the read rate the host gives at that moment (`bench versus --probe`).
  */
 #include <string.h>
 
@@ -60,6 +65,39 @@ __attribute__((target("avx2"))) static long peak_avx2(long iters) {
     PEAK_LOOP(__m256i, _mm256_setzero_si256(), STEP_AVX2, 32);
 }
 #endif
+
+#if defined(__x86_64__) || defined(__i386__)
+/* the words of p[0, n - n % 128) */
+__attribute__((target("avx2"))) static uint64_t read_sum_avx2(const uint8_t *p, size_t n) {
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i + 128 <= n; i += 128) {
+        s0 = _mm256_add_epi64(s0, _mm256_loadu_si256((const __m256i *)(p + i)));
+        s1 = _mm256_add_epi64(s1, _mm256_loadu_si256((const __m256i *)(p + i + 32)));
+        s2 = _mm256_add_epi64(s2, _mm256_loadu_si256((const __m256i *)(p + i + 64)));
+        s3 = _mm256_add_epi64(s3, _mm256_loadu_si256((const __m256i *)(p + i + 96)));
+    }
+    uint64_t lanes[4];
+    _mm256_storeu_si256((__m256i *)lanes, _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3)));
+    return lanes[0] + lanes[1] + lanes[2] + lanes[3];
+}
+#endif
+
+/* The sum of n bytes read as little-endian 64-bit words (a tail shorter than a word byte by byte),
+ * wrapping: the same value on every path. */
+uint64_t kernel_read_sum(const uint8_t *p, size_t n) {
+    uint64_t total = 0;
+    size_t i = 0;
+#if defined(__x86_64__) || defined(__i386__)
+    if (kernels_avx2_supported()) total = read_sum_avx2(p, n), i = n - n % 128;
+#endif
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        total += w;
+    }
+    for (; i < n; i++) total += p[i];
+    return total;
+}
 
 long kernel_peak_macs(const char *mix, long iters) {
 #if defined(__x86_64__) || defined(__i386__)

@@ -39,7 +39,7 @@ class SsmConfig:
         return (self.conv - 1) * self.conv_dim + self.v_heads * self.d_state * self.d_state
 
 
-MAX_SSM_CONV = 16  # engine.c: longest DeltaNet conv
+MAX_SSM_CONV = 16  # engine_internal.h MAX_SSM_TAPS: longest DeltaNet conv
 
 
 def read_deltanet(

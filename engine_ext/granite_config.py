@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .gguf_file import TensorRef
     from .model_config import MoeConfig
 
-MAX_MAMBA_CONV = 16  # engine.c MAX_SSM_TAPS
+MAX_MAMBA_CONV = 16  # engine_internal.h MAX_SSM_TAPS
 
 
 @dataclass(frozen=True)

@@ -399,7 +399,7 @@ def _read_moe(path: Path, metadata: dict[str, object], arch: str, ffn_dim: int) 
     return MoeConfig(n_expert, n_used, expert_ffn, spec.expert_norm, shared)
 
 
-MAX_CONV_LEN = 16  # engine.c MAX_CONV_LEN
+MAX_CONV_LEN = 16  # engine_internal.h MAX_CONV_LEN
 
 
 def _read_layer_kinds(

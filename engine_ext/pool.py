@@ -21,7 +21,7 @@ Snapshot layout (little-endian):
     +---------------------------------------------------------------------------------------+
 
 Rings (models with sliding-window layers, unless swa_full): those layers keep a ring of
-ring_len rows per slot (engine.c), so a slot remembers, per window layer, only the positions
+ring_len rows per slot (engine_kv.c), so a slot remembers, per window layer, only the positions
 [ring_lo, slot_len). `_ring_lo[slot]` tracks it: every forward raises it to (new length -
 ring_len), a truncate never lowers it (the rows a cut discards overwrote older ones), a restore
 sets it to n - (window - 1), emptying resets it. A slot can be cut back to n when the ring still

@@ -1,5 +1,5 @@
 /* The decoder forward pass (llama, qwen2, qwen3, gemma3, lfm2, qwen35, granitehybrid, the MoEs) over a pool of KV slots (see
- * engine.c for the design). */
+ * engine.c for the design; engine_internal.h lists the files behind it). */
 #ifndef SLOTSERVE_ENGINE_H
 #define SLOTSERVE_ENGINE_H
 
@@ -59,12 +59,12 @@ typedef struct {
     /* lfm2: a short-convolution block in place of attention when conv_in.rows is set (the
      * attention weights are then empty): b, c, x = thirds of conv_in h;
      * out = conv_out (c * conv(b * x)), conv depthwise and causal over model_desc.conv_len
-     * positions; the b * x rows are the layer's per-position state (engine.c) */
+     * positions; the b * x rows are the layer's per-position state (engine_kv.c) */
     weight_t conv_in;       /* dim -> 3 * dim */
     weight_t conv_out;      /* dim -> dim */
     const float *conv_w;    /* [dim][conv_len], the file's layout */
     /* qwen35: a Gated DeltaNet block in place of attention when ssm_qkv.rows is set (the
-     * attention weights are then empty; dimensions in model_desc.ssm_*; engine.c) */
+     * attention weights are then empty; dimensions in model_desc.ssm_*; engine_recurrent.c) */
     weight_t ssm_qkv;       /* dim -> conv_dim = 2 * k_heads * d + v_heads * d (attn_qkv) */
     weight_t ssm_z;         /* dim -> v_heads * d: the output gate (attn_gate) */
     weight_t ssm_beta;      /* dim -> v_heads */
@@ -75,7 +75,7 @@ typedef struct {
     const float *ssm_a;     /* [v_heads] -exp(A_log): g = softplus(alpha + dt) * a */
     const float *ssm_norm;  /* [d] */
     /* granitehybrid: a Mamba2 block in place of attention when mamba_in.rows is set (the
-     * attention weights are then empty; dimensions in model_desc.mamba_*; engine.c): in_proj
+     * attention weights are then empty; dimensions in model_desc.mamba_*; engine_recurrent.c): in_proj
      * yields z [inner] | x [inner] B [groups][state] C [groups][state] (the conv's channels) |
      * dt [heads]; head h (width inner / heads) reads group h / (heads / groups) */
     weight_t mamba_in;      /* dim -> 2 * inner + 2 * groups * state + heads (ssm_in) */
@@ -87,7 +87,7 @@ typedef struct {
     const float *mamba_d;   /* [heads] skip: y += D * x */
     const float *mamba_norm; /* [inner]: groups of inner / groups, each rmsnormed on its own */
     /* MoE (qwen3moe, qwen2moe): a mixture-of-experts FFN when moe_router.rows is set (moe.c,
-     * engine.c): the 3-D expert tensors as one weight each, expert e's slice the rows
+     * engine_ffn.c): the 3-D expert tensors as one weight each, expert e's slice the rows
      * [e * per, (e + 1) * per) (per = model_desc.expert_ffn for gate/up, dim for down); the
      * shared expert (qwen2moe) is ffn_gate/up/down of ffn_dim, scaled by sigmoid(shexp_gate . h) */
     weight_t moe_router;    /* dim -> n_expert (ffn_gate_inp) */
@@ -142,7 +142,7 @@ typedef struct engine engine;
 
 /* Allocates KV for num_slots x ctx_len tokens and all step buffers for max_tokens rows.
  * swa_ring != 0: sliding-window layers keep a ring of their window + max_tokens - 1 rows
- * (rounded up to ATTN_CHUNK) instead of ctx_len (engine.c; none if that saves nothing).
+ * (rounded up to ATTN_CHUNK) instead of ctx_len (engine_kv.c; none if that saves nothing).
  * rollback: recurrent states kept per slot for rewinds (engine_state_bytes; 0 = none).
  * kv_type: KV_F32, KV_F16 or KV_Q8_0 (kv_q8.h; head_dim a multiple of 32, else ENGINE_EINVAL).
  * *status gets ENGINE_OK or the failure; the model's weights must outlive the engine. */

@@ -1,6 +1,6 @@
 /* Mamba2 (granitehybrid) kernels, portable reference: one token of one head's selective scan
  * (mamba2_scan) and the per-head step size and decay of a token (mamba2_gates). Contracts in
- * kernels.h; engine.c walks the scan token by token in position order.
+ * kernels.h; engine_recurrent.c walks the scan token by token in position order.
  *
  * NOTE: the scan's sum runs in the order the SIMD variants' vectors give it (16 partial sums,
  * folded pairwise, then hsum256's tree, then the tail one by one; products and sums never

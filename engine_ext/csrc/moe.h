@@ -1,5 +1,5 @@
 /* Mixture-of-experts routing and the grouping of a step's rows by expert (moe.c); the MoE FFN
- * block that uses them is engine.c's moe_block. */
+ * block that uses them is engine_ffn.c's moe_block. */
 #ifndef SLOTSERVE_MOE_H
 #define SLOTSERVE_MOE_H
 

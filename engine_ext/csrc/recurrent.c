@@ -1,6 +1,6 @@
 /* Gated DeltaNet (qwen35) kernels, portable reference: the causal conv step, the L2
  * normalisation of queries and keys, and the delta-rule update of one head's state
- * (contracts in kernels.h; engine.c walks them token by token in position order).
+ * (contracts in kernels.h; engine_recurrent.c walks them token by token in position order).
  */
 #include <math.h>
 #include <string.h>

@@ -2,7 +2,7 @@
  * and split halves (mode NEOX).
  *
  * Pair i of every head, (x[2i], x[2i+1]) or (x[i], x[i + head_dim/2]), turns by theta_i = pos * base^(-2i/head_dim); the
- * caller supplies cos/sin of theta_i for the token's position (see engine.c rope tables).
+ * caller supplies cos/sin of theta_i for the token's position (see engine_create.c and engine.c: rope tables).
  */
 #include "kernels.h"
 

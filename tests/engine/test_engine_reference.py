@@ -144,7 +144,7 @@ def test_architectures_on_portable_kernels_match_reference(arch_model_factory, a
 def test_sliding_window_long_context_matches_reference(arch_model_factory, max_batch):
     """gemma3 past several attention chunks with window 16 and then 300: whole chunks before
     the window are skipped, in prefill and in decode split across threads. max_batch 32 keeps
-    the window layers in rings (256 and 512 rows: engine.c "Rings"), wrapped several times."""
+    the window layers in rings (256 and 512 rows: engine_kv.c "Rings"), wrapped several times."""
     tokens = random_tokens(600, 299, seed=14)
     for window, ring in ((16, 256), (300, 512)):
         path = arch_model_factory("gemma3", weight_type="F32", tensor_types={}, sliding_window=window)

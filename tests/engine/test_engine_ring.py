@@ -1,4 +1,4 @@
-"""Sliding-window rings (engine.c "Rings"): the tiny gemma3 fixture (window 16, five of six layers)
+"""Sliding-window rings (engine_kv.c "Rings"): the tiny gemma3 fixture (window 16, five of six layers)
 with a ring of 256 rows per window layer gives bit-identical logits to full planes (swa_full),
 compared with `==`, however the slot was fed, cut back, copied or restored; cuts deeper than the
 ring holds are refused and change nothing.

@@ -25,7 +25,7 @@ from slotserve.cli import COMMANDS, build_parser
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
 PACKAGES = ("slotserve", "gateway", "metrics", "scheduler", "engine_ext", "bench")
-SOURCE_SUFFIXES = (".py", ".pyx", ".pxd", ".pyi", ".c", ".h")
+SOURCE_SUFFIXES = (".py", ".pyx", ".pxd", ".pxi", ".pyi", ".c", ".h")
 GENERATED = {"engine_ext/_engine.c"}  # written by Cython at build time
 NUMBERS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten".split())}
 RULES = {r.value for r in CaptureRule}

@@ -1,18 +1,17 @@
 """granitehybrid (IBM Granite 4.0 H: Mamba2 layers and llama attention, the granite scales) in the
-engine: its loading, its logits against the NumPy reference (tests/reference.py), and the pool
-contract of a recurrent slot (scheduler/interface.py): extend only, snapshots that carry the
-Mamba2 state, whole-slot copies, the rollback ring."""
+engine: its loading and its logits against the NumPy reference (tests/reference.py), experts
+included. The pool contract of its recurrent slots (extend only, snapshots, copies, the rollback
+ring) is test_engine_recurrent_pool.py's, shared with qwen35."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_support import feed, greedy, make_pool, model_file, random_tokens
+from engine_support import make_pool, model_file, random_tokens
 from gguf_fixtures_granite import write_tiny_granite
 from reference import ReferenceModel
 from slotserve.engine_ext.errors import UnsupportedModelError
 from slotserve.engine_ext.gguf_file import load_model_file
-from slotserve.engine_ext.pool import ComputeError
 
 N_VOCAB = 299
 KERNELS = ("scalar", "avx2")
@@ -26,11 +25,6 @@ BLOCK_ATOL = (0.6, 0.08)
 @pytest.fixture(scope="module")
 def q8(granite_model_factory):
     return granite_model_factory("Q8_0")
-
-
-@pytest.fixture(scope="module")
-def tokens() -> np.ndarray:
-    return random_tokens(100, N_VOCAB, seed=36)
 
 
 # -- loading ------------------------------------------------------------------------------------
@@ -151,141 +145,3 @@ def test_f16_kv_stays_within_the_f16_tolerance(granite_model_factory):
         rows.append(pool.forward([(0, toks[p : p + 1], p, True)])[0])
     diff = np.abs(np.array(rows) - want)
     assert diff.max() <= 0.02 and diff.mean() <= 0.003, (diff.max(), diff.mean())
-
-
-# -- the pool contract of a recurrent slot ---------------------------------------------------------
-
-
-def test_extend_only(q8, tokens):
-    pool = make_pool(q8, 2, 128)
-    assert pool.recurrent and pool.kv_window is None
-    feed(pool, 0, tokens[:40])
-    assert pool.min_truncate_len(0) == pool.slot_len(0) == 40
-    for bad in (
-        lambda: pool.truncate(0, 39),
-        lambda: pool.copy_prefix(0, 1, 20),
-        lambda: pool.snapshot(0, 20),
-    ):
-        with pytest.raises(ValueError, match="recurrent state"):
-            bad()
-        assert pool.slot_len(0) == 40 and pool.slot_len(1) == 0
-    pool.truncate(0, 0)  # emptying is always allowed, and the slot starts afresh
-    cold = make_pool(q8, 1, 128)
-    assert np.array_equal(feed(pool, 0, tokens[:30]), feed(cold, 0, tokens[:30]))
-    pool.check_integrity()
-
-
-def test_snapshot_restore_then_extend_equals_cold(q8, tokens):
-    pool = make_pool(q8, 2, 128)
-    feed(pool, 0, tokens[:50])
-    snap = pool.snapshot(0, 50)
-    assert len(snap) == pool.snapshot_nbytes(50)
-    cold = make_pool(q8, 1, 128)
-    want = feed(cold, 0, tokens[:80])
-    want_tokens = greedy(cold, 0, want, 5)[0]
-    for target, slot in ((pool, 1), (make_pool(q8, 2, 128), 0)):
-        assert target.restore(slot, snap) == 50  # the reused tokens
-        assert target.min_truncate_len(slot) == 50
-        got = feed(target, slot, tokens[50:80])  # the tail only
-        assert np.array_equal(got, want)
-        assert greedy(target, slot, got, 5)[0] == want_tokens
-
-
-def test_snapshot_nbytes_is_exact(q8, tokens):
-    pool = make_pool(q8, 1, 128)
-    for n in (1, 8, 9, 33):
-        pool.truncate(0, 0)
-        feed(pool, 0, tokens[:n])
-        assert len(pool.snapshot(0, n)) == pool.snapshot_nbytes(n)
-    # 3 Mamba2 layers x f32 x (a tail of 3 conv inputs of 128 + 2 x 2 x 24 channels + 8 heads of 16 x 24)
-    assert pool.state_bytes == 3 * 4 * (3 * 224 + 8 * 16 * 24)
-
-
-def test_restore_refuses_other_layouts(q8, granite_model_factory, qwen35_model_factory, tokens):
-    pool = make_pool(q8, 1, 128)
-    feed(pool, 0, tokens[:20])
-    snap = pool.snapshot(0, 20)
-    others = (
-        make_pool(q8, 1, 128, kv_dtype="f32"),
-        make_pool(granite_model_factory("Q8_0", seed=1), 1, 128),
-        make_pool(qwen35_model_factory("Q8_0"), 1, 128),
-    )
-    for other in others:
-        feed(other, 0, tokens[:5])
-        with pytest.raises(ValueError, match="another model|dtype"):
-            other.restore(0, snap)
-        assert other.slot_len(0) == 5
-    damaged = bytearray(snap)
-    damaged[-100] ^= 1  # a bit of the Mamba2 state
-    with pytest.raises(ValueError, match="damaged"):
-        pool.restore(0, bytes(damaged))
-
-
-def test_whole_slot_copy_forks(q8, tokens):
-    pool = make_pool(q8, 3, 128)
-    feed(pool, 0, tokens[:45])
-    pool.copy_prefix(0, 1, 45)
-    pool.copy_prefix(0, 2, 45)
-    cold = make_pool(q8, 1, 128)
-    for slot, tail in ((0, tokens[45:60]), (1, tokens[60:75]), (2, tokens[45:50])):
-        cold.truncate(0, 0)
-        want = feed(cold, 0, np.concatenate([tokens[:45], tail]))
-        assert np.array_equal(feed(pool, slot, tail), want)
-
-
-def test_injected_fault_empties_only_its_slot(q8, tokens):
-    pool = make_pool(q8, 2, 128)
-    feed(pool, 0, tokens[:20])
-    feed(pool, 1, tokens[:10])
-    pool._inject_fault(1)
-    with pytest.raises(ComputeError) as info:
-        pool.forward([(1, tokens[10:12], 10, True), (0, tokens[20:25], 20, True)])
-    assert info.value.tainted == (1,)
-    assert pool.slot_len(1) == 0 and pool.slot_len(0) == 20
-    cold = make_pool(q8, 1, 128)
-    assert np.array_equal(feed(pool, 0, tokens[20:30]), feed(cold, 0, tokens[:30]))  # state untouched
-    pool.check_integrity()
-
-
-@pytest.mark.parametrize("max_batch_tokens", [3, 512])
-def test_rollback_ring_takes_back_up_to_k_tokens_exactly(q8, tokens, max_batch_tokens):
-    k = 4
-    pool = make_pool(q8, 2, 128, rollback=k, max_batch_tokens=max_batch_tokens)
-    feed(pool, 0, tokens[:2])
-    feed(pool, 0, tokens[2:30], chunks=[10, 1, 17])
-    assert pool.min_truncate_len(0) == 30 - k
-    cold = make_pool(q8, 1, 128)
-    for back in (k, 1, 3):
-        n = pool.slot_len(0) - back
-        pool.truncate(0, n)
-        cold.truncate(0, 0)
-        assert np.array_equal(feed(pool, 0, tokens[n : n + 2]), feed(cold, 0, tokens[: n + 2]))
-    n = pool.slot_len(0) - 2
-    snap = pool.snapshot(0, n)
-    pool.copy_prefix(0, 1, n)
-    cold.truncate(0, 0)
-    want = feed(cold, 0, tokens[: n + 3])
-    assert np.array_equal(feed(pool, 1, tokens[n : n + 3]), want)
-    pool.truncate(0, 0)
-    assert pool.restore(0, snap) == n
-    assert np.array_equal(feed(pool, 0, tokens[n : n + 3]), want)
-    pool.check_integrity()
-
-
-def test_rollback_ring_random_walk_matches_cold(q8, tokens):
-    k = 3
-    rng = np.random.default_rng(8)
-    pool, cold = make_pool(q8, 1, 128, rollback=k), make_pool(q8, 1, 128)
-    feed(pool, 0, tokens[:5])
-    cuts = 0
-    for _ in range(24):
-        n = pool.slot_len(0)
-        if rng.random() < 0.45 and n > pool.min_truncate_len(0):
-            pool.truncate(0, int(rng.integers(pool.min_truncate_len(0), n)))
-            cuts += 1
-            continue
-        m = min(int(rng.integers(1, 7)), len(tokens) - n)
-        cold.truncate(0, 0)
-        assert np.array_equal(feed(pool, 0, tokens[n : n + m]), feed(cold, 0, tokens[: n + m]))
-    assert cuts >= 5
-    pool.check_integrity()

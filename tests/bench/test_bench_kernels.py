@@ -36,17 +36,20 @@ def test_reports_every_type_and_row_count(capsys):
 
 def test_peak_of_each_instruction_mix():
     """The peak loop counts the products of the mix it ran (64 per 512-bit vpdpbusd, 32 per
-    256-bit one or vpmaddubsw, 12 accumulators a round), and 0 where the CPU lacks the mix."""
+    256-bit one or vpmaddubsw, 12 accumulators a round; avx2+fma 8 vpmaddubsw a round, its FMAs
+    not counted), and 0 where the CPU lacks the mix."""
     from slotserve.engine_ext import _engine
 
-    width = {"vnni512": 64, "vnni256": 32, "avx2": 32}
+    # products a loop iteration: 12 chains x the vector's int8 products, avx2+fma 8 pairs
+    per_iter = {"vnni512": 12 * 64, "vnni256": 12 * 32, "avx2": 12 * 32, "avx2+fma": 8 * 32}
     have = {
         "vnni512": _engine.avx512vnni_supported(),
         "vnni256": _engine.avx512vnni_supported(),
         "avx2": _engine.avx2_supported(),
+        "avx2+fma": _engine.avx2_supported(),
     }
     for mix in kernels.PEAK_MIXES:
-        assert _engine.peak_macs(mix, 10) == (10 * 12 * width[mix] if have[mix] else 0)
+        assert _engine.peak_macs(mix, 10) == (10 * per_iter[mix] if have[mix] else 0)
         assert kernels.peak_gmacs(mix, 0.01) > 0 if have[mix] else kernels.peak_gmacs(mix, 0.01) == 0
     assert _engine.peak_macs("unknown", 10) == 0
 

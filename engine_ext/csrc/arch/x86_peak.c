@@ -7,6 +7,10 @@
  *   vnni256   vpdpbusd ymm: 32 per instruction (the decode tiles of the avx512vnni variant)
  *   avx2      vpmaddubsw ymm + vpaddw: 32 per pair (the avx2 variant's int16 stage; the
  *             widening vpmaddwd that follows every 4-8 of them is not counted)
+ *   avx2+fma  the same pairs, each beside one vfmadd231ps ymm on a float chain of its own (the
+ *             float step the row contract adds: kernels.h); the FMAs' products are not counted,
+ *             so this is avx2's rate when the FMAs cost nothing, and half of it where they issue
+ *             on the same pipes as vpmaddubsw (Zen 5 with AVX2: its two multiply pipes)
  * kernel_peak_macs returns the products computed (0 when the CPU lacks the instructions or the
  * mix is unknown), so products / CPU seconds is the peak rate of one thread.
  *
@@ -20,6 +24,7 @@
 #include "../kernels.h"
 
 #define PEAK_CHAINS 12
+#define PEAK_AVX2_FMA_PAIRS 8 /* avx2+fma: vpmaddubsw + vpaddw pairs (and FMAs) a loop iteration */
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -64,6 +69,24 @@ __attribute__((target("avx2"))) static long peak_avx2(long iters) {
 #define STEP_AVX2(a) avx2_mac(a, w, x)
     PEAK_LOOP(__m256i, _mm256_setzero_si256(), STEP_AVX2, 32);
 }
+
+/* 4 integer chains of avx2_mac (the adds' latency is one cycle) and 8 float chains of FMAs (4
+ * cycles of latency at up to 2 a cycle), one FMA beside each pair: 16 ymm registers in all. */
+__attribute__((target("avx2,fma"))) static long peak_avx2_fma(long iters) {
+    const __m256i w = _mm256_set1_epi8(3), x = _mm256_set1_epi8(5);
+    const __m256 c = _mm256_set1_ps(0.5f); /* f = f * 0.5 + 0.5 stays finite */
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    __m256 f0 = _mm256_setzero_ps(), f1 = f0, f2 = f0, f3 = f0, f4 = f0, f5 = f0, f6 = f0, f7 = f0;
+    for (long n = 0; n < iters; n++) {
+        a0 = avx2_mac(a0, w, x), f0 = _mm256_fmadd_ps(f0, c, c), a1 = avx2_mac(a1, w, x), f1 = _mm256_fmadd_ps(f1, c, c);
+        a2 = avx2_mac(a2, w, x), f2 = _mm256_fmadd_ps(f2, c, c), a3 = avx2_mac(a3, w, x), f3 = _mm256_fmadd_ps(f3, c, c);
+        a0 = avx2_mac(a0, w, x), f4 = _mm256_fmadd_ps(f4, c, c), a1 = avx2_mac(a1, w, x), f5 = _mm256_fmadd_ps(f5, c, c);
+        a2 = avx2_mac(a2, w, x), f6 = _mm256_fmadd_ps(f6, c, c), a3 = avx2_mac(a3, w, x), f7 = _mm256_fmadd_ps(f7, c, c);
+        __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3));
+        __asm__ volatile("" : "+v"(f0), "+v"(f1), "+v"(f2), "+v"(f3), "+v"(f4), "+v"(f5), "+v"(f6), "+v"(f7));
+    }
+    return iters * PEAK_AVX2_FMA_PAIRS * 32;
+}
 #endif
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -104,6 +127,7 @@ long kernel_peak_macs(const char *mix, long iters) {
     if (strcmp(mix, "vnni512") == 0 && kernels_avx512vnni_supported()) return peak_vnni512(iters);
     if (strcmp(mix, "vnni256") == 0 && kernels_avx512vnni_supported()) return peak_vnni256(iters);
     if (strcmp(mix, "avx2") == 0 && kernels_avx2_supported()) return peak_avx2(iters);
+    if (strcmp(mix, "avx2+fma") == 0 && kernels_avx2_supported()) return peak_avx2_fma(iters);
 #endif
     (void)mix, (void)iters;
     return 0;

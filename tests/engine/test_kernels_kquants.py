@@ -187,6 +187,29 @@ def test_gemm_rows_independent_of_grouping(variant, type_name, n_rows):
     assert_gemm_rows_independent(kt, t, raw, n_out, x, q)
 
 
+@needs_avx2
+def test_q6_K_tiles_at_the_int16_bounds():
+    """The avx2 Q6_K tiles (x86_avx2_tiles.c tg_q6_K) sum a sub-block's products in int16
+    modulo 2^16 and take 32 x the activations' sums off: exact only because the result, a dot
+    product of q - 32, is within 8 * 32 * 127. At the bounds (all quants 0 or all 63, against
+    blocks of +127 and of -127) a row in a tile of 16 equals itself alone on the row-group
+    kernels (x86_gemm_k.h: signs moved onto the activations, no wrap) bit for bit."""
+    kt, t = _engine.KernelTable("avx2"), type_id("Q6_K")
+    n_out, k, n_rows = 43, 512, 17
+    raw, _ = weight("Q6_K", n_out, k, seed=5)
+    blocks = raw.reshape(n_out, k // 256, 210)
+    blocks[:16, :, :192] = 0  # ql and qh: quants 0, i.e. -32
+    blocks[16:32, :, :192] = 0xFF  # quants 63, i.e. +31
+    x = np.where(rng(7).random((n_rows, k)) < 0.5, -1.0, 1.0).astype(np.float32)
+    x[:, :64] = 1.0  # whole blocks of one sign too: +127 x 8 bytes a lane
+    x[1::2, :64] = -1.0
+    q = kt.quantize_q8a(x)
+    assert np.abs(q[0]).max() == 127
+    before = _engine.avx2_tile_pairs(t)
+    assert_gemm_rows_independent(kt, t, raw.reshape(-1), n_out, x, q)
+    assert _engine.avx2_tile_pairs(t) > before  # the tiles ran (a tile of 16 rows, 40 outputs)
+
+
 def test_gemm_refuses_partial_super_blocks():
     kt = _engine.KernelTable("scalar")
     raw, _ = weight("Q6_K", 8, 256)

@@ -13,6 +13,10 @@
  * arithmetic per row). 16 ymm registers hold the unit, not the rows' sums: the rows' float
  * accumulators live in a stash in L1 (16 rows x T_OB groups), read and written once per unit;
  * the second pass (the corrections) runs T_CR rows at a time in registers.
+ * Zen 5 with AVX2 issues vpmaddubsw, vpmaddwd, FMAs and float multiplies on the same two pipes,
+ * and two vector loads a cycle (one a vpbroadcastd): per unit and row, Q5_0 here is 13 of the
+ * former (8 vpmaddubsw) and 10 loads, so about 0.6 of the avx2 peak is its ceiling; fewer
+ * vpmaddwd for more loads or spills is no gain (docs/benchmarks.md, issue 26).
  * NOTE: on the Zen 5 this was written on (AVX2 forced), the 5-bit and 6-bit types gain (their
  * unpacking, 3-4 instructions a vector, is now spread over 16 rows instead of 4: Q5_0 +10-20%,
  * Q5_K +40%, Q6_K 2x) and Q4_K a little; Q4_0, Q4_1 and Q8_0 (x86_gemm_x8.h: cheap to unpack,
@@ -22,10 +26,10 @@
  * x86_gemm_k.h's: 4-bit quants sum 8 runs in int16 (<= 8 * 2 * 15 * 127), 5-bit 4 runs (<= 4 *
  * 2 * 31 * 127) before vpmaddwd widens them (applying a K sub-block's scale). Q6_K runs its
  * quants unsigned (0..63, as stored; x86_gemm_k.h moves signs onto the activations, one more
- * instruction a product) and sums 2 runs in int16 (<= 2 * 2 * 63 * 127); 32 x each 16
- * activations' sum, times the sub-block scale, is taken off in int32 with one vpmaddwd (t_pack
- * keeps the two sums of each 32 as an int16 pair): sc * (dot - 32 sum) = sc * dot(q - 32, a)
- * exactly. Per (weight row, activation row) the float operations are then those of the other
+ * instruction a product) and sums a sub-block's 4 runs in int16 modulo 2^16, less 32 x the
+ * activations each int16 lane multiplied (t_pack): the dot product of q - 32, exact (tg_q6_K),
+ * so one vpmaddwd a sub-block applies its scale: sc * dot(q - 32, a), the integer of the other
+ * kernels. Per (weight row, activation row) the float operations are then those of the other
  * AVX2 tiles, in the same order:
  *   acc = fma(float(isum_b), d * ad_b, acc)  for each activation block b,
  *   cor = fma(c_b, as_b, cor) (Q4_K/Q5_K: cor -= dmin m_j as_j) in a second pass,
@@ -63,7 +67,7 @@ typedef struct {
     _Alignas(32) int8_t qs[T_NB][T_ROWS][QK]; /* block b, row i: its 32 quantized values */
     _Alignas(32) float d[T_NB][T_ROWS];       /* scales */
     _Alignas(32) float s[T_NB][T_ROWS];       /* sums d * sum(qs) */
-    _Alignas(32) int32_t t[T_NB][T_ROWS];     /* Q6_K: the sums of the two 16s as an int16 pair */
+    _Alignas(32) int32_t o[T_NB][T_ROWS][2];  /* Q6_K: the offsets of its two sub-blocks (t_pack) */
 } t_act;
 
 T_AI __m256 t_ph(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
@@ -90,23 +94,18 @@ T_AI __m256i t_dot5(const __m256i *q, const int8_t *a, __m256i sc) {
     return _mm256_add_epi32(_mm256_madd_epi16(t_runs(q, a, 0, 4), sc), _mm256_madd_epi16(t_runs(q, a, 4, 4), sc));
 }
 
-/* Q6_K: unsigned quants, pairs of runs; sc0 / sc1 the two sub-blocks' scales as pairs, sc32 the
- * pairs (32 sc0, 32 sc1) against t (the row's two 16-sums) */
-T_AI __m256i t_dot6(const __m256i *q, const int8_t *a, __m256i sc0, __m256i sc1, __m256i sc32, int32_t t) {
-    const __m256i h0 = _mm256_add_epi32(_mm256_madd_epi16(t_runs(q, a, 0, 2), sc0), _mm256_madd_epi16(t_runs(q, a, 2, 2), sc0));
-    const __m256i h1 = _mm256_add_epi32(_mm256_madd_epi16(t_runs(q, a, 4, 2), sc1), _mm256_madd_epi16(t_runs(q, a, 6, 2), sc1));
-    return _mm256_sub_epi32(_mm256_add_epi32(h0, h1), _mm256_madd_epi16(sc32, _mm256_set1_epi32(t)));
-}
-
 /* acc[i] = fma(float(isum_i), d8 * ad_i, acc[i]) */
 #define T_FMA(isum, i) acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d8, _mm256_set1_ps(t->d[b][i])), acc[i])
 
 /* ---- the activation tile --------------------------------------------------------------------- */
 
-/* Rows r .. r + T_ROWS - 1 of x, elements [e0, e0 + ne), into t; sums: Q6_K's t->t. */
+/* Rows r .. r + T_ROWS - 1 of x, elements [e0, e0 + ne), into t; sums: Q6_K's offsets t->o
+ * (tg_q6_K): for sub-block h of 16 bytes (runs 4h .. 4h + 3), 32 x the sums of bytes 0-1 and of
+ * bytes 2-3 of its runs (the two int16 lanes of vpmaddubsw's products), modulo 2^16, as an int16
+ * pair. */
 static void t_pack(t_act *t, const act_rows *x, int r, int e0, int ne, int sums) {
     const int nb = ne / QK, xnb = x->k / QK, b0 = e0 / QK;
-    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    const __m256i ones8 = _mm256_set1_epi8(1);
     for (int i = 0; i < T_ROWS; i++) {
         const int8_t *a = x->qs + (size_t)(r + i) * x->k + e0;
         const float *d = x->d + (size_t)(r + i) * xnb + b0, *s = x->s + (size_t)(r + i) * xnb + b0;
@@ -116,12 +115,13 @@ static void t_pack(t_act *t, const act_rows *x, int r, int e0, int ne, int sums)
             t->d[b][i] = d[b];
             t->s[b][i] = s[b];
             if (sums) {
-                /* 8 sums of 4 bytes, then of 16 (lane 0 of each half) */
-                __m256i q4 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, v), ones16);
-                q4 = _mm256_add_epi32(q4, _mm256_shuffle_epi32(q4, 0xB1));
-                q4 = _mm256_add_epi32(q4, _mm256_shuffle_epi32(q4, 0x4E));
-                const int lo = _mm256_cvtsi256_si32(q4), hi = _mm256_extract_epi32(q4, 4);
-                t->t[b][i] = (int32_t)(((uint32_t)lo & 0xffffu) | ((uint32_t)hi << 16));
+                /* int16 pairs of bytes, the 4 runs of each 128-bit half summed lane-wise, x 32 */
+                __m256i p = _mm256_maddubs_epi16(ones8, v);
+                p = _mm256_add_epi16(p, _mm256_shuffle_epi32(p, 0x4E));
+                p = _mm256_add_epi16(p, _mm256_shuffle_epi32(p, 0xB1));
+                p = _mm256_slli_epi16(p, 5);
+                t->o[b][i][0] = _mm256_cvtsi256_si32(p);
+                t->o[b][i][1] = _mm256_extract_epi32(p, 4);
             }
         }
     }
@@ -226,30 +226,48 @@ T_AI void tg_k4(int tk, const char *g, int nss, const t_act *t, __m256 *acc, __m
 }
 
 /* Q6_K: super-blocks of 256 = 2 halves x 4 quarters (activation blocks b = 4n + g) x 2
- * sub-blocks of 16 (runs 0-3, 4-7 of the unit). nss: super-blocks. */
+ * sub-blocks of 16 (runs 0-3, 4-7 of the unit). nss: super-blocks. The quants run unsigned
+ * (0..63, as stored; x86_gemm_k.h moves signs onto the activations, one more instruction a
+ * product). A sub-block's 4 runs are summed in int16 modulo 2^16 (vpaddw wraps) and its offset
+ * t->o taken off: each int16 lane is then the dot product of q - 32 over its 8 bytes, within 8 *
+ * 32 * 127 < 2^15, exact; one vpmaddwd a sub-block applies the scale: sc * dot(q - 32, a), the
+ * integer x86_gemm_k.h computes. Sub-block 0 runs for every row first (4 quant registers, its
+ * int32 sums in isum0), then sub-block 1 and the float step: 8 registers of quants and 16 rows
+ * of temporaries did not fit 16 ymm registers. */
+T_AI __m256i t_sub6(const __m256i *q, const int8_t *a, int32_t o, __m256i sc) {
+    __m256i p0 = _mm256_maddubs_epi16(q[0], bcast4(a)), p1 = _mm256_maddubs_epi16(q[1], bcast4(a + 4));
+    p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(q[2], bcast4(a + 8)));
+    p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(q[3], bcast4(a + 12)));
+    return _mm256_madd_epi16(_mm256_sub_epi16(_mm256_add_epi16(p0, p1), _mm256_set1_epi32(o)), sc);
+}
+
 T_AI void tg_q6_K(const char *g, int nss, const t_act *t, __m256 *acc) {
     const __m256i low4 = _mm256_set1_epi8(15), lo16 = _mm256_set1_epi32(0xffff);
+    __m256i isum0[T_ROWS];
     for (int s = 0; s < nss; s++) {
         const block_q6_Kx8 *B = (const block_q6_Kx8 *)g + s;
-        const __m256 d8 = t_ph(B->d);
         for (int n = 0; n < 2; n++)
             for (int gq = 0; gq < 4; gq++) {
                 const int bs = 4 * n + gq, b = 8 * s + bs;
-                __m256i q[8];
-                for (int rr = 0; rr < 8; rr++) {
-                    const __m256i vl = _mm256_loadu_si256((const __m256i *)(B->q + q6x8_ql(16 * n + 8 * (gq & 1) + rr)));
-                    const __m256i vh = _mm256_loadu_si256((const __m256i *)(B->q + q6x8_qh(8 * n + rr)));
-                    const __m256i nib = gq < 2 ? _mm256_and_si256(vl, low4) : _mm256_and_si256(_mm256_srli_epi16(vl, 4), low4);
-                    q[rr] = _mm256_or_si256(nib, q6_high(vh, gq));
-                }
-                const __m256i v0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)B->sc[2 * bs]));
-                const __m256i v1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)B->sc[2 * bs + 1]));
-                const __m256i sc0 = _mm256_or_si256(_mm256_and_si256(v0, lo16), _mm256_slli_epi32(v0, 16));
-                const __m256i sc1 = _mm256_or_si256(_mm256_and_si256(v1, lo16), _mm256_slli_epi32(v1, 16));
-                const __m256i sc32 = _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(v0, 5), lo16), _mm256_slli_epi32(v1, 21));
-                T_UNROLL for (int i = 0; i < T_ROWS; i++) {
-                    const __m256i isum = t_dot6(q, t->qs[b][i], sc0, sc1, sc32, t->t[b][i]);
-                    T_FMA(isum, i);
+                for (int h = 0; h < 2; h++) {
+                    __m256i q[4];
+                    for (int rr = 0; rr < 4; rr++) {
+                        const __m256i vl = _mm256_loadu_si256((const __m256i *)(B->q + q6x8_ql(16 * n + 8 * (gq & 1) + 4 * h + rr)));
+                        const __m256i vh = _mm256_loadu_si256((const __m256i *)(B->q + q6x8_qh(8 * n + 4 * h + rr)));
+                        const __m256i nib = gq < 2 ? _mm256_and_si256(vl, low4) : _mm256_and_si256(_mm256_srli_epi16(vl, 4), low4);
+                        q[rr] = _mm256_or_si256(nib, q6_high(vh, gq));
+                    }
+                    const __m256i v = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)B->sc[2 * bs + h]));
+                    const __m256i sc = _mm256_or_si256(_mm256_and_si256(v, lo16), _mm256_slli_epi32(v, 16));
+                    if (h == 0) {
+                        T_UNROLL for (int i = 0; i < T_ROWS; i++) isum0[i] = t_sub6(q, t->qs[b][i], t->o[b][i][0], sc);
+                    } else {
+                        const __m256 d8 = t_ph(B->d);
+                        T_UNROLL for (int i = 0; i < T_ROWS; i++) {
+                            const __m256i isum = _mm256_add_epi32(isum0[i], t_sub6(q, t->qs[b][i] + 16, t->o[b][i][1], sc));
+                            T_FMA(isum, i);
+                        }
+                    }
                 }
             }
     }

@@ -1,7 +1,7 @@
 """The tiny `granitehybrid` fixture (IBM Granite 4.0 H's architecture: Mamba2 layers and llama
 attention) written with the `gguf` package, its tensors named and shaped as llama.cpp's loader
-wants them (src/models/granite-hybrid.cpp). gguf_fixtures.py holds the shared tokenizer and
-weight writers."""
+wants them (src/models/granite-hybrid.cpp). gguf_fixtures_vocab.py and gguf_fixtures_weights.py
+hold the shared tokenizer and weight writers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGUFWriter
-from gguf_fixtures import CHATML_TEMPLATE, _add, add_random_weight, add_tiny_tokenizer, tiny_vocab
+from gguf_fixtures_vocab import CHATML_TEMPLATE, add_tiny_tokenizer, tiny_vocab
+from gguf_fixtures_weights import _add, add_random_weight
 
 # 5 layers, attention on 1 and 3 (head_count_kv 0 on the Mamba2 ones); 8 Mamba2 heads of 16
 # channels in 2 groups (heads 0-3 read group 0, 4-7 group 1); a state of 24 per channel (one

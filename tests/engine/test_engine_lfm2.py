@@ -41,16 +41,16 @@ def test_config_as_llama_cpp_reads_it(path):
 
 
 def test_rejects_what_it_does_not_run(tmp_path, monkeypatch):
-    import gguf_fixtures
+    import gguf_fixtures_llama
 
-    original = gguf_fixtures._add
+    original = gguf_fixtures_llama._add
 
     def conv_in_f16(w, name, values, type_name):
         return original(w, name, values, "F16" if name.endswith("shortconv.conv.weight") else type_name)
 
-    monkeypatch.setattr(gguf_fixtures, "_add", conv_in_f16)
+    monkeypatch.setattr(gguf_fixtures_llama, "_add", conv_in_f16)
     f16_conv = write_tiny_model(tmp_path / "f16conv.gguf", "lfm2")
-    monkeypatch.setattr(gguf_fixtures, "_add", original)
+    monkeypatch.setattr(gguf_fixtures_llama, "_add", original)
     with pytest.raises(UnsupportedModelError, match="shortconv.conv.weight.*only F32"):
         load_model_file(f16_conv)
     with pytest.raises(UnsupportedModelError, match="sliding_window"):

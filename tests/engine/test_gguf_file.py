@@ -140,17 +140,17 @@ def test_architecture_configs(tmp_path):
 
 def test_missing_architecture_tensor_is_rejected(tmp_path):
     """A qwen2 file without its biases is not silently run as llama."""
-    import gguf_fixtures
+    import gguf_fixtures_llama
 
     path = tmp_path / "nobias.gguf"
-    original = gguf_fixtures._add
+    original = gguf_fixtures_llama._add
     try:
-        gguf_fixtures._add = lambda w, name, *a: (
+        gguf_fixtures_llama._add = lambda w, name, *a: (
             None if name.endswith("attn_k.bias") else original(w, name, *a)
         )
         write_tiny_model(path, "qwen2")
     finally:
-        gguf_fixtures._add = original
+        gguf_fixtures_llama._add = original
     with pytest.raises(ValueError, match=r"required tensors missing: blk.0.attn_k.bias"):
         load_model_file(path)
 
@@ -188,15 +188,15 @@ def test_truncated_file_is_rejected(tiny_model_path, tmp_path):
 
 def test_shape_inconsistent_with_metadata_is_rejected(tmp_path):
     # ffn_dim metadata says 128; write a file whose metadata disagrees with its tensors.
-    import gguf_fixtures
+    import gguf_fixtures_llama
 
     path = tmp_path / "bad_shape.gguf"
-    original = gguf_fixtures.GGUFWriter.add_feed_forward_length
+    original = gguf_fixtures_llama.GGUFWriter.add_feed_forward_length
     try:
-        gguf_fixtures.GGUFWriter.add_feed_forward_length = lambda self, n: original(self, 96)
+        gguf_fixtures_llama.GGUFWriter.add_feed_forward_length = lambda self, n: original(self, 96)
         write_tiny_llama(path)
     finally:
-        gguf_fixtures.GGUFWriter.add_feed_forward_length = original
+        gguf_fixtures_llama.GGUFWriter.add_feed_forward_length = original
     with pytest.raises(
         ValueError, match=r"'blk.0.ffn_gate.weight' has shape \(64, 128\), expected \(64, 96\)"
     ):

@@ -1,9 +1,24 @@
-"""Helpers for kernel tests: tolerance checks that name the largest difference, and the float64
-values of 8-bit activation blocks."""
+"""Helpers for kernel tests: the CPU-feature skips (needs_avx2, needs_vnni), the weight types
+and the shared tolerance, random weights in file layout (weight_bytes), tolerance checks that
+name the largest difference, and the float64 values of 8-bit activation blocks."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+from slotserve.engine_ext import _engine
+
+needs_avx2 = pytest.mark.skipif(not _engine.avx2_supported(), reason="this CPU has no AVX2/FMA/F16C")
+needs_vnni = pytest.mark.skipif(not _engine.avx512vnni_supported(), reason="this CPU has no AVX512-VNNI")
+
+BLOCK_TYPES = ("Q8_0", "Q4_0", "Q4_1")
+FLOAT_TYPES = ("F32", "F16")
+
+# Tolerances. Variants differ only in float summation order (and exp's polynomial), so they
+# agree to a few float32 ulps of the magnitudes summed.
+SUM_RTOL = 2e-6  # |difference| <= SUM_RTOL * sum(|terms|) for dot products, norms, attention
 
 
 def assert_close(
@@ -41,3 +56,22 @@ def assert_gemm_rows_independent(kt, t: int, raw: np.ndarray, n_out: int, x: np.
     assert np.array_equal(parts, together)
     acc = kt.gemm(t, raw, n_out, x, quantized=q, y=np.ones_like(together))
     assert np.array_equal(acc, together + np.float32(1.0))
+
+
+def rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def weight_bytes(type_name: str, n_out: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(raw file-layout bytes of a random [n_out, k] weight, its dequantized float64 values)."""
+    w = rng(seed).standard_normal((n_out, k)).astype(np.float32)
+    qtype = GGMLQuantizationType[type_name]
+    if type_name == "F32":
+        raw = w
+    elif type_name == "F16":
+        raw = w.astype(np.float16)
+    else:
+        raw = quantize(w, qtype)
+    raw = np.ascontiguousarray(raw).view(np.uint8).reshape(-1)
+    values = dequantize(raw.reshape(n_out, -1), qtype).reshape(n_out, k).astype(np.float64)
+    return raw, values

@@ -1,0 +1,18 @@
+"""Fixtures of tests/engine: the kernel tables the kernel tests compare (module-scoped)."""
+
+from __future__ import annotations
+
+import pytest
+from slotserve.engine_ext import _engine
+
+
+@pytest.fixture(scope="module")
+def generic() -> _engine.KernelTable:
+    return _engine.KernelTable("scalar")
+
+
+@pytest.fixture(scope="module")
+def avx2() -> _engine.KernelTable:
+    if not _engine.avx2_supported():
+        pytest.skip("this CPU has no AVX2/FMA/F16C")
+    return _engine.KernelTable("avx2")

@@ -18,8 +18,8 @@ Design: one run, three parts, never overlapping:
    The server is stopped (SIGTERM) before part 3.
 3. bandwidth: a triad a = b + s*c over float64 arrays far larger than any cache, in chunks so
    the two NumPy passes of each chunk meet in cache and memory sees 3 arrays (read b, read c,
-   write a; the write-allocate read of a is not counted, as in STREAM). Best of BANDWIDTH_REPS,
-   on as many threads as the engine used (each a contiguous share; NumPy releases the GIL).
+   write a; the write-allocate read of a is not counted, as in STREAM). Best of BANDWIDTH_REPS
+   (bandwidth.py), on as many threads as the engine used (each a contiguous share; NumPy releases the GIL).
    Decode only reads its weights, so a read pass (the engine's C read loop over one such
    array, `_engine.read_sum`) is measured beside it, with its own bound: the triad counts a
    third of its traffic as writes, and leaves out the write-allocate read, so its bound is
@@ -28,17 +28,19 @@ Design: one run, three parts, never overlapping:
    (every tensor but the embedding table, which a step reads one row of, unless it is tied to
    the output).
 
-The streaming client (--client): `raw` (default) is `raw_stream`, an asyncio-stream HTTP/1.1
-client that reads the chunked body, splits it into SSE events and parses JSON only for the
-events that decide the result (those up to the first chunk carrying text, and the last few,
-kept raw in a small ring until the stream ends); `httpx` is the load-test client
+The streaming client (--client): `raw` (default) is serve_client.py's `raw_stream`, which parses
+JSON only for the events that decide the result; `httpx` is the load-test client
 (bench/loadtest/client.py), which parses every chunk. The client runs on the same cores as the
 server, so its CPU is taken from the engine's threads; each phase reports the client's CPU
 seconds (time.process_time of this process, taken around the served rounds only) and the
-server process's (utime + stime of /proc/PID/stat).
+server process's (utime + stime of /proc/PID/stat, serve_server.py).
 
 NOTE: on a machine where one core cannot saturate memory, a one-thread triad gives a bound
 that a multi-threaded engine beats; hence the triad's threads follow the engine's.
+
+Modules: serve_server.py starts, polls and stops the server subprocess and reads its CPU time;
+serve_client.py is the raw streaming client; bandwidth.py the triad and read passes and the
+weight bytes a decode step reads (part 3).
 """
 
 from __future__ import annotations
@@ -47,33 +49,26 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .bandwidth import decode_weight_bytes, read_bandwidth, triad_bandwidth
 from .engine import decode_rate, machine
+from .serve_client import StreamResult, raw_stream
+from .serve_server import free_port, server_cpu_seconds, start_server, stop_server, wait_ready
 
 DEFAULT_STREAMS = (1, 4, 8)
 DEFAULT_TOKENS = 256
 DEFAULT_PARALLEL = 8
 DEFAULT_ROUNDS = 3
 TTFT_REPS = 3
-BANDWIDTH_REPS = 5
-BANDWIDTH_CHUNK = 1 << 15  # float64 elements per triad chunk (256 KiB: three fit in L2)
-READY_TIMEOUT_S = 180.0
 TTFT_QUESTIONS = ("What is 2 + 2?", "Name a colour.", "Say hello.", "What day follows Monday?")
 STREAM_PROMPT = "Write a long story about a lighthouse keeper and the sea."
 CLIENTS = ("raw", "httpx")
-TAIL_EVENTS = 4  # raw client: events kept unparsed until the stream ends (the final ones decide)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -124,182 +119,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 # --- part 1: the served figures ---
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_server(model: Path, args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen[bytes]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "slotserve",
-        "serve",
-        "--model",
-        str(model),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--parallel",
-        str(args.parallel),
-        "--log-level",
-        "warning",
-        # served decode is compared with the engine's one-token steps and a bandwidth bound:
-        # speculative drafts (on by default in `serve`) would change what a step computes
-        "--speculative",
-        "off",
-    ]
-    if args.threads is not None:
-        cmd += ["--threads", str(args.threads)]
-    if args.ctx_size is not None:
-        cmd += ["--ctx-size", str(args.ctx_size)]
-    with open(log, "wb") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-
-
-def wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
-    """Poll GET /ready; SystemExit with the log's tail if the server exits or times out."""
-    import httpx
-
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while proc.poll() is None and time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/ready", timeout=1.0, trust_env=False).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    state = f"exited with {proc.returncode}" if proc.poll() is not None else "not ready in time"
-    raise SystemExit(f"slotserve bench serve: the server {state}:\n{log.read_text(errors='replace')[-2000:]}")
-
-
-def stop_server(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-@dataclass(slots=True)
-class StreamResult:
-    """One streamed chat request as the benchmark checks it. Times are time.perf_counter()."""
-
-    t_send: float
-    t_first: float = 0.0  # arrival of the first chunk carrying text (0.0: none came)
-    t_last: float = 0.0  # arrival of the last chunk carrying text
-    events: int = 0  # data events before `[DONE]`
-    completion_tokens: int | None = None  # from the final usage chunk
-    finish_reason: str | None = None
-    error: str | None = None
-
-
-def server_cpu_seconds(pid: int) -> float:
-    """utime + stime of process `pid` (all its threads), from /proc/PID/stat."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        stat = f.read()
-    fields = stat[stat.rindex(b")") + 2 :].split()  # after "pid (comm) ": field 3 is fields[0]
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _fold(out: StreamResult, payload: bytes, now: float) -> bool:
-    """Parse one event's JSON into `out`; True if it carried text. ValueError for an error
-    chunk or a chunk that is not an object."""
-    chunk = json.loads(payload)
-    if not isinstance(chunk, dict):
-        raise ValueError(f"malformed stream chunk: {payload[:200]!r}")
-    if "error" in chunk:
-        err = chunk["error"]
-        raise ValueError(err.get("message", str(err)) if isinstance(err, dict) else str(err))
-    usage = chunk.get("usage")
-    if isinstance(usage, dict):
-        out.completion_tokens = usage.get("completion_tokens")
-    text = False
-    for choice in chunk.get("choices") or ():
-        delta = choice.get("delta")
-        if (delta.get("content") if isinstance(delta, dict) else choice.get("text")) or None:
-            text = True
-        if choice.get("finish_reason"):
-            out.finish_reason = choice["finish_reason"]
-    if text:
-        out.t_first = out.t_first or now
-        out.t_last = now
-    return text
-
-
-async def _read_raw(host: str, port: int, path: str, payload: bytes, out: StreamResult) -> None:
-    reader, writer = await asyncio.open_connection(host, port)
-    try:
-        writer.write(
-            f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
-            f"accept: text/event-stream\r\ncontent-length: {len(payload)}\r\nconnection: close\r\n\r\n".encode()
-            + payload
-        )
-        status_line = await reader.readline()
-        headers = {}
-        while (line := await reader.readline()) not in (b"\r\n", b"\n", b""):
-            name, _, value = line.decode("latin-1").partition(":")
-            headers[name.strip().lower()] = value.strip().lower()
-        parts = status_line.split(None, 2)
-        if len(parts) < 2 or parts[1] != b"200":
-            out.error = f"HTTP {status_line.decode('latin-1').strip()!r}: {(await reader.read())[:300]!r}"
-            return
-        if headers.get("transfer-encoding") != "chunked":
-            raise ValueError(f"expected a chunked event stream, got headers {headers}")
-        buf = b""
-        head = True  # no text yet: every event is parsed
-        tail: deque[tuple[float, bytes]] = deque(maxlen=TAIL_EVENTS)
-        done = False
-        while not done:
-            size_line = await reader.readline()
-            if not size_line:
-                raise ValueError(f"connection closed after {out.events} events, before [DONE]")
-            size = int(size_line.split(b";", 1)[0], 16)
-            if size == 0:
-                raise ValueError(f"body ended after {out.events} events, before [DONE]")
-            chunk = await reader.readexactly(size + 2)  # the chunk and its CRLF
-            now = time.perf_counter()
-            buf += chunk[:-2]
-            while (i := buf.find(b"\n\n")) >= 0:
-                event, buf = buf[:i], buf[i + 2 :]
-                if event.startswith(b":"):
-                    continue  # a comment (keep-alive)
-                if not event.startswith(b"data: ") or b"\n" in event:
-                    raise ValueError(f"unexpected event {event[:200]!r}")
-                if event == b"data: [DONE]":
-                    done = True
-                    break
-                out.events += 1
-                if head:
-                    head = not _fold(out, event[6:], now)
-                else:
-                    tail.append((now, event[6:]))
-        for now, data in tail:
-            _fold(out, data, now)
-    finally:
-        writer.close()
-
-
-async def raw_stream(url: str, path: str, body: dict[str, Any], timeout_s: float) -> StreamResult:
-    """POST `body` to `url` + `path` and read its event stream (module docstring: the raw
-    client); never raises for server or network failures (`error` is set). The events between
-    the first text chunk and the last TAIL_EVENTS are counted, not parsed: the result's token
-    count is the final usage chunk's, its first and last text times are exact."""
-    host, _, port = url.removeprefix("http://").rpartition(":")
-    out = StreamResult(t_send=time.perf_counter())
-    try:
-        await asyncio.wait_for(_read_raw(host, int(port), path, json.dumps(body).encode(), out), timeout_s)
-    except asyncio.TimeoutError:
-        out.error = f"no complete reply within {timeout_s} s"
-    except (OSError, ValueError, asyncio.IncompleteReadError) as exc:
-        out.error = f"{type(exc).__name__}: {exc}"
-    return out
 
 
 async def measure_served(
@@ -407,7 +226,7 @@ async def served_round(round_of: Any, tokens: int, n: int, r: int) -> tuple[floa
     return rate, [res.completion_tokens for res in results]
 
 
-# --- parts 2 and 3: the engine and the machine ---
+# --- part 2: the engine (part 3, the machine: bandwidth.py) ---
 
 
 def engine_decoder(
@@ -428,73 +247,6 @@ def engine_decoder(
         return decode_rate(pool, slots, tokens, rng, model.config.n_vocab)
 
     return decode, int(pool.n_threads)
-
-
-def triad_bandwidth(mib: int, reps: int = BANDWIDTH_REPS, threads: int = 1) -> float:
-    """Best-of-`reps` bytes/s of a = b + s*c over three float64 arrays of `mib` MiB each on
-    `threads` threads, counting 3 arrays of traffic per pass (module docstring)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import numpy as np
-
-    n = mib * 1024 * 1024 // 8
-    a, b, c = np.zeros(n), np.ones(n), np.full(n, 2.0)  # touched now: no page faults while timed
-    share = -(-n // threads)  # elements per thread, rounded up
-
-    def triad(lo: int, hi: int) -> None:
-        for i in range(lo, hi, BANDWIDTH_CHUNK):
-            j = min(i + BANDWIDTH_CHUNK, hi)
-            np.multiply(c[i:j], 3.0, out=a[i:j])
-            np.add(a[i:j], b[i:j], out=a[i:j])
-
-    best = float("inf")
-    with ThreadPoolExecutor(threads) as workers:
-        for _ in range(reps):
-            a[:] = 0.0
-            t = time.perf_counter()
-            list(workers.map(lambda k: triad(k * share, min(n, (k + 1) * share)), range(threads)))
-            best = min(best, time.perf_counter() - t)
-    if not (a == 7.0).all():  # 1 + 3 * 2: the threads covered the arrays
-        raise AssertionError("triad produced a wrong value")
-    return 3 * n * 8 / best
-
-
-def read_bandwidth(mib: int, reps: int = BANDWIDTH_REPS, threads: int = 1) -> float:
-    """Best-of-`reps` bytes/s of reading one array of `mib` MiB on `threads` threads, each a
-    contiguous share read once in order by the engine's C read loop (`_engine.read_sum`: 32-byte
-    loads, no GIL), as a decode step reads its weights."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import numpy as np
-
-    from ..engine_ext import _engine
-
-    n = mib * 1024 * 1024 // 8
-    words = np.ones(n, dtype=np.uint64)  # touched now: no page faults while timed
-    raw = words.view(np.uint8)
-    share = -(-n // threads)
-
-    def read(lo: int, hi: int) -> int:
-        return int(_engine.read_sum(raw[8 * lo : 8 * hi])) if hi > lo else 0
-
-    best = float("inf")
-    with ThreadPoolExecutor(threads) as workers:
-        for _ in range(reps):
-            t = time.perf_counter()
-            total = sum(workers.map(lambda k: read(k * share, min(n, (k + 1) * share)), range(threads)))
-            best = min(best, time.perf_counter() - t)
-            if total != n:  # every word read once
-                raise AssertionError(f"read pass summed {total}, expected {n}")
-    return n * 8 / best
-
-
-def decode_weight_bytes(model: Any) -> int:
-    """Bytes of weights one decode step reads: every tensor but token_embd, which a step reads
-    one row of, unless the output matrix is tied to it."""
-    total = sum(t.data.nbytes for t in model.tensors.values())
-    if not model.config.tied_output:
-        total -= model.tensors["token_embd.weight"].data.nbytes
-    return int(total)
 
 
 def run(args: argparse.Namespace) -> int:

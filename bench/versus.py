@@ -151,7 +151,7 @@ def decode_bytes(path: Path) -> int | None:
 
 
 def probe_gb_s(threads: int) -> float:
-    from .serve import read_bandwidth
+    from .bandwidth import read_bandwidth
 
     return round(read_bandwidth(PROBE_MIB, threads=threads) / 1e9, 1)
 

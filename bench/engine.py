@@ -39,6 +39,10 @@ qwen2-1.5b, llama3-8b, lfm2-350m, qwen3.5-0.8b with random Q4_K_M weights), writ
 there for llama.cpp (the llama-bench command is printed). Random weights have no right answer:
 only the exactness checks run (on a 40-token prompt), and the sizes are the preset's
 (`synthetic.BENCH_SIZES`, e.g. pp64, tg16, tg16_d64 and tg16_x4 at 8B).
+
+Modules: engine_validate.py the output checks, engine_measure.py the timed figures (the sizes,
+decode_rate, measure, measure_depth, step_ms, batch_ratio, measure_numpy), machine.py the
+machine every report names.
 """
 
 from __future__ import annotations
@@ -46,21 +50,29 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
-import statistics
-import subprocess
 import time
 from typing import Any
 
-PROMPT = "The capital of France is"
+from .engine_measure import (
+    DECODE_STEPS,
+    DEPTH,
+    DEPTH_PREFILL,
+    PREFILL_SIZES,
+    RATIO_BLOCK,
+    RATIO_CONTEXT,
+    RATIO_SLOTS,
+    RATIO_WARMUP,
+    batch_ratio,
+    measure,
+    measure_depth,
+    measure_numpy,
+    step_ms,
+)
+from .engine_validate import validate
+from .machine import machine
+
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-VALIDATE_TOKENS = 8
-MIN_AGREED = 3  # greedy tokens that must match the NumPy implementation
-DECODE_STEPS = 128
-DEPTH = 2048
-PREFILL_SIZES = (128, 512, 2048)
-DEPTH_PREFILL = 512  # --depth: ppN after the depth, as llama-bench -p 512 -d N
 KV_TYPES = ("f16", "q8_0")
 
 
@@ -116,282 +128,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="sliding-window layers keep every row instead of a ring (more KV memory)",
     )
-
-
-def machine() -> dict[str, Any]:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout.splitlines():
-            if line.startswith("Model name:"):
-                model = line.split(":", 1)[1].strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return {
-        "cpu": model,
-        "cpus": os.cpu_count(),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-        "date": time.strftime("%Y-%m-%d"),
-    }
-
-
-def _greedy(pool: Any, slot: int, prompt: list[int], n: int) -> list[int]:
-    import numpy as np
-
-    pool.truncate(slot, 0)
-    logits = pool.forward([(slot, np.array(prompt, np.int32), 0, True)])[0]
-    out = []
-    for _ in range(n):
-        out.append(int(np.argmax(logits)))
-        logits = pool.forward([(slot, np.array(out[-1:], np.int32), pool.slot_len(slot), True)])[0]
-    return out
-
-
-def validate(
-    model: Any, tokenizer: Any, pool: Any, reference: Any, is_default: bool, long_len: int = 300
-) -> dict[str, Any]:
-    """Raise SystemExit with the reason if the engine's outputs are wrong (chunked prefill is
-    checked on a random prompt of long_len >= 10 tokens, in three chunks)."""
-    import numpy as np
-
-    prompt = tokenizer.encode(PROMPT, add_bos=tokenizer.add_bos_token)
-    ours = _greedy(pool, 0, prompt, VALIDATE_TOKENS)
-    result: dict[str, Any] = {"prompt": PROMPT, "engine": tokenizer.decode(ours), "engine_ids": ours}
-    if reference is not None:
-        logits = reference.forward(np.array(prompt))
-        theirs = []
-        for _ in range(VALIDATE_TOKENS):
-            theirs.append(int(np.argmax(logits)))
-            logits = reference.forward(np.array(theirs[-1:]))
-        agreed = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), VALIDATE_TOKENS)
-        result.update(numpy=tokenizer.decode(theirs), agreed_tokens=agreed)
-        if agreed < MIN_AGREED:
-            raise SystemExit(
-                f"validation failed: engine {result['engine']!r} vs NumPy {result['numpy']!r} "
-                f"agree over {agreed} < {MIN_AGREED} tokens"
-            )
-    if is_default and not result["engine"].startswith(" Paris"):
-        raise SystemExit(f"validation failed: {PROMPT!r} continued as {result['engine']!r}, not ' Paris'")
-    # exactness: chunked prefill and a batch of 4 reproduce single-chunk, single-slot results
-    long_prompt = np.random.default_rng(1).integers(0, model.config.n_vocab, long_len).astype(np.int32)
-    pool.truncate(0, 0)
-    one = pool.forward([(0, long_prompt, 0, True)])[0]
-    pool.truncate(1, 0)
-    cut = 7 + 2 * (long_len - 7) // 3  # 300 -> chunks of 7, 200, 93
-    for at, size in ((0, 7), (7, cut - 7), (cut, long_len - cut)):
-        chunked = pool.forward([(1, long_prompt[at : at + size], at, True)])[0]
-    if not np.array_equal(one, chunked):
-        raise SystemExit("validation failed: chunked prefill differs from one-chunk prefill")
-    seq = np.array(prompt + ours, np.int32)
-    for s in range(4):
-        pool.truncate(s, 0)
-        pool.forward([(s, seq[: s + 2], 0, False)])
-    batched = pool.forward([(s, seq[s + 2 : s + 3], s + 2, True) for s in range(4)])
-    for s in range(4):
-        pool.truncate(0, 0)
-        single = pool.forward([(0, seq[: s + 3], 0, True)])[0]
-        if not np.array_equal(single, batched[s]):
-            raise SystemExit(f"validation failed: slot {s} decoded in a batch of 4 differs from alone")
-    result["exact_chunking_and_batching"] = True
-    return result
-
-
-def decode_rate(
-    pool: Any, slots: list[int], steps: int, rng: Any, n_vocab: int, forward_only: bool = False
-) -> float:
-    """Aggregate tokens/s of `steps` greedy decode steps of `slots` in one batch per step,
-    each slot continuing from wherever it stands (a random first token). forward_only: count
-    only the time inside pool.forward (the engine and its Python entry), not this loop's own
-    batch building and argmax over every slot's logits (~0.1-0.2 ms a step at 4 slots here,
-    work a server does elsewhere). Side effect: every slot in `slots` grows by `steps` tokens
-    (the caller truncates and sizes ctx_len)."""
-    import numpy as np
-
-    last = {s: int(rng.integers(0, n_vocab)) for s in slots}
-    inside = 0.0
-    t = time.perf_counter()
-    for _ in range(steps):
-        batch = [(s, np.array([last[s]], np.int32), pool.slot_len(s), True) for s in slots]
-        t_forward = time.perf_counter()
-        logits = pool.forward(batch)
-        inside += time.perf_counter() - t_forward
-        last = {s: int(np.argmax(row)) for s, row in zip(slots, logits)}
-    return len(slots) * steps / (inside if forward_only else time.perf_counter() - t)
-
-
-STEP_CONTEXT = 16  # tokens each slot holds before its timed steps (--step-ms)
-STEP_COUNT = 24  # timed steps per round (--step-ms)
-STEP_ROUNDS = 3  # rounds; the best round's median counts (--step-ms)
-
-
-def step_ms(pool: Any, n_vocab: int, batch_sizes: tuple[int, ...], rng: Any) -> dict[int, float]:
-    """Milliseconds per decode step of n slots (n in batch_sizes, each at most pool.num_slots),
-    timed around pool.forward alone: every slot prefilled with STEP_CONTEXT random tokens, then
-    STEP_COUNT steps of one random token each; the median step, best of STEP_ROUNDS rounds
-    (rounds alternate the sizes, so a busy moment on a shared machine hits one round, not one
-    size). Side effect: truncates and refills slots 0 .. max(batch_sizes) - 1."""
-    import numpy as np
-
-    best: dict[int, float] = {}
-    for _ in range(STEP_ROUNDS):
-        for n in batch_sizes:
-            for s in range(n):
-                pool.truncate(s, 0)
-                pool.forward([(s, rng.integers(0, n_vocab, STEP_CONTEXT).astype(np.int32), 0, False)])
-            times = []
-            for i in range(STEP_COUNT):
-                batch = [
-                    (s, rng.integers(0, n_vocab, 1).astype(np.int32), STEP_CONTEXT + i, True)
-                    for s in range(n)
-                ]
-                t = time.perf_counter()
-                pool.forward(batch)
-                times.append(time.perf_counter() - t)
-            best[n] = min(best.get(n, float("inf")), statistics.median(times) * 1e3)
-    return best
-
-
-RATIO_SLOTS = 4  # --batch-ratio: the batch measured against one slot
-RATIO_CONTEXT = 64  # --batch-ratio: tokens each slot holds before the first pair
-RATIO_WARMUP = 4  # --batch-ratio: untimed pairs first (the pool's scratch pages, the weights' TLB)
-RATIO_BLOCK = 10  # --batch-ratio: pairs per block of the spread
-
-
-def batch_ratio(pool: Any, n_vocab: int, pairs: int, rng: Any) -> dict[str, Any]:
-    """4 slots decoding against one: `pairs` pairs of a one-slot step (slot 0) and a
-    RATIO_SLOTS-slot step (slots 0 .. RATIO_SLOTS - 1), timed around pool.forward alone, after
-    RATIO_WARMUP untimed pairs. Every slot is prefilled with RATIO_CONTEXT random tokens and
-    decodes greedily; both steps of pair i run at position RATIO_CONTEXT + i with the same
-    tokens (slot 0 is cut back by the one token its lone step added, so the batch step rewrites
-    that row), so both sizes see the same depth and KV; the order within a pair alternates, so
-    neither size always follows the other. Returns the median step of each size (ms), the
-    per-token speed-up RATIO_SLOTS x t1 / t4 of those medians, and the same ratio over each
-    block of RATIO_BLOCK consecutive pairs (its spread on a shared machine). Side effect:
-    refills slots 0 .. RATIO_SLOTS - 1."""
-    import numpy as np
-
-    slots = list(range(RATIO_SLOTS))
-    last = []
-    for s in slots:
-        pool.truncate(s, 0)
-        prompt = rng.integers(0, n_vocab, RATIO_CONTEXT).astype(np.int32)
-        last.append(int(np.argmax(pool.forward([(s, prompt, 0, True)])[0])))
-    t1: list[float] = []
-    t4: list[float] = []
-    for i in range(RATIO_WARMUP + pairs):
-        pos = RATIO_CONTEXT + i
-        one = [(0, np.array(last[:1], np.int32), pos, True)]
-        batch = [(s, np.array([last[s]], np.int32), pos, True) for s in slots]
-        for lone in (True, False) if i % 2 == 0 else (False, True):
-            pool.truncate(0, pos)
-            t = time.perf_counter()
-            logits = pool.forward(one if lone else batch)
-            (t1 if lone else t4).append(time.perf_counter() - t)
-            if not lone:
-                last = [int(np.argmax(row)) for row in logits]
-    del t1[:RATIO_WARMUP], t4[:RATIO_WARMUP]
-
-    def ratio(a: list[float], b: list[float]) -> float:
-        return RATIO_SLOTS * statistics.median(a) / statistics.median(b)
-
-    blocks = [
-        round(ratio(t1[i : i + RATIO_BLOCK], t4[i : i + RATIO_BLOCK]), 2)
-        for i in range(0, pairs - RATIO_BLOCK + 1, RATIO_BLOCK)
-    ]
-    return {
-        "pairs": pairs,
-        "positions": [RATIO_CONTEXT + RATIO_WARMUP, RATIO_CONTEXT + RATIO_WARMUP + pairs - 1],
-        "step_ms_1": round(statistics.median(t1) * 1e3, 3),
-        f"step_ms_{RATIO_SLOTS}": round(statistics.median(t4) * 1e3, 3),
-        "ratio": round(ratio(t1, t4), 3),
-        "blocks": blocks,
-    }
-
-
-def measure(
-    pool: Any,
-    n_vocab: int,
-    reps: int,
-    prefill_sizes: tuple[int, ...] = PREFILL_SIZES,
-    steps: int = DECODE_STEPS,
-    depth: int = DEPTH,
-    batch_sizes: tuple[int, ...] = (4,),
-) -> dict[str, float]:
-    """Figures of the module docstring on `pool` (slots 0 .. max(batch_sizes) - 1 are used)."""
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    out: dict[str, float] = {}
-    for n in prefill_sizes:
-        rates = []
-        for rep in range(reps + 1):  # rep 0: the untimed warm-up (as llama-bench's)
-            prompt = rng.integers(0, n_vocab, n).astype(np.int32)
-            pool.truncate(0, 0)
-            t = time.perf_counter()
-            pool.forward([(0, prompt, 0, True)])
-            if rep:
-                rates.append(n / (time.perf_counter() - t))
-        out[f"pp{n}"] = statistics.fmean(rates)
-
-    def decode(slots: list[int]) -> float:
-        return decode_rate(pool, slots, steps, rng, n_vocab, forward_only=True)
-
-    pool.truncate(0, 0)
-    out[f"tg{steps}"] = decode([0])
-    pool.truncate(0, 0)
-    pool.forward([(0, rng.integers(0, n_vocab, depth).astype(np.int32), 0, False)])
-    out[f"tg{steps}_d{depth}"] = decode([0])
-    for n in batch_sizes:
-        for s in range(n):
-            pool.truncate(s, 0)
-        out[f"tg{steps}_x{n}"] = decode(list(range(n)))
-    return out
-
-
-def measure_depth(
-    pool: Any,
-    n_vocab: int,
-    reps: int,
-    depths: list[int],
-    prefill: int = DEPTH_PREFILL,
-    steps: int = DECODE_STEPS,
-) -> dict[str, float]:
-    """pp{prefill}_dN and tg{steps}_dN for each depth N on slot 0 (module docstring)."""
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    out: dict[str, float] = {}
-    for depth in depths:
-        pool.truncate(0, 0)
-        if depth:
-            pool.forward([(0, rng.integers(0, n_vocab, depth).astype(np.int32), 0, False)])
-        rates = []
-        for rep in range(reps + 1):  # rep 0: the untimed warm-up
-            prompt = rng.integers(0, n_vocab, prefill).astype(np.int32)
-            pool.truncate(0, depth)
-            t = time.perf_counter()
-            pool.forward([(0, prompt, depth, True)])
-            if rep:
-                rates.append(prefill / (time.perf_counter() - t))
-        out[f"pp{prefill}_d{depth}"] = statistics.fmean(rates)
-        pool.truncate(0, depth)
-        out[f"tg{steps}_d{depth}"] = decode_rate(pool, [0], steps, rng, n_vocab, forward_only=True)
-    return out
-
-
-def measure_numpy(reference_factory: Any, n_vocab: int) -> dict[str, float]:
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    ref = reference_factory()
-    t = time.perf_counter()
-    ref.forward(rng.integers(0, n_vocab, 128))
-    pp = 128 / (time.perf_counter() - t)
-    ref = reference_factory()
-    steps, token = 16, int(rng.integers(0, n_vocab))
-    t = time.perf_counter()
-    for _ in range(steps):
-        token = int(np.argmax(ref.forward(np.array([token]))))
-    return {"pp128": pp, "tg16": steps / (time.perf_counter() - t)}
 
 
 def run(args: argparse.Namespace) -> int:

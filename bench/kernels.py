@@ -138,7 +138,7 @@ def check(kt: Any, ref: Any, type_id: int, type_name: str, n_in: int, rng: np.ra
 
 def run(args: argparse.Namespace) -> int:
     from gguf import GGMLQuantizationType
-    from slotserve.bench.engine import machine
+    from slotserve.bench.machine import machine
     from slotserve.engine_ext import _engine
 
     if args.n_in % 256 or args.n_in < 256 or args.n_out < 8:

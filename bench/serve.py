@@ -57,7 +57,8 @@ from pathlib import Path
 from typing import Any
 
 from .bandwidth import decode_weight_bytes, read_bandwidth, triad_bandwidth
-from .engine import decode_rate, machine
+from .engine_measure import decode_rate
+from .machine import machine
 from .serve_client import StreamResult, raw_stream
 from .serve_server import free_port, server_cpu_seconds, start_server, stop_server, wait_ready
 

@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 from slotserve.bench import engine as bench_engine
-from slotserve.bench import synthetic
+from slotserve.bench import engine_measure, synthetic
 from slotserve.bench.synthetic import PRESETS, shrunk
 
 
@@ -46,8 +46,8 @@ class RecordingPool:
 def test_batch_ratio_pairs_both_sizes_at_the_same_positions_and_tokens() -> None:
     pool = RecordingPool(4, 50)
     pairs = 23
-    result = bench_engine.batch_ratio(pool, 50, pairs, np.random.default_rng(0))
-    n_slots, warm, ctx = bench_engine.RATIO_SLOTS, bench_engine.RATIO_WARMUP, bench_engine.RATIO_CONTEXT
+    result = engine_measure.batch_ratio(pool, 50, pairs, np.random.default_rng(0))
+    n_slots, warm, ctx = engine_measure.RATIO_SLOTS, engine_measure.RATIO_WARMUP, engine_measure.RATIO_CONTEXT
     calls = pool.calls
     assert len(calls) == 2 * (warm + pairs)
     for i in range(warm + pairs):
@@ -62,7 +62,7 @@ def test_batch_ratio_pairs_both_sizes_at_the_same_positions_and_tokens() -> None
             assert [tok for _, tok, _ in batch] == [next_token(prev[s], s, 50) for s in range(n_slots)]
     assert all(len(t) == ctx + warm + pairs for t in pool.tokens)
     assert result["pairs"] == pairs and result["positions"] == [ctx + warm, ctx + warm + pairs - 1]
-    assert len(result["blocks"]) == pairs // bench_engine.RATIO_BLOCK == 2
+    assert len(result["blocks"]) == pairs // engine_measure.RATIO_BLOCK == 2
     assert result["ratio"] > 0 and result["step_ms_1"] > 0 and result[f"step_ms_{n_slots}"] > 0
 
 

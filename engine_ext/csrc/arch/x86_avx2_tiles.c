@@ -86,9 +86,6 @@ T_AI __m256i t_runs(const __m256i *q, const int8_t *a, int j0, int n) {
     return _mm256_add_epi16(p0, p1);
 }
 
-/* 4-bit quants: all 8 runs in int16, widened by sc (int16 pairs: ones, or a K sub-block's scale) */
-T_AI __m256i t_dot4(const __m256i *q, const int8_t *a, __m256i sc) { return _mm256_madd_epi16(t_runs(q, a, 0, 8), sc); }
-
 /* 5-bit quants: two halves of 4 runs */
 T_AI __m256i t_dot5(const __m256i *q, const int8_t *a, __m256i sc) {
     return _mm256_add_epi32(_mm256_madd_epi16(t_runs(q, a, 0, 4), sc), _mm256_madd_epi16(t_runs(q, a, 4, 4), sc));
@@ -186,18 +183,37 @@ T_AI void tg_k4(int tk, const char *g, int nss, const t_act *t, __m256 *acc, __m
         const __m256 d8 = t_ph(dp);
         for (int c = 0; c < 4; c++)
             for (int half = 0; half < 2; half++) {
+                const __m256i scv = scale_pairs_u8(sc[2 * c + half]);
+                const int b = 8 * s + 2 * c + half; /* the activation block in the slice */
+                if (!five) {
+                    /* Q4_K: runs 0-3 of every row (their int16 sums in part), then runs 4-7 and
+                     * the float step: 4 quant registers live, not 8 (as tg_q6_K; Q5_K measured
+                     * no faster so) */
+                    __m256i part[T_ROWS];
+                    for (int r4 = 0; r4 < 8; r4 += 4) {
+                        __m256i q[4];
+                        for (int rr = 0; rr < 4; rr++) {
+                            const __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 32 * (8 * c + r4 + rr)));
+                            q[rr] = half ? _mm256_and_si256(_mm256_srli_epi16(w, 4), low4) : _mm256_and_si256(w, low4);
+                        }
+                        if (r4 == 0) {
+                            T_UNROLL for (int i = 0; i < T_ROWS; i++) part[i] = t_runs(q, t->qs[b][i], 0, 4);
+                        } else {
+                            T_UNROLL for (int i = 0; i < T_ROWS; i++) {
+                                const __m256i p = _mm256_add_epi16(part[i], t_runs(q, t->qs[b][i] + 16, 0, 4));
+                                T_FMA(_mm256_madd_epi16(p, scv), i);
+                            }
+                        }
+                    }
+                    continue;
+                }
                 __m256i q[8];
                 for (int rr = 0; rr < 8; rr++) {
                     const __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 32 * (8 * c + rr)));
                     q[rr] = half ? _mm256_and_si256(_mm256_srli_epi16(w, 4), low4) : _mm256_and_si256(w, low4);
-                    if (five) q[rr] = _mm256_or_si256(q[rr], bit_to_4(_mm256_loadu_si256((const __m256i *)(qh + 32 * rr)), 2 * c + half));
+                    q[rr] = _mm256_or_si256(q[rr], bit_to_4(_mm256_loadu_si256((const __m256i *)(qh + 32 * rr)), 2 * c + half));
                 }
-                const __m256i scv = scale_pairs_u8(sc[2 * c + half]);
-                const int b = 8 * s + 2 * c + half; /* the activation block in the slice */
-                T_UNROLL for (int i = 0; i < T_ROWS; i++) {
-                    const __m256i isum = five ? t_dot5(q, t->qs[b][i], scv) : t_dot4(q, t->qs[b][i], scv);
-                    T_FMA(isum, i);
-                }
+                T_UNROLL for (int i = 0; i < T_ROWS; i++) T_FMA(t_dot5(q, t->qs[b][i], scv), i);
             }
     }
     /* the mins (x86_gemm_k.h k4_min_correction's operations, per super-block in order) */

@@ -135,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
 
     import numpy as np
     from slotserve.engine_ext import SlotPool
+    from slotserve.engine_ext.errors import ModelOpenError
     from slotserve.engine_ext.loader import read_model
     from slotserve.engine_ext.model_cache import resolve_model
 
@@ -188,7 +189,10 @@ def run(args: argparse.Namespace) -> int:
     ref_factory = (lambda: NumpyLlama(model, 512)) if use_numpy else None
     kv = {"swa_full": args.swa_full, "kv_dtype": args.kv_type}
     t_load = time.perf_counter()
-    pool = SlotPool(model, 4, ctx_len, threads=max(threads), **kv)
+    try:
+        pool = SlotPool(model, 4, ctx_len, threads=max(threads), **kv)
+    except ValueError as exc:  # e.g. --kv-type q8_0 on heads not a multiple of 32: one line, as `serve`
+        raise ModelOpenError(f"{path}: {exc}") from None
     info["load_s"] = round(time.perf_counter() - t_load, 1)  # weights repacked, KV allocated
     info["kernel_variant"] = pool.kernel_variant
     info["kv_type"] = args.kv_type

@@ -67,6 +67,13 @@ def test_ctx_size_over_the_trained_context_is_refused(tiny_model_factory):
     assert forced.pool.ctx_len == 512
 
 
+def test_bench_engine_refuses_a_kv_type_the_heads_cannot_take(tiny_model_factory):
+    # the tiny fixture's heads are 16 wide; q8_0 KV blocks are 32 (the pool's ValueError, as serve shows it)
+    path = tiny_model_factory("Q8_0")
+    result = run_cli(*COMMANDS["bench"], str(path), "--kv-type", "q8_0")
+    assert_one_line_error(result, str(path), "kv_dtype q8_0 needs a head_dim that is a multiple of 32")
+
+
 def test_unsupported_is_an_open_error_and_a_value_error():
     assert issubclass(UnsupportedModelError, ModelOpenError) and issubclass(ModelOpenError, ValueError)
 

@@ -20,7 +20,7 @@ A decode step of a dense model reads every weight once, so on a shared host its 
 the memory bandwidth the host gives at that minute. `--probe` measures it before each run
 (reading a 256 MiB array on --threads threads with the engine's C read loop, best of 5: bench
 serve's read probe) and prints, for tg, the weight bytes each side read per second (tg x
-`decode_bytes`: the file's tensors, less the token embedding when the file has an output matrix)
+`decode_bytes`: the file's tensors, less the token embedding when the output is not tied to it)
 as a fraction of that probe. The fraction says how close each side is to the host's bound in
 that round, which a ratio alone cannot: one round's ratio moves with the host, the fractions do
 not. The builds' own processes do all the timed work, so this also runs builds whose C
@@ -133,21 +133,20 @@ def targets(args: argparse.Namespace) -> list[Target]:
 
 
 def decode_bytes(path: Path) -> int | None:
-    """Weight bytes one decode token reads from `path`: every tensor, less the token embedding
-    when an output matrix is stored beside it (then only one embedding row is read). None for a
-    mixture of experts (a token reads only its experts) or a file gguf cannot read."""
-    from gguf import GGUFReader
+    """Weight bytes one decode token reads from `path` (bandwidth.decode_weight_bytes: every
+    tensor, less the token embedding when the output is not tied to it). None for a mixture of
+    experts (a token reads only its experts) or a file the engine cannot open."""
+    from slotserve.engine_ext.gguf_file import load_model_file
+
+    from .bandwidth import decode_weight_bytes
 
     try:
-        tensors = {t.name: int(t.n_bytes) for t in GGUFReader(str(path)).tensors}
-    except (ValueError, OSError, IndexError):  # not a GGUF, or cut short
+        model = load_model_file(path)
+    except ValueError:  # not a GGUF, cut short, or not a model the engine runs
         return None
-    if any("_exps" in name for name in tensors):
+    if any("_exps" in name for name in model.tensors):
         return None
-    total = sum(tensors.values())
-    if "output.weight" in tensors:
-        total -= tensors.get("token_embd.weight", 0)
-    return total
+    return decode_weight_bytes(model)
 
 
 def probe_gb_s(threads: int) -> float:

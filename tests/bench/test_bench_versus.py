@@ -114,27 +114,22 @@ def test_a_synthetic_preset_is_timed_at_pp512_and_tg128(
     assert (target.pp, target.tg, target.engine_args) == (512, 128, ("--synthetic", "lfm2-350m"))
 
 
-def _gguf(path: Path, tensors: dict[str, int]) -> Path:
-    import gguf
-    import numpy as np
+def _tensor_bytes(path: Path) -> dict[str, int]:
+    from gguf import GGUFReader
 
-    w = gguf.GGUFWriter(str(path), "llama")
-    for name, n in tensors.items():
-        w.add_tensor(name, np.zeros(n, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return {t.name: int(t.n_bytes) for t in GGUFReader(str(path)).tensors}
 
 
 def test_decode_bytes_counts_what_a_token_reads(tmp_path: Path) -> None:
-    tied = _gguf(tmp_path / "tied.gguf", {"token_embd.weight": 64, "blk.0.ffn_up.weight": 32})
-    assert versus.decode_bytes(tied) == (64 + 32) * 4  # the embedding is the output head: read whole
-    untied = _gguf(tmp_path / "untied.gguf", {"token_embd.weight": 64, "output.weight": 64, "blk.0.x": 8})
-    assert versus.decode_bytes(untied) == (64 + 8) * 4
-    moe = _gguf(tmp_path / "moe.gguf", {"token_embd.weight": 64, "blk.0.ffn_up_exps.weight": 32})
-    assert versus.decode_bytes(moe) is None
+    from gguf_fixtures import write_tiny_llama, write_tiny_model
+
+    tied = _tensor_bytes(write_tiny_llama(tmp_path / "tied.gguf"))
+    assert "output.weight" not in tied  # the embedding is the output head: read whole
+    assert versus.decode_bytes(tmp_path / "tied.gguf") == sum(tied.values())
+    untied = _tensor_bytes(write_tiny_llama(tmp_path / "untied.gguf", tied=False))
+    want = sum(untied.values()) - untied["token_embd.weight"]  # one embedding row a token
+    assert versus.decode_bytes(tmp_path / "untied.gguf") == want
+    assert versus.decode_bytes(write_tiny_model(tmp_path / "moe.gguf", "qwen3moe")) is None
     (tmp_path / "bad.gguf").write_bytes(b"GGUF")
     assert versus.decode_bytes(tmp_path / "bad.gguf") is None
 

@@ -61,10 +61,10 @@ class Run:
     who: str  # "llama-bench" or a build's label
     round: int
     load: float  # 1-minute load average before the run
-    probe: float | None  # read bandwidth before the run, GB/s (--probe)
     pp: float | None  # tokens/s
     tg: float | None
     extra: dict[str, Any] = field(default_factory=dict)
+    probe: float | None = None  # read bandwidth before the run, GB/s (--probe)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -169,36 +169,25 @@ def _run_json(argv: list[str]) -> Any:
         raise SystemExit(f"{' '.join(argv)}: output is not JSON ({exc})") from None
 
 
-def run_llama(exe: str, t: Target, rnd: int, threads: int, reps: int, depth: int, probe: bool = False) -> Run:
+def run_llama(exe: str, t: Target, rnd: int, threads: int, reps: int, depth: int) -> Run:
     argv = [exe, "-m", str(t.path), "-t", str(threads), "-p", str(t.pp), "-n", str(t.tg), "-r", str(reps)]
     argv += ["-o", "json", "-d", str(depth)]
-    bw = probe_gb_s(threads) if probe else None
     load = _load()
     rows = _run_json(argv)
     pp = next((r["avg_ts"] for r in rows if r.get("n_prompt") == t.pp and r.get("n_gen") == 0), None)
     tg = next((r["avg_ts"] for r in rows if r.get("n_gen") == t.tg and r.get("n_prompt") == 0), None)
     build = {k: rows[0].get(k) for k in ("build_commit", "build_number", "cpu_info")} if rows else {}
-    return Run("llama-bench", rnd, load, bw, pp, tg, build)
+    return Run("llama-bench", rnd, load, pp, tg, build)
 
 
-def run_build(
-    label: str,
-    prefix: list[str],
-    t: Target,
-    rnd: int,
-    threads: int,
-    reps: int,
-    depth: int,
-    probe: bool = False,
-) -> Run:
+def run_build(label: str, prefix: list[str], t: Target, rnd: int, threads: int, reps: int, depth: int) -> Run:
     argv = prefix + ["bench", "engine", *t.engine_args, "--threads", str(threads), "--reps", str(reps)]
     argv += ["--no-numpy", "--json", "--depth", str(depth)]
-    bw = probe_gb_s(threads) if probe else None
     load = _load()
     info = _run_json(argv)
     res = info["results"][f"threads={threads}"]
     pp, tg = res.get(f"pp{t.pp}_d{depth}"), res.get(f"tg{t.tg}_d{depth}")
-    return Run(label, rnd, load, bw, pp, tg, {"kernel_variant": info.get("kernel_variant")})
+    return Run(label, rnd, load, pp, tg, {"kernel_variant": info.get("kernel_variant")})
 
 
 def ratios(runs: list[Run]) -> dict[str, dict[str, list[float | None]]]:
@@ -256,12 +245,14 @@ def run(args: argparse.Namespace) -> int:
             if rnd % 2 == 0:
                 order.reverse()
             for who, prefix in order:
+                bw = probe_gb_s(args.threads) if args.probe else None  # right before the run
                 if prefix is None:
-                    r = run_llama(args.llama_bench, t, rnd, args.threads, args.reps, args.depth, args.probe)
+                    r = run_llama(args.llama_bench, t, rnd, args.threads, args.reps, args.depth)
                 else:
-                    r = run_build(who, prefix, t, rnd, args.threads, args.reps, args.depth, args.probe)
+                    r = run_build(who, prefix, t, rnd, args.threads, args.reps, args.depth)
                 runs.append(r)
-                if r.probe is not None:
+                if bw is not None:
+                    r.probe = bw
                     r.extra["tg_read_fraction"] = read_fraction(r, nbytes)
                 if not args.json:
                     line = (

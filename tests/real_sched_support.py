@@ -70,10 +70,14 @@ Cold = Callable[
 
 
 async def multi_turn_and_identical_repeat(
-    open_pool: Callable[..., Any], sched_for: Callable[..., Scheduler], cold: Cold
+    open_pool: Callable[..., Any],
+    sched_for: Callable[..., Scheduler],
+    cold: Cold,
+    resend_source: ReuseSource | None = None,
 ) -> None:
     """Turn 2 rewinds to turn 1's prompt and reply (all but the last reply token, 150 + 7);
-    an identical resend reuses all but one token; warm == cold for both."""
+    an identical resend reuses all but one token (from `resend_source` when given: a recurrent
+    slot cannot rewind by one, it restores the prompt-end checkpoint); warm == cold for both."""
     pool, tok = open_pool(2)
     turn1 = random_ids(1, 150)
     async with sched_for(pool, tok) as sched:
@@ -87,6 +91,8 @@ async def multi_turn_and_identical_repeat(
         before = pool.num_computed_tokens
         c = await collect(sched.submit(make_request(turn2, 8)))
         assert (c.finish.reuse.reused_tokens, c.finish.reuse.prefilled_tokens) == (len(turn2) - 1, 1)
+        if resend_source is not None:
+            assert c.finish.reuse.source is resend_source
         assert pool.num_computed_tokens - before == 1 + 7
         await sched.check_integrity()
     assert a.tokens == await cold(open_pool, turn1, 8)

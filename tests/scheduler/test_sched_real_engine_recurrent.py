@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 from real_sched_support import (
     cold_run,
+    multi_turn_and_identical_repeat,
     n_choices_fork_the_prompt_once,
     real_scheduler,
 )
@@ -73,22 +74,7 @@ async def cold(open_pool, prompt, max_tokens) -> list[int]:
 
 
 async def test_multi_turn_extends_the_live_slot_and_a_resend_restores_the_prompt_end(open_pool):
-    pool, tok = open_pool(2)
-    turn1 = ids(1, 150)
-    async with sched_for(pool, tok) as sched:
-        a = await collect(sched.submit(make_request(turn1, 8)))
-        turn2 = turn1 + a.tokens + ids(2, 40)
-        before = pool.num_computed_tokens
-        b = await collect(sched.submit(make_request(turn2, 8)))
-        assert reuse(b) == (ReuseSource.REWIND, 150 + 7)  # the live slot, extended in place
-        assert pool.num_computed_tokens - before == len(turn2) - 157 + 7
-        before = pool.num_computed_tokens
-        c = await collect(sched.submit(make_request(turn2, 8)))  # regenerate
-        assert reuse(c) == (ReuseSource.CHECKPOINT_MEMORY, len(turn2) - 1)
-        assert pool.num_computed_tokens - before == 1 + 7
-        await sched.check_integrity()
-    assert a.tokens == await cold(open_pool, turn1, 8)
-    assert b.tokens == c.tokens == await cold(open_pool, turn2, 8)
+    await multi_turn_and_identical_repeat(open_pool, sched_for, cold, ReuseSource.CHECKPOINT_MEMORY)
 
 
 async def test_abort_during_prefill_then_resend_extends_what_was_computed(open_pool):

@@ -1,4 +1,5 @@
-"""Helpers for kernel tests: the CPU-feature skips (needs_avx2, needs_vnni), the weight types
+"""Helpers for kernel tests: the CPU-feature skips (needs_avx2, needs_vnni), the kernel variants
+this CPU runs (VARIANTS), the weight types
 and the shared tolerance, random weights in file layout (weight_bytes), tolerance checks that
 name the largest difference, and the float64 values of 8-bit activation blocks."""
 
@@ -12,6 +13,12 @@ from slotserve.engine_ext import _engine
 
 needs_avx2 = pytest.mark.skipif(not _engine.avx2_supported(), reason="this CPU has no AVX2/FMA/F16C")
 needs_vnni = pytest.mark.skipif(not _engine.avx512vnni_supported(), reason="this CPU has no AVX512-VNNI")
+# The kernel tables this CPU can run, portable first (names for _engine.KernelTable).
+VARIANTS = (
+    ["scalar"]
+    + (["avx2"] if _engine.avx2_supported() else [])
+    + (["avx512vnni"] if _engine.avx512vnni_supported() else [])
+)
 
 BLOCK_TYPES = ("Q8_0", "Q4_0", "Q4_1")
 FLOAT_TYPES = ("F32", "F16")

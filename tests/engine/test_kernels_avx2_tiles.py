@@ -13,9 +13,10 @@ from engine_support import make_pool, random_tokens
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 from gguf_fixtures import random_blocks, write_tiny_llama
+from kernel_support import needs_avx2
 from slotserve.engine_ext import _engine
 
-pytestmark = pytest.mark.skipif(not _engine.avx2_supported(), reason="this CPU has no AVX2/FMA/F16C")
+pytestmark = needs_avx2
 
 TILED = ("Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 ROW_GROUP_ONLY = ("Q4_0", "Q4_1", "Q8_0")  # x86_gemm_x8.h's row groups: the tiles measured slower

@@ -6,13 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kernel_support import VARIANTS, needs_avx2, needs_vnni
 from slotserve.engine_ext import _engine
-
-VARIANTS = (
-    ["scalar"]
-    + (["avx2"] if _engine.avx2_supported() else [])
-    + (["avx512vnni"] if _engine.avx512vnni_supported() else [])
-)
 
 
 def numpy_shortconv(gate: np.ndarray, rows: list, w: np.ndarray) -> np.ndarray:
@@ -46,7 +41,7 @@ def test_shortconv_matches_numpy_exactly(variant, dtype, n, taps, missing):
     assert np.array_equal(got, want), f"largest difference {np.abs(got - want).max()}"
 
 
-@pytest.mark.skipif(not _engine.avx2_supported(), reason="this CPU has no AVX2/F16C")
+@needs_avx2
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_shortconv_avx2_identical_to_generic_at_random_sizes(dtype):
     generic, avx2 = _engine.KernelTable("scalar"), _engine.KernelTable("avx2")
@@ -58,7 +53,7 @@ def test_shortconv_avx2_identical_to_generic_at_random_sizes(dtype):
         assert np.array_equal(a, b), f"n={n} taps={taps}: largest difference {np.abs(a - b).max()}"
 
 
-@pytest.mark.skipif(not _engine.avx512vnni_supported(), reason="this CPU has no AVX-512")
+@needs_vnni
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_shortconv_avx512_identical_to_generic_at_random_sizes(dtype):
     generic, wide = _engine.KernelTable("scalar"), _engine.KernelTable("avx512vnni")

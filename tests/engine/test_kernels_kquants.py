@@ -10,7 +10,14 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 from gguf_fixtures import random_blocks
-from kernel_support import assert_close, assert_gemm_rows_independent, dequantized_activations
+from kernel_support import (
+    VARIANTS,
+    assert_close,
+    assert_gemm_rows_independent,
+    dequantized_activations,
+    needs_avx2,
+    needs_vnni,
+)
 from slotserve.engine_ext import _engine
 
 K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
@@ -22,13 +29,6 @@ SUM_RTOL = 2e-6
 # Row decoding: the same products as gguf's dequantizers, in float32.
 DEQUANT_RTOL = 1e-6
 
-VARIANTS = (
-    ["scalar"]
-    + (["avx2"] if _engine.avx2_supported() else [])
-    + (["avx512vnni"] if _engine.avx512vnni_supported() else [])
-)
-needs_avx2 = pytest.mark.skipif(not _engine.avx2_supported(), reason="this CPU has no AVX2/FMA/F16C")
-needs_vnni = pytest.mark.skipif(not _engine.avx512vnni_supported(), reason="this CPU has no AVX512-VNNI")
 # The types whose matmuls the avx512vnni variant runs on vpdpbusd (Q2_K, Q3_K stay on AVX2).
 VNNI_TYPES = ("Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 

@@ -7,13 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kernel_support import VARIANTS
 from slotserve.engine_ext import _engine
 
-TABLES = (
-    ["scalar"]
-    + (["avx2"] if _engine.avx2_supported() else [])
-    + (["avx512vnni"] if _engine.avx512vnni_supported() else [])
-)
 WIDTHS = (1, 7, 16, 24, 33, 128)  # d_state: tail only, one block, block + tail, Granite 4.0 H's 128
 
 
@@ -37,7 +33,7 @@ def test_scan_matches_numpy(n, p):
     np.testing.assert_allclose(y, want_s @ C.astype(np.float64), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("table", TABLES[1:])
+@pytest.mark.parametrize("table", VARIANTS[1:])
 @pytest.mark.parametrize("n", WIDTHS)
 @pytest.mark.parametrize("in_place", [True, False])
 def test_every_variant_equals_the_reference_bit_for_bit(table, n, in_place):
@@ -49,7 +45,7 @@ def test_every_variant_equals_the_reference_bit_for_bit(table, n, in_place):
         assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
 
-@pytest.mark.parametrize("table", TABLES)
+@pytest.mark.parametrize("table", VARIANTS)
 def test_out_of_place_writes_every_element_and_reads_only_src(table):
     kt = _engine.KernelTable(table)
     S, x, B, C = inputs(3, 40, seed=5)

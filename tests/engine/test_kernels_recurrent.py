@@ -7,17 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kernel_support import VARIANTS, needs_avx2, needs_vnni
 from slotserve.engine_ext import _engine
 
-TABLES = (
-    ["scalar"]
-    + (["avx2"] if _engine.avx2_supported() else [])
-    + (["avx512vnni"] if _engine.avx512vnni_supported() else [])
-)
 SIZES = (1, 7, 8, 13, 33, 128)
 
 
-@pytest.fixture(params=TABLES)
+@pytest.fixture(params=VARIANTS)
 def kt(request) -> _engine.KernelTable:
     return _engine.KernelTable(request.param)
 
@@ -89,7 +85,7 @@ def test_ssm_conv_out_of_place_equals_in_place(kt, n, taps):
     assert np.array_equal(out_o, out_i) and np.array_equal(tail_o, tail_i)
 
 
-@pytest.mark.skipif(not _engine.avx2_supported(), reason="this CPU has no AVX2/FMA")
+@needs_avx2
 @pytest.mark.parametrize("d", SIZES)
 def test_avx2_matches_reference_over_many_tokens(d):
     """Forty tokens of the delta rule on one state: AVX2 stays within float rounding of the
@@ -107,10 +103,7 @@ def test_avx2_matches_reference_over_many_tokens(d):
     np.testing.assert_allclose(s_a, s_g, rtol=1e-4, atol=1e-5)
 
 
-needs_avx512 = pytest.mark.skipif(not _engine.avx512vnni_supported(), reason="this CPU has no AVX-512")
-
-
-@needs_avx512
+@needs_vnni
 @pytest.mark.parametrize("d", SIZES + (2, 9, 16, 17, 24, 100))
 def test_avx512_gdn_step_identical_to_avx2_over_many_tokens(d):
     """The avx512vnni table's delta rule (two state rows a vector, 8 rows in flight) equals
@@ -129,7 +122,7 @@ def test_avx512_gdn_step_identical_to_avx2_over_many_tokens(d):
         assert np.array_equal(s_w, s_a)
 
 
-@needs_avx512
+@needs_vnni
 @pytest.mark.parametrize("n", SIZES + (16, 17, 40))
 @pytest.mark.parametrize("taps", [2, 4])
 def test_avx512_ssm_conv_identical_to_avx2(n, taps):

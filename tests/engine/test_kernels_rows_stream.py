@@ -12,6 +12,7 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
 from gguf_fixtures import random_blocks
+from kernel_support import needs_vnni
 from slotserve.engine_ext import _engine
 
 STREAM_MIN_OUT = 65536  # x86_vnni_rows.c
@@ -20,7 +21,7 @@ N_OUT = STREAM_MIN_OUT + 24  # three row groups more: an odd number of groups
 CASES = [("Q8_0", 64), ("Q5_0", 64), ("Q5_1", 64), ("Q4_K", 256), ("Q5_K", 256), ("Q6_K", 256)]
 
 
-@pytest.mark.skipif(not _engine.avx512vnni_supported(), reason="this CPU has no AVX512-VNNI")
+@needs_vnni
 @pytest.mark.parametrize(("type_name", "k"), CASES)
 def test_streamed_output_identical_to_avx2(type_name, k):
     avx2, vnni = _engine.KernelTable("avx2"), _engine.KernelTable("avx512vnni")

@@ -62,7 +62,6 @@ from gguf_fixtures_weights import (
     MORE_WEIGHT_TYPES,
     WEIGHT_MIXES,
     WEIGHT_TYPES,
-    add_random_weight,
     random_blocks,
 )
 
@@ -81,7 +80,6 @@ __all__ = [
     "TINY_MERGES",
     "WEIGHT_MIXES",
     "WEIGHT_TYPES",
-    "add_random_weight",
     "add_tiny_tokenizer",
     "byte_to_unicode",
     "random_blocks",

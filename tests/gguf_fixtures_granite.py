@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFWriter
 from gguf_fixtures_vocab import CHATML_TEMPLATE, add_tiny_tokenizer, tiny_vocab
-from gguf_fixtures_weights import _add, add_random_weight
+from gguf_fixtures_weights import RandomTensors, _add
 
 # 5 layers, attention on 1 and 3 (head_count_kv 0 on the Mamba2 ones); 8 Mamba2 heads of 16
 # channels in 2 groups (heads 0-3 read group 0, 4-7 group 1); a state of 24 per channel (one
@@ -77,10 +77,6 @@ def write_tiny_granite(
     all_scales = {"embedding_scale": 2.0, "residual_scale": 0.5, "attention.scale": 0.2, "logit_scale": 1.5}
     all_scales.update(scales or {})
 
-    def type_of(name: str) -> str:
-        kind = name.removesuffix(".weight").split(".")[-1]
-        return overrides.get(name, overrides.get(kind, weight_type))
-
     w = GGUFWriter(path, arch)
     w.add_name(f"tiny-granitehybrid-{weight_type}")
     w.add_block_count(n_layers)
@@ -110,14 +106,7 @@ def write_tiny_granite(
     w.add_uint32(f"{arch}.ssm.inner_size", inner)
     add_tiny_tokenizer(w, tokens, token_types, merges, CHATML_TEMPLATE)
 
-    def add_weight(name: str, rows: int, cols: int, scale: float) -> None:
-        add_random_weight(w, rng, name, type_of(name), rows, cols, scale)
-
-    def add_vec(name: str, values: np.ndarray) -> None:
-        w.add_tensor(name, values.astype(np.float32))
-
-    def add_norm(name: str, n: int = dim) -> None:
-        add_vec(name, 1.0 + 0.1 * rng.standard_normal(n))
+    t = RandomTensors(w, rng, weight_type, overrides, dim)
 
     def add_experts(p: str, n: int, shared: int) -> None:
         router = (rng.standard_normal((n, dim)) * dim**-0.5).astype(np.float32)
@@ -129,44 +118,41 @@ def write_tiny_granite(
             ("ffn_down_exps", dim, ffn_dim, 4.0 * ffn_dim**-0.5),
         ):
             values = (rng.standard_normal((n, rows, cols)) * scale).astype(np.float32)
-            _add(w, p + name + ".weight", values, type_of(name))
+            _add(w, p + name + ".weight", values, t.type_of(name))
         if shared:
-            add_weight(p + "ffn_gate_shexp.weight", shared, dim, dim**-0.5)
-            add_weight(p + "ffn_up_shexp.weight", shared, dim, dim**-0.5)
-            add_weight(p + "ffn_down_shexp.weight", dim, shared, 4.0 * shared**-0.5)
+            t.weight(p + "ffn_gate_shexp.weight", shared, dim, dim**-0.5)
+            t.weight(p + "ffn_up_shexp.weight", shared, dim, dim**-0.5)
+            t.weight(p + "ffn_down_shexp.weight", dim, shared, 4.0 * shared**-0.5)
 
-    add_weight("token_embd.weight", n_vocab, dim, 0.25)
+    t.weight("token_embd.weight", n_vocab, dim, 0.25)
     for i in range(n_layers):
         p = f"blk.{i}."
-        add_norm(p + "attn_norm.weight")
+        t.norm(p + "attn_norm.weight")
         if i not in attention_layers:
-            add_weight(p + "ssm_in.weight", in_proj, dim, dim**-0.5)
-            add_vec(p + "ssm_conv1d.weight", 0.5 * rng.standard_normal((conv_dim, conv)))
-            add_vec(p + "ssm_conv1d.bias", 0.1 * rng.standard_normal(conv_dim))
-            add_vec(p + "ssm_dt.bias", 0.5 * rng.standard_normal(n_heads_ssm))
-            add_vec(p + "ssm_a", -np.exp(rng.uniform(-1.5, 0.5, (n_heads_ssm, 1))))
-            add_vec(p + "ssm_d", rng.uniform(0.5, 1.5, (n_heads_ssm, 1)))
-            add_vec(p + "ssm_norm.weight", 1.0 + 0.1 * rng.standard_normal((n_group, inner // n_group)))
-            add_weight(p + "ssm_out.weight", dim, inner, 4.0 * inner**-0.5)
+            t.weight(p + "ssm_in.weight", in_proj, dim, dim**-0.5)
+            t.vec(p + "ssm_conv1d.weight", 0.5 * rng.standard_normal((conv_dim, conv)))
+            t.vec(p + "ssm_conv1d.bias", 0.1 * rng.standard_normal(conv_dim))
+            t.vec(p + "ssm_dt.bias", 0.5 * rng.standard_normal(n_heads_ssm))
+            t.vec(p + "ssm_a", -np.exp(rng.uniform(-1.5, 0.5, (n_heads_ssm, 1))))
+            t.vec(p + "ssm_d", rng.uniform(0.5, 1.5, (n_heads_ssm, 1)))
+            t.vec(p + "ssm_norm.weight", 1.0 + 0.1 * rng.standard_normal((n_group, inner // n_group)))
+            t.weight(p + "ssm_out.weight", dim, inner, 4.0 * inner**-0.5)
         else:
-            add_weight(p + "attn_q.weight", q_dim, dim, dim**-0.5)
-            add_weight(p + "attn_k.weight", kv_dim, dim, dim**-0.5)
-            add_weight(p + "attn_v.weight", kv_dim, dim, dim**-0.5)
-            add_weight(p + "attn_output.weight", dim, q_dim, 4.0 * q_dim**-0.5)
-        add_norm(p + "ffn_norm.weight")
+            t.weight(p + "attn_q.weight", q_dim, dim, dim**-0.5)
+            t.weight(p + "attn_k.weight", kv_dim, dim, dim**-0.5)
+            t.weight(p + "attn_v.weight", kv_dim, dim, dim**-0.5)
+            t.weight(p + "attn_output.weight", dim, q_dim, 4.0 * q_dim**-0.5)
+        t.norm(p + "ffn_norm.weight")
         if n_expert:
             add_experts(p, n_expert, shared_ffn)
             continue
-        add_weight(p + "ffn_gate.weight", ffn_dim, dim, dim**-0.5)
-        add_weight(p + "ffn_up.weight", ffn_dim, dim, dim**-0.5)
-        add_weight(p + "ffn_down.weight", dim, ffn_dim, 4.0 * ffn_dim**-0.5)
+        t.weight(p + "ffn_gate.weight", ffn_dim, dim, dim**-0.5)
+        t.weight(p + "ffn_up.weight", ffn_dim, dim, dim**-0.5)
+        t.weight(p + "ffn_down.weight", dim, ffn_dim, 4.0 * ffn_dim**-0.5)
     for name in extra_tensors:
-        add_vec(name, np.zeros(dim))
-    add_norm("output_norm.weight")
+        t.vec(name, np.zeros(dim))
+    t.norm("output_norm.weight")
     if not tied:
-        add_weight("output.weight", n_vocab, dim, 0.25)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+        t.weight("output.weight", n_vocab, dim, 0.25)
+    t.close()
     return path

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGUFWriter
 from gguf_fixtures_vocab import CHATML_TEMPLATE, add_tiny_tokenizer, tiny_vocab
-from gguf_fixtures_weights import add_random_weight
+from gguf_fixtures_weights import RandomTensors
 
 # qwen35's tiny fixture (write_tiny_qwen35): 5 layers, full_attention_interval 4 (layer 3 is
 # gated attention, 0-2 and 4 Gated DeltaNet), 4 value heads on 2 key heads (llama.cpp's tiled
@@ -70,10 +70,6 @@ def write_tiny_qwen35(
     q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
     arch = "qwen35"
 
-    def type_of(name: str) -> str:
-        kind = name.removesuffix(".weight").split(".")[-1]
-        return overrides.get(name, overrides.get(kind, weight_type))
-
     w = GGUFWriter(path, arch)
     w.add_name(f"tiny-qwen35-{weight_type}")
     w.add_block_count(n_layers)
@@ -98,45 +94,35 @@ def write_tiny_qwen35(
     w.add_uint32(f"{arch}.full_attention_interval", interval)
     add_tiny_tokenizer(w, tokens, token_types, merges, CHATML_TEMPLATE)
 
-    def add_weight(name: str, rows: int, cols: int, scale: float) -> None:
-        add_random_weight(w, rng, name, type_of(name), rows, cols, scale)
+    t = RandomTensors(w, rng, weight_type, overrides, dim)
 
-    def add_vec(name: str, values: np.ndarray) -> None:
-        w.add_tensor(name, values.astype(np.float32))
-
-    def add_norm(name: str, n: int = dim) -> None:
-        add_vec(name, 1.0 + 0.1 * rng.standard_normal(n))
-
-    add_weight("token_embd.weight", n_vocab, dim, 0.25)
+    t.weight("token_embd.weight", n_vocab, dim, 0.25)
     for i in range(n_layers):
         p = f"blk.{i}."
-        add_norm(p + "attn_norm.weight")
+        t.norm(p + "attn_norm.weight")
         if (i + 1) % interval != 0:
-            add_weight(p + "attn_qkv.weight", conv_dim, dim, dim**-0.5)
-            add_weight(p + "attn_gate.weight", value_dim, dim, dim**-0.5)
-            add_vec(p + "ssm_conv1d.weight", 0.5 * rng.standard_normal((conv_dim, ssm_conv)))
-            add_vec(p + "ssm_dt.bias", 0.5 * rng.standard_normal(ssm_v_heads))
-            add_vec(p + "ssm_a", -np.exp(rng.uniform(-2.0, 0.0, ssm_v_heads)))
-            add_weight(p + "ssm_beta.weight", ssm_v_heads, dim, dim**-0.5)
-            add_weight(p + "ssm_alpha.weight", ssm_v_heads, dim, dim**-0.5)
-            add_norm(p + "ssm_norm.weight", ssm_d_state)
-            add_weight(p + "ssm_out.weight", dim, value_dim, 4.0 * value_dim**-0.5)
+            t.weight(p + "attn_qkv.weight", conv_dim, dim, dim**-0.5)
+            t.weight(p + "attn_gate.weight", value_dim, dim, dim**-0.5)
+            t.vec(p + "ssm_conv1d.weight", 0.5 * rng.standard_normal((conv_dim, ssm_conv)))
+            t.vec(p + "ssm_dt.bias", 0.5 * rng.standard_normal(ssm_v_heads))
+            t.vec(p + "ssm_a", -np.exp(rng.uniform(-2.0, 0.0, ssm_v_heads)))
+            t.weight(p + "ssm_beta.weight", ssm_v_heads, dim, dim**-0.5)
+            t.weight(p + "ssm_alpha.weight", ssm_v_heads, dim, dim**-0.5)
+            t.norm(p + "ssm_norm.weight", ssm_d_state)
+            t.weight(p + "ssm_out.weight", dim, value_dim, 4.0 * value_dim**-0.5)
         else:
-            add_weight(p + "attn_q.weight", 2 * q_dim, dim, dim**-0.5)
-            add_weight(p + "attn_k.weight", kv_dim, dim, dim**-0.5)
-            add_weight(p + "attn_v.weight", kv_dim, dim, dim**-0.5)
-            add_norm(p + "attn_q_norm.weight", head_dim)
-            add_norm(p + "attn_k_norm.weight", head_dim)
-            add_weight(p + "attn_output.weight", dim, q_dim, 4.0 * q_dim**-0.5)
-        add_norm(p + "post_attention_norm.weight")
-        add_weight(p + "ffn_gate.weight", ffn_dim, dim, dim**-0.5)
-        add_weight(p + "ffn_up.weight", ffn_dim, dim, dim**-0.5)
-        add_weight(p + "ffn_down.weight", dim, ffn_dim, 4.0 * ffn_dim**-0.5)
-    add_norm("output_norm.weight")
+            t.weight(p + "attn_q.weight", 2 * q_dim, dim, dim**-0.5)
+            t.weight(p + "attn_k.weight", kv_dim, dim, dim**-0.5)
+            t.weight(p + "attn_v.weight", kv_dim, dim, dim**-0.5)
+            t.norm(p + "attn_q_norm.weight", head_dim)
+            t.norm(p + "attn_k_norm.weight", head_dim)
+            t.weight(p + "attn_output.weight", dim, q_dim, 4.0 * q_dim**-0.5)
+        t.norm(p + "post_attention_norm.weight")
+        t.weight(p + "ffn_gate.weight", ffn_dim, dim, dim**-0.5)
+        t.weight(p + "ffn_up.weight", ffn_dim, dim, dim**-0.5)
+        t.weight(p + "ffn_down.weight", dim, ffn_dim, 4.0 * ffn_dim**-0.5)
+    t.norm("output_norm.weight")
     if not tied:
-        add_weight("output.weight", n_vocab, dim, 0.25)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+        t.weight("output.weight", n_vocab, dim, 0.25)
+    t.close()
     return path

@@ -1,9 +1,13 @@
 """The weight writers every GGUF fixture writer here shares: the tensor types a fixture may use
 (WEIGHT_TYPES, MORE_WEIGHT_TYPES, K_TYPES, the WEIGHT_MIXES and K_DIMS), one tensor converted
-to its type (`_add`), random valid K-quant blocks of a wanted spread (`random_blocks`) and a
-random weight of either kind (`add_random_weight`)."""
+to its type (`_add`), random valid K-quant blocks of a wanted spread (`random_blocks`) and
+`RandomTensors`, a fixture's random weights, vectors and norms in their types (the qwen35 and
+granitehybrid writers')."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
@@ -52,17 +56,50 @@ _F16_FIELDS = {
 }
 
 
-def add_random_weight(
-    w: GGUFWriter, rng: np.random.Generator, name: str, type_name: str, rows: int, cols: int, scale: float
-) -> None:
-    """A [rows, cols] weight of std `scale` in `type_name`: random blocks for the K-quants, else
-    normal floats converted (the draws the qwen35 and granitehybrid fixtures' records were
-    written with)."""
-    if type_name in K_TYPES:
-        qtype = GGMLQuantizationType[type_name]
-        w.add_tensor(name, random_blocks(type_name, rows, cols, rng, std=scale), raw_dtype=qtype)
-    else:
-        _add(w, name, (rng.standard_normal((rows, cols)) * scale).astype(np.float32), type_name)
+@dataclass(frozen=True)
+class RandomTensors:
+    """One fixture's tensors added to `w` in the order called, drawn from `rng` (the draws'
+    order is the file's bytes, and the qwen35 and granitehybrid fixtures' records were written
+    with these: keep it). A 2-D weight is in `weight_type` unless `overrides` names the tensor,
+    or its kind (the name's last part before `.weight`); vectors and norms are F32."""
+
+    w: GGUFWriter
+    rng: np.random.Generator
+    weight_type: str
+    overrides: Mapping[str, str]
+    dim: int  # a norm's default length
+
+    def type_of(self, name: str) -> str:
+        """The type a weight of this name is written in."""
+        kind = name.removesuffix(".weight").split(".")[-1]
+        return self.overrides.get(name, self.overrides.get(kind, self.weight_type))
+
+    def weight(self, name: str, rows: int, cols: int, scale: float) -> None:
+        """A [rows, cols] weight of std `scale` in its type: random blocks for the K-quants,
+        else normal floats converted."""
+        type_name = self.type_of(name)
+        if type_name in K_TYPES:
+            qtype = GGMLQuantizationType[type_name]
+            self.w.add_tensor(
+                name, random_blocks(type_name, rows, cols, self.rng, std=scale), raw_dtype=qtype
+            )
+        else:
+            _add(self.w, name, (self.rng.standard_normal((rows, cols)) * scale).astype(np.float32), type_name)
+
+    def vec(self, name: str, values: np.ndarray) -> None:
+        """`values` as an F32 tensor of their shape."""
+        self.w.add_tensor(name, values.astype(np.float32))
+
+    def norm(self, name: str, n: int | None = None) -> None:
+        """A norm's weights of length n (default dim), 1 + N(0, 0.1^2)."""
+        self.vec(name, 1.0 + 0.1 * self.rng.standard_normal(self.dim if n is None else n))
+
+    def close(self) -> None:
+        """Write the file (header, keys, tensors) and close it."""
+        self.w.write_header_to_file()
+        self.w.write_kv_data_to_file()
+        self.w.write_tensors_to_file()
+        self.w.close()
 
 
 def _add(w: GGUFWriter, name: str, values: np.ndarray, type_name: str) -> None:

@@ -5,7 +5,8 @@ and stops the scheduler. Each route is built by `Gateway.route` (state.py), whic
 key when the route is protected and turns `APIError` into OpenAI's error JSON; any other
 exception is a bug in slotserve and becomes a logged 500. Request bodies are read under
 --max-body-bytes and decoded by msgspec into the Structs of `protocol.py`; the generation routes
-run the one skeleton of `endpoint.py` with `translate.py`'s plans and `openai_reply.py`'s answers.
+run the one skeleton of `endpoint.py` with `translate.py`'s plans and `openai_reply.py`'s answers
+(`openai_stream.py`'s streamed).
 
     route                        key   what
     POST /v1/chat/completions    yes   chat (stream or not)
@@ -43,7 +44,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import anthropic_api, endpoint, openai_reply, responses_api, router_compat, translate
+from . import anthropic_api, endpoint, openai_reply, openai_stream, responses_api, router_compat, translate
 from . import protocol as p
 from .config import ServeConfig
 from .endpoint import FrontDoor, Generation
@@ -122,7 +123,7 @@ CHAT = FrontDoor(
     OpenAIKind(
         "chatcmpl",
         translate.chat_completion_plan,
-        OpenAIAnswers(openai_reply.ChatStream, openai_reply.chat_completion),
+        OpenAIAnswers(openai_stream.ChatStream, openai_reply.chat_completion),
     ).plan,
 )
 COMPLETION = FrontDoor(
@@ -132,7 +133,7 @@ COMPLETION = FrontDoor(
     OpenAIKind(
         "cmpl",
         translate.completion_plan,
-        OpenAIAnswers(openai_reply.CompletionStream, openai_reply.completion),
+        OpenAIAnswers(openai_stream.CompletionStream, openai_reply.completion),
     ).plan,
 )
 

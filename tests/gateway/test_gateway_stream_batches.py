@@ -11,7 +11,7 @@ from typing import Any
 
 from gateway_support import MODEL, ASGIDriver, chat_body, make_runtime, serve_config, sse_events, wait_until
 from slotserve.gateway.app import create_app
-from slotserve.gateway.openai_reply import ChatStream
+from slotserve.gateway.openai_stream import ChatStream
 from slotserve.gateway.streaming import EventStream
 from slotserve.scheduler.request import FinishReason, GenerationRequest, SamplingParams, TokenEvent
 

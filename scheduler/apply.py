@@ -147,7 +147,7 @@ class StepApplier:
             elif seq.phase is Phase.DECODE:
                 seq.pending_token = None
                 self._on_logits(seq, result, k, now)
-            # else DONE: a chained step's row for a request that had ended, discarded (_trims)
+            # else DONE: a chained step's row for a request that had ended, discarded (row_trims.py)
             k += it.want_logits
 
     def _apply_forward_error(
@@ -245,7 +245,7 @@ class StepApplier:
 def _step_stats(plan: StepPlan, result: StepResult, ran: list[tuple[BatchItem, Sequence]]) -> StepStats:
     num_prefill = sum(len(it.tokens) for it, seq in ran if seq.phase is Phase.PREFILL)
     num_tokens = sum(len(it.tokens) for it, _ in ran)
-    # rows a chain computed for a request the loop had already ended (cut off by _trims)
+    # rows a chain computed for a request the loop had already ended (cut off by row_trims.py)
     num_discarded = sum(len(it.tokens) for it, seq in ran if seq.phase is Phase.DONE)
     return StepStats(
         result.forward_s,

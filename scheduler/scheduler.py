@@ -20,7 +20,7 @@ plan is nothing but plain decodes, the worker chains the following decode steps 
 (`chain.py`) and the loop applies each step while the engine computes the next, until
 something needs the loop to schedule (`_kick`: a submit, a cancel, a request it ended, a
 deadline); rows the worker computed for a request the loop had already ended are cut off in
-the next plan (`_trims`).
+the next plan (row_trims.py).
 
 The queue and who holds which slot are one `RequestTable` (request_table.py), shared with
 `Admission` (admission.py: queue order, routing, slot preparation, preemption), which returns
@@ -65,6 +65,7 @@ from .request import (
     SlotView,
 )
 from .request_table import RequestTable
+from .row_trims import RowTrims
 from .sampling import Sampler
 from .sequence import Phase, Sequence
 from .slot_table import SlotTable
@@ -78,7 +79,7 @@ from .stats import (
     StatsSink,
     StepStats,
 )
-from .step import StepPlan, StepResult, Trim, execute_plan
+from .step import StepPlan, StepResult, execute_plan
 from .validation import validate_request
 from .worker import EngineWorker
 
@@ -149,7 +150,6 @@ class Scheduler:
         self._pending_steps: list[StepStats] = []  # applied steps whose stats the sink has not had
         self._chain: DecodeChain | None = None  # the decode chain the worker runs, if any
         self._chain_deadline: float | None = None  # earliest deadline when the chain started
-        self._trims: dict[int, int] = {}  # slot -> rows its ended request holds (cut in the next plan)
         self._admission = Admission(
             config,
             table=self._table,
@@ -184,6 +184,7 @@ class Scheduler:
             eos=self._eos,
             ctx_len=pool.ctx_len,
         )
+        self._row_trims = RowTrims(self._slots, self._table, self._applier)  # cut in the next plan
 
     @property
     def checkpoint_interval_tokens(self) -> int:
@@ -421,35 +422,9 @@ class Scheduler:
             self._chain = None
         await job
 
-    def _plan_cuts(self, plan: StepPlan) -> None:
-        """Cut the rows a loop-side draft verification rejected (apply.py) off running slots,
-        and hand the trims of requests that ended inside an accepted draft to `_trims`."""
-        cuts, trims = self._applier.cuts, self._applier.trims
-        for slot, n in cuts.items():
-            assert self._slots.floors[slot] <= n <= self._slots.lens[slot], (slot, n)
-            plan.trims.append(Trim(slot, n))
-            self._slots.truncate(slot, n)
-        for slot, n in trims.items():
-            self._trims[slot] = min(n, self._trims.get(slot, n))
-        cuts.clear()
-        trims.clear()
-
-    def _plan_trims(self, plan: StepPlan) -> None:
-        """Cut each slot whose request a chain outran back to that request's rows (as far as
-        its ring allows: any length from the floor up is exact)."""
-        for slot, n in self._trims.items():
-            assert self._table.lookup(slot) is None, f"slot {slot} was handed on before its trim"
-            n = max(n, self._slots.floors[slot])
-            if self._slots.lens[slot] > n:
-                plan.trims.append(Trim(slot, n))
-                self._slots.truncate(slot, n)
-        self._trims.clear()
-
     def _schedule(self, now: float) -> StepPlan | None:
         plan = StepPlan()
-        self._plan_cuts(plan)
-        if self._trims:
-            self._plan_trims(plan)
+        self._row_trims.plan(plan)
         for seq in self._table.all():
             if seq.deadline is not None and seq.deadline <= now:
                 self._finisher.finish(seq, FinishReason.TIMEOUT, now)
@@ -500,7 +475,7 @@ class Scheduler:
         if held and self._chain is not None and slot in self._chain.slots:
             assert slot is not None
             # the worker may already be computing the next row of this slot (chain.py)
-            self._trims[slot] = self._slots.lens[slot]
+            self._row_trims.outran(slot)
         self._kick()
 
     # -- stats helpers ---------------------------------------------------------------------

@@ -3,22 +3,8 @@
 Design: `_engine.Engine` owns the C memory (KV for every slot, step buffers, threads) and runs
 the forward pass with the GIL released; this class owns the contracts: argument validation
 (ValueError before anything changes), the per-slot record of token ids, the taint rule on a
-failed step, the snapshot format and the test fault hook. One lock serialises calls.
-
-Snapshot layout (little-endian):
-
-    +-------------------- header (HEADER: struct, then the fingerprint) --------------------+
-    | magic b"SSKVSNAP" | layout u32 | kv dtype u32 (1 f16, 2 f32, 3 q8_0) | n_layers |      |
-    | n_kv_heads |
-    | head_dim | n_vocab | n tokens | fingerprint length (all u32) | fingerprint utf-8      |
-    |  (the fingerprint names the KV dtype too: /kv=q8_0 snapshots never restore elsewhere)  |
-    +---------------------------------------------------------------------------------------+
-    | token ids int32 [n]                                                                   |
-    | KV per layer: n_kv_heads k planes (blocked keys), n_kv_heads v planes (rows); engine.h |
-    |  (q8_0: the same planes of 34-byte blocks, half the f16 bytes + 1/16; kv_q8.h)          |
-    | recurrent state (qwen35, granitehybrid): engine_state_bytes, the state at n; engine.h |
-    | crc32 u32 of everything before it                                                     |
-    +---------------------------------------------------------------------------------------+
+failed step, the snapshots (their format: header, token ids, KV, recurrent state, crc32, is
+snapshot_format.py's) and the test fault hook. One lock serialises calls.
 
 Rings (models with sliding-window layers, unless swa_full): those layers keep a ring of
 ring_len rows per slot (engine_kv.c), so a slot remembers, per window layer, only the positions
@@ -52,9 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import struct
 import threading
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -63,11 +47,8 @@ import numpy as np
 
 from . import _engine
 from .gguf_file import ModelFile, load_model_file
+from .snapshot_format import KV_DTYPE_CODES, LAYOUT_VERSION, SnapshotFormat
 
-LAYOUT_VERSION = 3  # bump whenever the KV layout or the snapshot format changes (3: q8_0 keys in quads)
-SNAP_MAGIC = b"SSKVSNAP"
-HEADER = struct.Struct("<8s8I")
-KV_DTYPE_CODES = {"f16": 1, "f32": 2, "q8_0": 3}
 KERNELS_ENV = "SLOTSERVE_KERNELS"  # auto | scalar | avx2 | avx512vnni: which kernel variant pools use
 # Variants whose results are bit-identical share one name in the fingerprint (avx512vnni is
 # avx2 with the same integer sums on other instructions; tests/engine/test_kernels.py holds
@@ -206,6 +187,17 @@ class SlotPool:
             + (f"/conv_rows={self._cfg.conv_len}" if self._cfg.conv_len else "")
             + (f"/recurrent=f32x{self.state_bytes}" if recurrent else "")
         )
+        self._snap = SnapshotFormat(
+            fingerprint=self.fingerprint.encode(),
+            kv_dtype=kv_dtype,
+            n_layers=self._cfg.n_layers,
+            n_kv_heads=self._cfg.n_kv_heads,
+            head_dim=self._cfg.head_dim,
+            n_vocab=self.n_vocab,
+            ctx_len=ctx_len,
+            state_bytes=self.state_bytes,
+            kv_bytes=self._engine.kv_snapshot_bytes,  # the engine's, not the pool's: no cycle
+        )
         self._records = np.zeros((num_slots, ctx_len), np.int32)  # [slot][pos] token ids
         self._lens = [0] * num_slots  # tokens held per slot
         self._ring_lo = [0] * num_slots  # lowest position every ring of the slot still holds
@@ -239,8 +231,7 @@ class SlotPool:
         return 0 if self.kv_window is None or n <= self._reach else n
 
     def snapshot_nbytes(self, n: int) -> int:
-        fp_len = len(self.fingerprint.encode())
-        return HEADER.size + fp_len + 4 * n + int(self._engine.kv_snapshot_bytes(n)) + self.state_bytes + 4
+        return self._snap.nbytes(n)
 
     def check_integrity(self) -> None:
         """Assert the pool's invariants (for tests)."""
@@ -413,27 +404,16 @@ class SlotPool:
         with self._lock:
             self._check_len(n, self._lens[slot], f"snapshot: slot {slot}")
             self._check_cut(slot, n, "snapshot")
-            fp = self.fingerprint.encode()
-            head = HEADER.pack(
-                SNAP_MAGIC,
-                LAYOUT_VERSION,
-                KV_DTYPE_CODES[self.kv_dtype],
-                self._cfg.n_layers,
-                self._cfg.n_kv_heads,
-                self._cfg.head_dim,
-                self.n_vocab,
-                n,
-                len(fp),
-            )
-            body = self._engine.kv_snapshot(slot, n, head + fp + self._records[slot, :n].tobytes())
+            head = self._snap.header(n)
+            body = self._engine.kv_snapshot(slot, n, head + self._records[slot, :n].tobytes())
             if self.recurrent:
                 body += self._engine.state_read(slot, self._state_at(n))
-        return body + struct.pack("<I", zlib.crc32(body))
+        return self._snap.sealed(body)
 
     def restore(self, slot: int, snap: bytes) -> int:
         slot = self._slot(slot)
         view = memoryview(snap).cast("B")
-        n, tokens, kv, state = self._parse_snapshot(view)
+        n, tokens, kv, state = self._snap.parse(view)
         with self._lock:
             self._engine.kv_restore(slot, n, kv)
             if self.recurrent:
@@ -443,48 +423,6 @@ class SlotPool:
             self._ring_lo[slot] = max(0, n - self._reach) if self.ring_len else 0
             self._rs_lo[slot] = n
         return n
-
-    def _parse_snapshot(self, view: memoryview) -> tuple[int, np.ndarray, memoryview, memoryview]:
-        def refuse(why: str) -> ValueError:
-            return ValueError(
-                f"restore: {why}; take snapshots from a pool of the same model, KV dtype "
-                "and slotserve version"
-            )
-
-        if len(view) < HEADER.size + 4:
-            raise refuse("not a slotserve snapshot (too short)")
-        magic, layout, kv_code, n_layers, n_kv, head_dim, n_vocab, n, fp_len = HEADER.unpack_from(view)
-        if magic != SNAP_MAGIC:
-            raise refuse("not a slotserve snapshot (bad magic)")
-        if layout != LAYOUT_VERSION:
-            raise refuse(f"snapshot layout version {layout}, this pool uses {LAYOUT_VERSION}")
-        (crc,) = struct.unpack_from("<I", view, len(view) - 4)
-        if zlib.crc32(view[:-4]) != crc:
-            raise refuse("the snapshot is damaged (checksum mismatch)")
-        fp_end = HEADER.size + fp_len
-        if fp_end > len(view) - 4 or bytes(view[HEADER.size : fp_end]) != self.fingerprint.encode():
-            raise refuse("the snapshot is of another model or KV layout (fingerprint mismatch)")
-        if (kv_code, n_layers, n_kv, head_dim, n_vocab) != (
-            KV_DTYPE_CODES[self.kv_dtype],
-            self._cfg.n_layers,
-            self._cfg.n_kv_heads,
-            self._cfg.head_dim,
-            self.n_vocab,
-        ):
-            raise refuse("the snapshot's KV dtype or dimensions differ from this pool's")
-        if n > self.ctx_len:
-            raise ValueError(
-                f"restore: the snapshot holds {n} tokens > ctx_len {self.ctx_len}; "
-                "use a pool with a larger ctx_len"
-            )
-        tok_end = fp_end + 4 * n
-        kv_end = tok_end + int(self._engine.kv_snapshot_bytes(n))
-        if kv_end + self.state_bytes + 4 != len(view):
-            raise refuse("the snapshot has the wrong size for its token count")
-        tokens = np.frombuffer(view[fp_end:tok_end], dtype="<i4")
-        if n and (int(tokens.min()) < 0 or int(tokens.max()) >= self.n_vocab):
-            raise refuse("the snapshot holds token ids outside the vocabulary")
-        return n, tokens, view[tok_end:kv_end], view[kv_end : kv_end + self.state_bytes]
 
     # -- test hook ---------------------------------------------------------------------------
 

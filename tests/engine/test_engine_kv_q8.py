@@ -11,7 +11,7 @@ import pytest
 from engine_support import feed, greedy, make_pool, model_file, random_tokens
 from reference import ReferenceModel
 from slotserve.engine_ext import SlotPool, _engine
-from slotserve.engine_ext.pool import HEADER
+from slotserve.engine_ext.snapshot_format import HEADER
 
 N_VOCAB = 299
 GREEDY_STEPS = 6

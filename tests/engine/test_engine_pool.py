@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from engine_support import feed, make_pool, model_file, random_tokens
 from slotserve.engine_ext import SlotPool, _engine
-from slotserve.engine_ext.pool import LAYOUT_VERSION, ComputeError
+from slotserve.engine_ext.pool import ComputeError
+from slotserve.engine_ext.snapshot_format import LAYOUT_VERSION
 from slotserve.scheduler.interface import BatchItem
 from slotserve.scheduler.interface import SlotPool as SlotPoolProtocol
 

@@ -6,7 +6,8 @@
 from __future__ import annotations
 
 import time
-from typing import Generic, TypeVar
+from collections.abc import Callable
+from typing import ClassVar, Generic, TypeVar
 
 import msgspec
 
@@ -37,9 +38,13 @@ Choice = TypeVar("Choice", p.ChatChunkChoice, p.CompletionChoice)
 
 
 class _OpenAIStream(StreamFormat, Generic[Choice]):
-    """What chat and text-completion streams share: their ids, the per-choice finish chunks
-    (with `slotserve` info; one error chunk for a failed choice), and the usage chunk after
-    every choice finished (stream_options.include_usage)."""
+    """What chat and text-completion streams share: their ids, the chunk envelope (`_ENVELOPE`
+    with `object` `_OBJECT`), the per-choice finish chunks (with `slotserve` info; one error
+    chunk for a failed choice), and the usage chunk after every choice finished
+    (stream_options.include_usage)."""
+
+    _ENVELOPE: ClassVar[Callable[..., msgspec.Struct]]  # the chunk Struct, taking list[Choice]
+    _OBJECT: ClassVar[str]
 
     def __init__(self, request_id: str, model: str, include_usage: bool, spec: OutputSpec | None = None):
         self.request_id = request_id
@@ -58,7 +63,20 @@ class _OpenAIStream(StreamFormat, Generic[Choice]):
         prompt_progress: p.PromptProgress | None = None,
     ) -> msgspec.Struct:
         """One chunk's envelope (fields left None are not sent)."""
-        raise NotImplementedError
+        return self._ENVELOPE(
+            id=self.request_id,
+            object=self._OBJECT,
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            usage=usage,
+            slotserve=slotserve,
+            prompt_progress=prompt_progress,
+        )
+
+    def _choice_chunk(self, choice: Choice, slotserve: p.SlotserveInfo | None) -> bytes:
+        """One chunk of one choice."""
+        return sse_data(_encode(self._envelope([choice], slotserve=slotserve)))
 
     def _finish_chunk(self, index: int, reason: str, info: p.SlotserveInfo) -> bytes:
         raise NotImplementedError
@@ -110,6 +128,9 @@ class ChatStream(_OpenAIStream[p.ChatChunkChoice]):
     """chat.completion.chunk events: role delta per choice, content / tool-call deltas (with
     logprobs when asked), finish chunk per choice, optional usage."""
 
+    _ENVELOPE = p.ChatCompletionChunk
+    _OBJECT = "chat.completion.chunk"
+
     def __init__(self, request_id: str, model: str, include_usage: bool, spec: OutputSpec | None = None):
         super().__init__(request_id, model, include_usage, spec)
         s = self.spec
@@ -138,26 +159,7 @@ class ChatStream(_OpenAIStream[p.ChatChunkChoice]):
         slotserve: p.SlotserveInfo | None = None,
     ) -> bytes:
         choice = p.ChatChunkChoice(index=index, delta=delta, finish_reason=finish, logprobs=logprobs)
-        return sse_data(_encode(self._envelope([choice], slotserve=slotserve)))
-
-    def _envelope(
-        self,
-        choices: list[p.ChatChunkChoice],
-        *,
-        usage: p.Usage | None = None,
-        slotserve: p.SlotserveInfo | None = None,
-        prompt_progress: p.PromptProgress | None = None,
-    ) -> p.ChatCompletionChunk:
-        return p.ChatCompletionChunk(
-            id=self.request_id,
-            object="chat.completion.chunk",
-            created=self.created,
-            model=self.model,
-            choices=choices,
-            usage=usage,
-            slotserve=slotserve,
-            prompt_progress=prompt_progress,
-        )
+        return self._choice_chunk(choice, slotserve)
 
     def _finish_chunk(self, index: int, reason: str, info: p.SlotserveInfo) -> bytes:
         return self._chunk(index, p.Delta(), reason, slotserve=info)
@@ -235,6 +237,9 @@ class CompletionStream(_OpenAIStream[p.CompletionChoice]):
     """text_completion events: text deltas (with logprobs when asked), finish chunk per choice,
     optional usage."""
 
+    _ENVELOPE = p.Completion
+    _OBJECT = "text_completion"
+
     def __init__(self, request_id: str, model: str, include_usage: bool, spec: OutputSpec | None = None):
         super().__init__(request_id, model, include_usage, spec)
         self._offsets = [0] * self.spec.n  # characters streamed per choice (logprobs text_offset)
@@ -248,26 +253,7 @@ class CompletionStream(_OpenAIStream[p.CompletionChoice]):
         slotserve: p.SlotserveInfo | None = None,
     ) -> bytes:
         choice = p.CompletionChoice(index=index, text=text, finish_reason=finish, logprobs=logprobs)
-        return sse_data(_encode(self._envelope([choice], slotserve=slotserve)))
-
-    def _envelope(
-        self,
-        choices: list[p.CompletionChoice],
-        *,
-        usage: p.Usage | None = None,
-        slotserve: p.SlotserveInfo | None = None,
-        prompt_progress: p.PromptProgress | None = None,
-    ) -> p.Completion:
-        return p.Completion(
-            id=self.request_id,
-            object="text_completion",
-            created=self.created,
-            model=self.model,
-            choices=choices,
-            usage=usage,
-            slotserve=slotserve,
-            prompt_progress=prompt_progress,
-        )
+        return self._choice_chunk(choice, slotserve)
 
     def _finish_chunk(self, index: int, reason: str, info: p.SlotserveInfo) -> bytes:
         return self._chunk(index, "", reason, slotserve=info)

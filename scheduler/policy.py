@@ -316,65 +316,57 @@ def route(
     best = min((option(d) for d in free), key=_Option.sort_key)
     dest = best.dest.slot
     dest_len = int(best.dest.tokens.shape[0])
-    if best.reuse_len == 0:
+
+    def decided(
+        action: RouteAction,
+        reuse_len: int,
+        common: int,
+        live_len: int,
+        *,
+        src_slot: int | None = None,
+        checkpoint: CheckpointMatch | None = None,
+        restore_reason: RestoreReason | None = None,
+    ) -> RouteDecision:
+        """A decision onto `dest`, with what each of them reports of the choice: the
+        destination's loss, the window's refusals and the longest prefix shared."""
         return RouteDecision(
-            RouteAction.COLD,
+            action,
             dest,
-            0,
-            commons.get(dest, 0),
-            dest_len,
+            reuse_len,
+            common,
+            live_len,
+            src_slot=src_slot,
+            checkpoint=checkpoint,
             lost_tokens=best.lost,
             evicts=best.counts,
             window_refused=refused,
             window_lost_tokens=window_lost,
             shared_len=shared,
             refused_by=refused_by,
+            restore_reason=restore_reason,
         )
+
+    if best.reuse_len == 0:
+        return decided(RouteAction.COLD, 0, commons.get(dest, 0), dest_len)
     src = best.source
     if src is None:
-        return RouteDecision(
-            RouteAction.REWIND,
-            dest,
-            best.reuse_len,
-            commons[dest],
-            dest_len,
-            lost_tokens=best.lost,
-            evicts=best.counts,
-            window_refused=refused,
-            window_lost_tokens=window_lost,
-            shared_len=shared,
-            refused_by=refused_by,
-        )
+        return decided(RouteAction.REWIND, best.reuse_len, commons[dest], dest_len)
     if src.slot is not None:
-        return RouteDecision(
+        return decided(
             RouteAction.COPY,
-            dest,
             best.reuse_len,
             commons[src.slot.slot],
             int(src.slot.tokens.shape[0]),
             src_slot=src.slot.slot,
-            lost_tokens=best.lost,
-            evicts=best.counts,
-            window_refused=refused,
-            window_lost_tokens=window_lost,
-            shared_len=shared,
-            refused_by=refused_by,
         )
     ck = src.checkpoint
     assert ck is not None
     action = RouteAction.RESTORE_MEMORY if ck.tier is CheckpointTier.MEMORY else RouteAction.RESTORE_DISK
-    return RouteDecision(
+    return decided(
         action,
-        dest,
         best.reuse_len,
         ck.common,
         ck.num_tokens,
         checkpoint=ck,
-        lost_tokens=best.lost,
-        evicts=best.counts,
-        window_refused=refused,
-        window_lost_tokens=window_lost,
-        shared_len=shared,
-        refused_by=refused_by,
         restore_reason=RestoreReason.WINDOW if live_raw >= best.reuse_len else RestoreReason.EVICTED,
     )

@@ -115,51 +115,42 @@ static void clear_tail_lanes(const engine *e, char *kplane, int n) {
         memset(block + ((size_t)d * KEY_LANES + n % KEY_LANES) * e->kv_elt, 0, (KEY_LANES - n % KEY_LANES) * e->kv_elt);
 }
 
-void engine_kv_read(const engine *e, int slot, int n, void *dst) {
+/* n bytes between a slot's memory and a snapshot buffer: out of the slot (to_slot = 0) or in. */
+static inline void move_bytes(char *mem, char *buf, size_t n, int to_slot) {
+    if (to_slot) memcpy(mem, buf, n);
+    else memcpy(buf, mem, n);
+}
+
+/* Move a slot's first n tokens between its layers and `buf`, in engine_kv_snapshot_bytes's
+ * layout (per layer: its conv rows; its ring rows, keys then values per head; or its k planes,
+ * then its v planes): out of the slot (to_slot = 0: engine_kv_read, the stale lanes past n
+ * cleared in the copy) or into it (1: engine_kv_write, which only reads buf). */
+static void kv_transfer(const engine *e, int slot, int n, char *buf, int to_slot) {
     const size_t kb = k_plane_bytes(e, n), vb = v_plane_bytes(e, n);
-    char *out = dst;
     for (int l = 0; l < e->m.n_layers; l++) {
         if (is_conv(e, l)) {
-            memcpy(out, conv_row(e, slot, l, 0), (size_t)n * e->conv_row_bytes);
-            out += (size_t)n * e->conv_row_bytes;
+            move_bytes(conv_row(e, slot, l, 0), buf, (size_t)n * e->conv_row_bytes, to_slot);
+            buf += (size_t)n * e->conv_row_bytes;
             continue;
         }
         if (is_delta(e, l)) continue;
         if (is_ring(e, l)) {
             const int lo = ring_lo(e, n);
             const size_t rb = v_plane_bytes(e, n - lo);
-            for (int h = 0; h < e->m.n_kv_heads; h++, out += 2 * rb) ring_rows(e, slot, l, h, lo, n, out, out + rb, 0);
+            for (int h = 0; h < e->m.n_kv_heads; h++, buf += 2 * rb) ring_rows(e, slot, l, h, lo, n, buf, buf + rb, to_slot);
             continue;
         }
-        for (int h = 0; h < e->m.n_kv_heads; h++, out += kb) {
-            memcpy(out, kv_plane(e, slot, l, 0, h), kb);
-            clear_tail_lanes(e, out, n); /* stale lanes past n: not part of the snapshot */
+        for (int h = 0; h < e->m.n_kv_heads; h++, buf += kb) {
+            move_bytes(kv_plane(e, slot, l, 0, h), buf, kb, to_slot);
+            if (!to_slot) clear_tail_lanes(e, buf, n); /* stale lanes past n: not part of the snapshot */
         }
-        for (int h = 0; h < e->m.n_kv_heads; h++, out += vb) memcpy(out, kv_plane(e, slot, l, 1, h), vb);
+        for (int h = 0; h < e->m.n_kv_heads; h++, buf += vb) move_bytes(kv_plane(e, slot, l, 1, h), buf, vb, to_slot);
     }
 }
 
-void engine_kv_write(engine *e, int slot, int n, const void *src) {
-    const size_t kb = k_plane_bytes(e, n), vb = v_plane_bytes(e, n);
-    const char *in = src;
-    for (int l = 0; l < e->m.n_layers; l++) {
-        if (is_conv(e, l)) {
-            memcpy(conv_row(e, slot, l, 0), in, (size_t)n * e->conv_row_bytes);
-            in += (size_t)n * e->conv_row_bytes;
-            continue;
-        }
-        if (is_delta(e, l)) continue;
-        if (is_ring(e, l)) {
-            const int lo = ring_lo(e, n);
-            const size_t rb = v_plane_bytes(e, n - lo);
-            for (int h = 0; h < e->m.n_kv_heads; h++, in += 2 * rb)
-                ring_rows(e, slot, l, h, lo, n, (char *)in, (char *)in + rb, 1);
-            continue;
-        }
-        for (int h = 0; h < e->m.n_kv_heads; h++, in += kb) memcpy(kv_plane(e, slot, l, 0, h), in, kb);
-        for (int h = 0; h < e->m.n_kv_heads; h++, in += vb) memcpy(kv_plane(e, slot, l, 1, h), in, vb);
-    }
-}
+void engine_kv_read(const engine *e, int slot, int n, void *dst) { kv_transfer(e, slot, n, dst, 0); }
+
+void engine_kv_write(engine *e, int slot, int n, const void *src) { kv_transfer(e, slot, n, (char *)src, 1); }
 
 void engine_kv_copy(engine *e, int src, int dst, int n) {
     if (src == dst) return;

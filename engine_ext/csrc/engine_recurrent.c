@@ -82,6 +82,50 @@ static inline void state_entries(const engine *e, const step_seg *sg, int j, int
     *to = pos + 1 < keep ? sg->pos0 % k1 : (pos + 1) % k1;
 }
 
+/* Row r's gates, by the first channel block's unit of the conv phase: DeltaNet's alpha -> the
+ * decay exp(g) and beta -> sigmoid(beta) (gdn_gates), Mamba2's dt (after z | x B C in the input
+ * row) -> its step and decay (mamba2_gates). */
+static inline void row_gates(engine *e, const layer_weights *L, int r, const float *row) {
+    const model_desc *m = &e->m;
+    if (m->mamba_heads > 0) {
+        const int H = m->mamba_heads;
+        memcpy(e->sa + (size_t)r * H, row + m->mamba_inner + e->conv_dim, sizeof(float) * H);
+        mamba2_gates(e->sa + (size_t)r * H, e->sb + (size_t)r * H, L->mamba_dt, L->mamba_a, H);
+    } else {
+        const int vh = m->ssm_v_heads;
+        e->kt->gdn_gates(e->sa + (size_t)r * vh, e->sb + (size_t)r * vh, L->ssm_dt, L->ssm_a, vh);
+    }
+}
+
+/* The conv phase p of recurrent layer l (DeltaNet or Mamba2, see top): segment x channel block,
+ * each channel's tokens in position order through the slot's conv tail (taps), + bias (NULL:
+ * none), silu, into e->sconv; row r's conv input starts at e->sqkv + r * ld + in_off, and the
+ * first block's unit also takes the row's gates (row_gates). */
+static void conv_phase(engine *e, const layer_weights *L, int l, int p, int taps, int ld, int in_off, const float *bias) {
+    const kernel_table *kt = e->kt;
+    const int cd = e->conv_dim, n_cb = (cd + CONV_BLOCK - 1) / CONV_BLOCK;
+    const float *w = e->ssm_taps + (size_t)l * taps * cd;
+    FOR_EACH_UNIT(e, p, e->n_segs * n_cb, u) {
+        const step_seg *sg = &e->segs[u / n_cb];
+        const int c0 = (u % n_cb) * CONV_BLOCK, n = cd - c0 < CONV_BLOCK ? cd - c0 : CONV_BLOCK;
+        for (int j = 0; j < sg->n; j++) {
+            const int r = sg->row0 + j;
+            int from, to;
+            state_entries(e, sg, j, &from, &to);
+            const float *row = e->sqkv + (size_t)r * ld;
+            if (c0 == 0) row_gates(e, L, r, row);
+            const size_t off = e->rs_off[l] + c0;
+            float *out = e->sconv + (size_t)r * cd + c0;
+            kt->ssm_conv(out, state_of(e, sg->slot, to) + off, state_of(e, sg->slot, from) + off, row + in_off + c0, w + c0,
+                         taps, n, cd);
+            if (bias)
+                for (int c = 0; c < n; c++) out[c] += bias[c0 + c];
+            kt->silu_mul(out, out, e->ones, n);
+        }
+    }
+    phase_end(e, p, e->n_segs * n_cb);
+}
+
 /* A Gated DeltaNet block (qwen35) in the attention block's phases from p on (see top). Returns the
  * next phase, or -1 when the test hook fired (before any state changed). */
 int delta_block(engine *e, const layer_weights *L, int l, int p, int ith, int nth) {
@@ -102,26 +146,7 @@ int delta_block(engine *e, const layer_weights *L, int l, int p, int ith, int nt
         matmul_phase(e, p++, jobs, 4, &in, T, nth);
     }
     if (l == e->fault_layer) return -1; /* test hook: no state has changed yet */
-    /* conv: segment x channel block, tokens in position order through the slot's tail */
-    const int n_cb = (cd + CONV_BLOCK - 1) / CONV_BLOCK;
-    const float *w = e->ssm_taps + (size_t)l * taps * cd;
-    FOR_EACH_UNIT(e, p, e->n_segs * n_cb, u) {
-        const step_seg *sg = &e->segs[u / n_cb];
-        const int c0 = (u % n_cb) * CONV_BLOCK, n = cd - c0 < CONV_BLOCK ? cd - c0 : CONV_BLOCK;
-        for (int j = 0; j < sg->n; j++) {
-            const int r = sg->row0 + j;
-            int from, to;
-            state_entries(e, sg, j, &from, &to);
-            if (c0 == 0) /* the row's gates: alpha -> the decay exp(g), beta -> sigmoid(beta) */
-                kt->gdn_gates(e->sa + (size_t)r * vh, e->sb + (size_t)r * vh, L->ssm_dt, L->ssm_a, vh);
-            const size_t off = e->rs_off[l] + c0;
-            float *out = e->sconv + (size_t)r * cd + c0;
-            kt->ssm_conv(out, state_of(e, sg->slot, to) + off, state_of(e, sg->slot, from) + off,
-                         e->sqkv + (size_t)r * cd + c0, w + c0, taps, n, cd);
-            kt->silu_mul(out, out, e->ones, n);
-        }
-    }
-    phase_end(e, p++, e->n_segs * n_cb);
+    conv_phase(e, L, l, p++, taps, cd, 0, NULL); /* the qkv row is the conv's input */
     /* delta rule: segment x value head, tokens in position order through the head's matrix: the
      * tokens that update one state entry in place in runs of up to GDN_TOKENS (gdn_steps: the
      * numbers of token-by-token gdn_step calls), the rollback ring's last ones one at a time */
@@ -197,31 +222,7 @@ int mamba_block(engine *e, const layer_weights *L, int l, int p, int nth) {
         matmul_phase(e, p++, &job, 1, &in, T, nth);
     }
     if (l == e->fault_layer) return -1; /* test hook: no state has changed yet */
-    /* conv: segment x channel block over x, B, C, tokens in position order through the tail,
-     * + bias, silu; the first block's unit also takes each row's dt to its step and decay */
-    const int n_cb = (cd + CONV_BLOCK - 1) / CONV_BLOCK;
-    const float *w = e->ssm_taps + (size_t)l * taps * cd;
-    FOR_EACH_UNIT(e, p, e->n_segs * n_cb, u) {
-        const step_seg *sg = &e->segs[u / n_cb];
-        const int c0 = (u % n_cb) * CONV_BLOCK, n = cd - c0 < CONV_BLOCK ? cd - c0 : CONV_BLOCK;
-        for (int j = 0; j < sg->n; j++) {
-            const int r = sg->row0 + j;
-            int from, to;
-            state_entries(e, sg, j, &from, &to);
-            const float *row = e->sqkv + (size_t)r * ld;
-            if (c0 == 0) {
-                memcpy(e->sa + (size_t)r * H, row + inner + cd, sizeof(float) * H);
-                mamba2_gates(e->sa + (size_t)r * H, e->sb + (size_t)r * H, L->mamba_dt, L->mamba_a, H);
-            }
-            const size_t off = e->rs_off[l] + c0;
-            float *out = e->sconv + (size_t)r * cd + c0;
-            kt->ssm_conv(out, state_of(e, sg->slot, to) + off, state_of(e, sg->slot, from) + off, row + inner + c0, w + c0,
-                         taps, n, cd);
-            for (int c = 0; c < n; c++) out[c] += L->mamba_conv_b[c0 + c];
-            kt->silu_mul(out, out, e->ones, n);
-        }
-    }
-    phase_end(e, p++, e->n_segs * n_cb);
+    conv_phase(e, L, l, p++, taps, ld, inner, L->mamba_conv_b); /* over x B C, after z */
     /* scan: segment x MAMBA_HEADS heads (their states one contiguous run: a decode step streams
      * 4 x 16 KiB a unit on granite-4.0-h-350m), each head's tokens in position order through its
      * state; y + D x, * silu(z) */

@@ -1,6 +1,7 @@
 """The engine against llama.cpp's recorded greedy runs (tests/fixtures/record_*_llamacpp.py):
 one comparison that the lfm2, MoE and granitehybrid tests share, and the two tests each of those
-modules runs (`record_tests`).
+modules runs (`record_tests`); and on the real models (Gemma 3, Qwen2.5-Coder), how far our
+greedy path follows llama.cpp's (`greedy_agreement`).
 
 The engine walks llama.cpp's path (it is fed llama.cpp's tokens, prompt then one token per
 step), so every recorded step is compared: each of llama.cpp's top-5 log-probabilities within
@@ -41,6 +42,45 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.float64)
     m = x.max()
     return x - m - np.log(np.exp(x - m).sum())
+
+
+def greedy_agreement(
+    pool: SlotPool,
+    cases: list[dict[str, Any]],
+    *,
+    quant_noise_margin: float,
+    our_noise_margin: float,
+    label: Callable[[str], str],
+) -> tuple[int, list[str]]:
+    """Walk each case's llama.cpp greedy path on slot 0 (its prompt ids, then llama.cpp's token
+    each step) until our choice parts from llama.cpp's; there llama.cpp's top-two margin must be
+    <= quant_noise_margin and ours for our token over theirs in (0, our_noise_margin]. Returns
+    the tokens agreed over all cases and a report line per case (`label` of its prompt)."""
+    report, total = [], 0
+    for case in cases:
+        pool.truncate(0, 0)
+        logits = pool.forward([(0, np.array(case["prompt_ids"], np.int32), 0, True)])[0]
+        agreed = 0
+        for step in case["steps"]:
+            ours, theirs = int(np.argmax(logits)), step["id"]
+            if ours != theirs:
+                lp = log_softmax(logits)
+                ours_over = float(lp[ours] - lp[theirs])
+                token = f" ({step['token']!r})" if "token" in step else ""
+                report.append(
+                    f"{label(case['prompt'])!r}: parts after {agreed} tokens: ours {ours} vs llama.cpp "
+                    f"{theirs}{token}; llama.cpp margin {step['margin_logprob']:.3f}, "
+                    f"ours {ours_over:.3f}"
+                )
+                assert step["margin_logprob"] <= quant_noise_margin, report[-1]
+                assert 0.0 < ours_over <= our_noise_margin, report[-1]
+                break
+            agreed += 1
+            logits = pool.forward([(0, np.array([theirs], np.int32), pool.slot_len(0), True)])[0]
+        else:
+            report.append(f"{label(case['prompt'])!r}: all {agreed} tokens agree")
+        total += agreed
+    return total, report
 
 
 def check_record_source(record: dict[str, Any], script: str, names: set[str]) -> None:

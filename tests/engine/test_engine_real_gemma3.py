@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 from engine_support import model_file
+from llamacpp_compare import greedy_agreement
 from slotserve.engine_ext import SlotPool
 
 pytestmark = pytest.mark.real_model
@@ -39,37 +39,15 @@ def pool(gemma3_model_path):
     return SlotPool(mf, 1, 256)
 
 
-def _logprobs(logits: np.ndarray) -> np.ndarray:
-    x = logits.astype(np.float64)
-    x = x - x.max()
-    return x - np.log(np.exp(x).sum())
-
-
 def test_greedy_continuations_agree_with_llamacpp(pool, shared_fixtures_dir):
     cases = json.loads((shared_fixtures_dir / "gemma3_greedy_llamacpp.json").read_text())
     assert len(cases) >= 8
-    report, total = [], 0
-    for case in cases:
-        pool.truncate(0, 0)
-        logits = pool.forward([(0, np.array(case["prompt_ids"], np.int32), 0, True)])[0]
-        agreed = 0
-        for step in case["steps"]:
-            ours, theirs = int(np.argmax(logits)), step["id"]
-            if ours != theirs:
-                lp = _logprobs(logits)
-                ours_over = float(lp[ours] - lp[theirs])
-                report.append(
-                    f"{case['prompt'][:32]!r}: parts after {agreed} tokens: ours {ours} vs llama.cpp "
-                    f"{theirs} ({step['token']!r}); llama.cpp margin {step['margin_logprob']:.3f}, "
-                    f"ours {ours_over:.3f}"
-                )
-                assert step["margin_logprob"] <= QUANT_NOISE_MARGIN, report[-1]
-                assert 0.0 < ours_over <= OUR_NOISE_MARGIN, report[-1]
-                break
-            agreed += 1
-            logits = pool.forward([(0, np.array([theirs], np.int32), pool.slot_len(0), True)])[0]
-        else:
-            report.append(f"{case['prompt'][:32]!r}: all {agreed} tokens agree")
-        total += agreed
+    total, report = greedy_agreement(
+        pool,
+        cases,
+        quant_noise_margin=QUANT_NOISE_MARGIN,
+        our_noise_margin=OUR_NOISE_MARGIN,
+        label=lambda prompt: prompt[:32],
+    )
     print("\n".join(report))
     assert total >= MIN_TOTAL_AGREED, "\n".join(report)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 from sched_support import CountingPool, collect, make_config, make_request
-from slotserve.scheduler.request import FinishReason, ReuseSource
+from slotserve.scheduler.request import FinishReason, ReuseSource, TokenEvent
 from slotserve.scheduler.scheduler import Scheduler
 
 
@@ -156,3 +156,34 @@ async def shared_system_prompt_is_copied(
     assert pool.num_computed_tokens == 112 + 2 * 12 + 3 * 5
     for p, o in zip(prompts, outs):
         assert o.tokens == await cold(open_pool, p, 6)
+
+
+async def checkpoint_restore_and_abort_resend(
+    open_pool: Callable[..., Any], sched_for: Callable[..., Scheduler], cold: Cold
+) -> None:
+    """One slot: a 120-token prompt's record is captured when a second prompt replaces it and
+    restored when it comes back (119 reused, 1 + 5 computed); a stream aborted after its first
+    token and resent prefills one token (89 reused); both answers equal the cold runs."""
+    pool, tok = open_pool(1)
+    a, b = random_ids(4, 120), random_ids(5, 90)
+    async with sched_for(pool, tok, checkpoint_memory_mb=4) as sched:
+        await collect(sched.submit(make_request(a, 4)))
+        await collect(sched.submit(make_request(b, 4)))  # a's record is captured, then replaced
+        before = pool.num_computed_tokens
+        again = await collect(sched.submit(make_request(a, 6)))
+        assert again.finish.reuse.source is ReuseSource.CHECKPOINT_MEMORY
+        assert again.finish.reuse.reused_tokens == 119
+        assert pool.num_computed_tokens - before == 1 + 5
+        h = sched.submit(make_request(b, 50))  # abort a stream, resend it: one token of prefill
+        async for ev in h:
+            if isinstance(ev, TokenEvent):
+                break
+        assert await h.cancel() is True
+        before = pool.num_computed_tokens
+        resent = await collect(sched.submit(make_request(b, 6)))
+        assert resent.finish.reuse.source in (ReuseSource.REWIND, ReuseSource.CHECKPOINT_MEMORY)
+        assert (resent.finish.reuse.reused_tokens, resent.finish.reuse.prefilled_tokens) == (89, 1)
+        assert pool.num_computed_tokens - before == 1 + 5
+        await sched.check_integrity()
+    assert again.tokens == await cold(open_pool, a, 6)
+    assert resent.tokens == await cold(open_pool, b, 6)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from real_sched_support import (
+    checkpoint_restore_and_abort_resend,
     cold_run,
     multi_turn_and_identical_repeat,
     pool_opener,
@@ -40,30 +41,7 @@ async def test_shared_system_prompt_is_copied_on_the_real_engine(open_pool):
 
 
 async def test_checkpoint_restore_and_abort_resend_on_the_real_engine(open_pool):
-    pool, tok = open_pool(1)
-    a, b = ids(4, 120), ids(5, 90)
-    async with sched_for(pool, tok, checkpoint_memory_mb=4) as sched:
-        await collect(sched.submit(make_request(a, 4)))
-        await collect(sched.submit(make_request(b, 4)))  # a's record is captured, then replaced
-        before = pool.num_computed_tokens
-        again = await collect(sched.submit(make_request(a, 6)))
-        assert again.finish.reuse.source is ReuseSource.CHECKPOINT_MEMORY
-        assert again.finish.reuse.reused_tokens == 119
-        assert pool.num_computed_tokens - before == 1 + 5
-        # abort a stream, resend the same prompt: one token of prefill
-        h = sched.submit(make_request(b, 50))
-        async for ev in h:
-            if isinstance(ev, TokenEvent):
-                break
-        assert await h.cancel() is True
-        before = pool.num_computed_tokens
-        resent = await collect(sched.submit(make_request(b, 6)))
-        assert resent.finish.reuse.source in (ReuseSource.REWIND, ReuseSource.CHECKPOINT_MEMORY)
-        assert (resent.finish.reuse.reused_tokens, resent.finish.reuse.prefilled_tokens) == (89, 1)
-        assert pool.num_computed_tokens - before == 1 + 5
-        await sched.check_integrity()
-    assert again.tokens == await cold(open_pool, a, 6)
-    assert resent.tokens == await cold(open_pool, b, 6)
+    await checkpoint_restore_and_abort_resend(open_pool, sched_for, cold)
 
 
 async def test_engine_fault_on_the_real_engine_fails_the_request_and_the_slot_recovers(open_pool):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from real_sched_support import (
+    checkpoint_restore_and_abort_resend,
     cold_run,
     evicted_conversation_restored_from_disk,
     multi_turn_and_identical_repeat,
@@ -18,7 +19,7 @@ from real_sched_support import (
 )
 from real_sched_support import random_ids as ids
 from sched_support import collect, make_request
-from slotserve.scheduler.request import ReuseSource, TokenEvent
+from slotserve.scheduler.request import ReuseSource
 from slotserve.scheduler.scheduler import Scheduler
 
 
@@ -70,29 +71,7 @@ async def test_shared_system_prompt_is_copied(open_pool):
 
 
 async def test_checkpoint_restore_and_abort_resend(open_pool):
-    pool, tok = open_pool(1)
-    a, b = ids(4, 120), ids(5, 90)
-    async with sched_for(pool, tok, checkpoint_memory_mb=4) as sched:
-        await collect(sched.submit(make_request(a, 4)))
-        await collect(sched.submit(make_request(b, 4)))  # a's record is captured, then replaced
-        before = pool.num_computed_tokens
-        again = await collect(sched.submit(make_request(a, 6)))
-        assert again.finish.reuse.source is ReuseSource.CHECKPOINT_MEMORY
-        assert again.finish.reuse.reused_tokens == 119
-        assert pool.num_computed_tokens - before == 1 + 5
-        h = sched.submit(make_request(b, 50))  # abort a stream, resend it: one token of prefill
-        async for ev in h:
-            if isinstance(ev, TokenEvent):
-                break
-        assert await h.cancel() is True
-        before = pool.num_computed_tokens
-        resent = await collect(sched.submit(make_request(b, 6)))
-        assert resent.finish.reuse.source in (ReuseSource.REWIND, ReuseSource.CHECKPOINT_MEMORY)
-        assert (resent.finish.reuse.reused_tokens, resent.finish.reuse.prefilled_tokens) == (89, 1)
-        assert pool.num_computed_tokens - before == 1 + 5
-        await sched.check_integrity()
-    assert again.tokens == await cold(open_pool, a, 6)
-    assert resent.tokens == await cold(open_pool, b, 6)
+    await checkpoint_restore_and_abort_resend(open_pool, sched_for, cold)
 
 
 async def test_n_choices_fork_the_prompt_once(open_pool):

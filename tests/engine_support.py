@@ -1,4 +1,5 @@
-"""Helpers for the engine tests: pools on the tiny fixture models, feeding and greedy decoding."""
+"""Helpers for the engine tests: pools on the tiny fixture models, feeding, a prefill then
+decode steps (the rows the reference tests compare), and greedy decoding."""
 
 from __future__ import annotations
 
@@ -40,6 +41,15 @@ def feed(pool: SlotPool, slot: int, tokens: Sequence[int], chunks: Iterable[int]
         at += size
     assert out is not None
     return out
+
+
+def prefill_then_decode(pool: SlotPool, slot: int, tokens: np.ndarray, n_prefill: int) -> np.ndarray:
+    """[1 + len(tokens) - n_prefill, n_vocab]: the logits after tokens[:n_prefill], prefilled into
+    the empty `slot` in one forward, then after each further token, decoded one a step."""
+    rows = [pool.forward([(slot, tokens[:n_prefill], 0, True)])[0]]
+    for p in range(n_prefill, len(tokens)):
+        rows.append(pool.forward([(slot, tokens[p : p + 1], p, True)])[0])
+    return np.array(rows)
 
 
 def greedy(pool: SlotPool, slot: int, logits: np.ndarray, n: int) -> tuple[list[int], list[np.ndarray]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_support import make_pool, model_file, random_tokens
+from engine_support import make_pool, model_file, prefill_then_decode, random_tokens
 from gguf_fixtures_granite import write_tiny_granite
 from reference import ReferenceModel
 from slotserve.engine_ext.errors import UnsupportedModelError
@@ -73,17 +73,15 @@ def test_prefill_and_decode_match_reference(granite_model_factory, weight_type, 
     toks = random_tokens(40, N_VOCAB, seed=11)
     want = ReferenceModel(path).logits(toks)[29:]
     pool = make_pool(path, 2, 64, kv_dtype="f32", kernels=kernels)
-    rows = [pool.forward([(1, toks[:30], 0, True)])[0]]
-    for p in range(30, 40):
-        rows.append(pool.forward([(1, toks[p : p + 1], p, True)])[0])
-    diff = np.abs(np.array(rows) - want)
+    rows = prefill_then_decode(pool, 1, toks, 30)
+    diff = np.abs(rows - want)
     max_atol, mean_atol = FLOAT_ATOL if weight_type == "F32" else BLOCK_ATOL
     assert diff.max() <= max_atol and diff.mean() <= mean_atol, (diff.max(), diff.mean())
     if weight_type == "F32":  # greedy picks the reference's token wherever it is clear
         top2 = np.sort(want, axis=1)[:, -2:]
         clear = top2[:, 1] - top2[:, 0] > 2 * max_atol
         assert clear.sum() >= 8
-        assert np.array_equal(np.array(rows)[clear].argmax(axis=1), want[clear].argmax(axis=1))
+        assert np.array_equal(rows[clear].argmax(axis=1), want[clear].argmax(axis=1))
 
 
 def test_rope_changes_the_logits(granite_model_factory):
@@ -127,10 +125,7 @@ def test_experts_match_reference(granite_model_factory, kernels, shared_ffn):
     toks = random_tokens(30, N_VOCAB, seed=5)
     want = ReferenceModel(path).logits(toks)[19:]
     pool = make_pool(path, 1, 64, kv_dtype="f32", kernels=kernels)
-    rows = [pool.forward([(0, toks[:20], 0, True)])[0]]
-    for p in range(20, 30):
-        rows.append(pool.forward([(0, toks[p : p + 1], p, True)])[0])
-    diff = np.abs(np.array(rows) - want)
+    diff = np.abs(prefill_then_decode(pool, 0, toks, 20) - want)
     assert diff.max() <= FLOAT_ATOL[0], diff.max()
 
 
@@ -140,8 +135,5 @@ def test_f16_kv_stays_within_the_f16_tolerance(granite_model_factory):
     want = ReferenceModel(path).logits(toks)[29:]
     pool = make_pool(path, 1, 64)
     assert pool.kv_dtype == "f16"
-    rows = [pool.forward([(0, toks[:30], 0, True)])[0]]
-    for p in range(30, 40):
-        rows.append(pool.forward([(0, toks[p : p + 1], p, True)])[0])
-    diff = np.abs(np.array(rows) - want)
+    diff = np.abs(prefill_then_decode(pool, 0, toks, 30) - want)
     assert diff.max() <= 0.02 and diff.mean() <= 0.003, (diff.max(), diff.mean())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from engine_support import make_pool, random_tokens
+from engine_support import make_pool, prefill_then_decode, random_tokens
 from gguf_fixtures import ARCH_MODELS, ARCHS, K_DIMS
 from reference import ReferenceModel
 
@@ -53,10 +53,7 @@ def test_prefill_and_decode_match_reference(tiny_model_factory, weight_type, kv_
     tokens = random_tokens(PREFILL_LEN + DECODE_LEN, 299, seed=11)
     want = reference_logits(path, tokens)[PREFILL_LEN - 1 :]  # [1 + DECODE_LEN, n_vocab]
     pool = make_pool(path, 2, 64, kv_dtype=kv_dtype)
-    rows = [pool.forward([(1, tokens[:PREFILL_LEN], 0, True)])[0]]  # prefill: last row only
-    for p in range(PREFILL_LEN, PREFILL_LEN + DECODE_LEN):  # decode: one token per step
-        rows.append(pool.forward([(1, tokens[p : p + 1], p, True)])[0])
-    got = np.array(rows)
+    got = prefill_then_decode(pool, 1, tokens, PREFILL_LEN)  # the prefill's last row, then each decode step
 
     max_atol, mean_atol = tolerance(weight_type, kv_dtype)
     diff = np.abs(got - want)
@@ -98,10 +95,7 @@ def test_long_context_matches_reference(tiny_model_factory, kv_dtype):
 
 def _prefill_then_decode(path, tokens, kv_dtype, threads=None, kernels="auto"):
     pool = make_pool(path, 2, 64, kv_dtype=kv_dtype, threads=threads, kernels=kernels)
-    rows = [pool.forward([(1, tokens[:PREFILL_LEN], 0, True)])[0]]
-    for p in range(PREFILL_LEN, len(tokens)):
-        rows.append(pool.forward([(1, tokens[p : p + 1], p, True)])[0])
-    return np.array(rows)
+    return prefill_then_decode(pool, 1, tokens, PREFILL_LEN)
 
 
 @pytest.mark.parametrize("kv_dtype", ["f16", "f32"])

@@ -29,7 +29,8 @@
  * block weights. Either part may be NULL when no weight of the call needs it. */
 typedef struct {
     const float *f;     /* [n_rows, k] float rows */
-    const int8_t *qs;   /* [n_rows, k] quantized values: x ~= d[b] * qs */
+    const int8_t *qs;   /* [n_rows, k] quantized values: x ~= d[b] * qs, within +-127 (the Q5_0
+                         * kernels' int16 sums rely on it: arch/x86_avx2_tiles.c tg_q5) */
     const float *d;     /* [n_rows, k/QK] block scales */
     const float *s;     /* [n_rows, k/QK] block sums: d[b] * sum(qs of block b) */
     int k;              /* row length */

@@ -5,7 +5,7 @@
  * the block in the file layout, from the file rows or gathered back out of the row groups, so
  * the reference computes a row the same way wherever the engine keeps it (and tests of the
  * grouped path check pack_x8 too). Per row and block the float operations are:
- *   Q5_0:        acc += d * (ad * dot - 16 * as)
+ *   Q5_0:        acc += d * ad * dot                  (dot of q - 16: exact, no correction)
  *   Q5_1:        acc += d * ad * dot + m * as
  *   Q4_K, Q5_K:  acc += d * ad * float(sc * dot) - dmin * float(m) * as      (per sub-block of 32)
  *   Q6_K, Q3_K:  acc += d * ad * float(sc0 * dot16 + sc1 * dot16')            (per block of 32)
@@ -446,9 +446,13 @@ static void gemm_q5_generic(int has_min, float *y, int ldy, const gemm_weight *w
                     qs = blk->qs, qh = blk->qh, d = fp16_to_f32(blk->d);
                 }
                 int dot = 0;
-                for (int j = 0; j < QK; j++) dot += q5_value(qs, qh, j) * aq[b * QK + j];
-                if (has_min) acc += d * ad[b] * (float)dot + m * as[b];
-                else acc += d * (ad[b] * (float)dot - 16.0f * as[b]);
+                if (has_min) {
+                    for (int j = 0; j < QK; j++) dot += q5_value(qs, qh, j) * aq[b * QK + j];
+                    acc += d * ad[b] * (float)dot + m * as[b];
+                } else {
+                    for (int j = 0; j < QK; j++) dot += (q5_value(qs, qh, j) - 16) * aq[b * QK + j];
+                    acc += d * ad[b] * (float)dot;
+                }
             }
             store(&y[(size_t)r * ldy + o], acc, accumulate);
         }

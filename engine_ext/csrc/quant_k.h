@@ -12,7 +12,8 @@
  *   Q6_K, Q3_K  block b = sub-blocks 2j, 2j+1:   d * ad_b * (sc_2j * sum16(q*aq) + sc_2j+1 * sum16(q*aq))
  *   Q2_K        as Q3_K, minus dmin * ad_b * (m_2j * sum16(aq) + m_2j+1 * sum16(aq))  (per-16 sums
  *               of the activation's int8s: the block sum as covers 32)
- *   Q5_0        d * (ad * sum(q*aq) - 16 * as)   (q = 5-bit 0..31)
+ *   Q5_0        d * ad * sum((q - 16) * aq)     (q = 5-bit 0..31: the integer dot product of
+ *               the signed quants, exact, so no correction by the block sum as)
  *   Q5_1        d * ad * sum(q*aq) + m * as
  *
  * BF16 weights multiply the float activation rows (act_rows.f), as F16 does.

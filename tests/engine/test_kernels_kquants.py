@@ -216,3 +216,41 @@ def test_gemm_refuses_partial_super_blocks():
     x = np.ones((1, 128), np.float32)
     with pytest.raises(ValueError):
         kt.gemm(type_id("Q6_K"), raw[: len(raw) // 2], 8, x, quantized=kt.quantize_q8a(x))
+
+
+@needs_avx2
+def test_q5_0_at_the_int16_bounds():
+    """Q5_0's integer is dot(q - 16, a), exact in every variant. The avx2 kernels (x86_avx2_tiles.c
+    tg_q5, x86_gemm_k.h tile_q5) sum an int16 lane's 8 runs of unsigned products modulo 2^16 and
+    take 16 x the activation bytes it multiplied off: exact only because the result is within 16 *
+    16 * 127. At the bounds (all quants 0 or all 31, against blocks of +127 and of -127, where a
+    lane's raw sum wraps) a row in a tile of 16 equals itself alone on the row-group kernels bit
+    for bit, both equal the float64 products of the dequantized operands within rounding, and the
+    vnni variant (16 x the block sums taken off in int32) gives the same bits."""
+    kt, t = _engine.KernelTable("avx2"), type_id("Q5_0")
+    n_out, k, n_rows = 43, 128, 17
+    raw, _ = weight("Q5_0", n_out, k, seed=5)
+    blocks = raw.reshape(n_out, k // 32, 22)
+    blocks[:16, :, 2:] = 0  # qh and qs: quants 0, i.e. -16
+    blocks[16:32, :, 2:] = 0xFF  # quants 31, i.e. +15
+    w = dequantize(blocks.reshape(-1), GGMLQuantizationType.Q5_0).reshape(n_out, k).astype(np.float64)
+    x = np.where(rng(7).random((n_rows, k)) < 0.5, -1.0, 1.0).astype(np.float32)
+    x[:, :64] = 1.0  # whole blocks of one sign too: +-127 x 16 bytes a lane
+    x[1::2, :64] = -1.0
+    q = kt.quantize_q8a(x)
+    assert np.abs(q[0]).max() == 127
+    flat = blocks.reshape(-1)
+    before = _engine.avx2_tile_pairs(t)
+    assert_gemm_rows_independent(kt, t, flat, n_out, x, q)
+    assert _engine.avx2_tile_pairs(t) > before  # the tiles ran (a tile of 16 rows, 40 outputs)
+    got = kt.gemm(t, flat, n_out, x, quantized=q)
+    xa = dequantized_activations(q)
+    assert_close(got, xa @ w.T, np.abs(xa) @ np.abs(w).T, SUM_RTOL, "avx2 Q5_0 at the bounds")
+    if _engine.avx512vnni_supported():
+        vnni = _engine.KernelTable("avx512vnni")
+        for n in (1, 2, 5, n_rows):  # the 256-bit tiles, the decode pairs, the 512-bit tiles
+            xn, qn = x[:n].copy(), tuple(p[:n].copy() for p in q)
+            for grouped in (True, False):
+                want = kt.gemm(t, flat, n_out, xn, quantized=qn, grouped=grouped)
+                got = vnni.gemm(t, flat, n_out, xn, quantized=qn, grouped=grouped)
+                assert np.array_equal(got, want), f"vnni vs avx2, {n} rows, grouped={grouped}"

@@ -14,17 +14,19 @@
  * accumulators live in a stash in L1 (16 rows x T_OB groups), read and written once per unit;
  * the second pass (the corrections) runs T_CR rows at a time in registers.
  * Zen 5 with AVX2 issues vpmaddubsw, vpmaddwd, FMAs and float multiplies on the same two pipes,
- * and two vector loads a cycle (one a vpbroadcastd): per unit and row, Q5_0 here is 13 of the
- * former (8 vpmaddubsw) and 10 loads, so about 0.6 of the avx2 peak is its ceiling; fewer
- * vpmaddwd for more loads or spills is no gain (docs/benchmarks.md, issue 26).
+ * and two vector loads a cycle (one a vpbroadcastd): per unit and row, Q5_0 here is 11 of the
+ * former (8 vpmaddubsw, one vpmaddwd, the multiply and the FMA: no correction pass) and 11
+ * loads, so about 0.7 of the avx2 peak is its ceiling (docs/benchmarks.md, issue 26).
  * NOTE: on the Zen 5 this was written on (AVX2 forced), the 5-bit and 6-bit types gain (their
  * unpacking, 3-4 instructions a vector, is now spread over 16 rows instead of 4: Q5_0 +10-20%,
  * Q5_K +40%, Q6_K 2x) and Q4_K a little; Q4_0, Q4_1 and Q8_0 (x86_gemm_x8.h: cheap to unpack,
  * accumulators in registers) measured 5-30% slower here, so they stay on the row groups.
  *
  * The integer dot products are exact either way, only their grouping differs from
- * x86_gemm_k.h's: 4-bit quants sum 8 runs in int16 (<= 8 * 2 * 15 * 127), 5-bit 4 runs (<= 4 *
- * 2 * 31 * 127) before vpmaddwd widens them (applying a K sub-block's scale). Q6_K runs its
+ * x86_gemm_k.h's: 4-bit quants sum 8 runs in int16 (<= 8 * 2 * 15 * 127), Q5_1 and Q5_K 4 runs
+ * (<= 4 * 2 * 31 * 127) before vpmaddwd widens them (applying a K sub-block's scale). Q5_0 sums
+ * its 8 runs in int16 modulo 2^16, less 16 x the activations each int16 lane multiplied (t_pack):
+ * the dot product of q - 16 over the lane's 16 bytes, exact (tg_q5), as x86_gemm_k.h's. Q6_K runs its
  * quants unsigned (0..63, as stored; x86_gemm_k.h moves signs onto the activations, one more
  * instruction a product) and sums a sub-block's 4 runs in int16 modulo 2^16, less 32 x the
  * activations each int16 lane multiplied (t_pack): the dot product of q - 32, exact (tg_q6_K),
@@ -32,7 +34,8 @@
  * kernels. Per (weight row, activation row) the float operations are then those of the other
  * AVX2 tiles, in the same order:
  *   acc = fma(float(isum_b), d * ad_b, acc)  for each activation block b,
- *   cor = fma(c_b, as_b, cor) (Q4_K/Q5_K: cor -= dmin m_j as_j) in a second pass,
+ *   cor = fma(c_b, as_b, cor) (Q5_1: c = m; Q4_K/Q5_K: cor -= dmin m_j as_j; Q5_0, Q6_K: none)
+ *   in a second pass,
  *   y = acc + cor (+ y),
  * so a row's numbers are bit-identical to the avx2 row-group kernels', to the avx512vnni
  * variant's and to themselves in any tile, call or thread (tests/engine/test_kernels.py and
@@ -67,7 +70,7 @@ typedef struct {
     _Alignas(32) int8_t qs[T_NB][T_ROWS][QK]; /* block b, row i: its 32 quantized values */
     _Alignas(32) float d[T_NB][T_ROWS];       /* scales */
     _Alignas(32) float s[T_NB][T_ROWS];       /* sums d * sum(qs) */
-    _Alignas(32) int32_t o[T_NB][T_ROWS][2];  /* Q6_K: the offsets of its two sub-blocks (t_pack) */
+    _Alignas(32) int32_t o[T_NB][T_ROWS][2];  /* offsets (t_pack): Q6_K's two sub-blocks', Q5_0's in [0] */
 } t_act;
 
 T_AI __m256 t_ph(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
@@ -96,10 +99,13 @@ T_AI __m256i t_dot5(const __m256i *q, const int8_t *a, __m256i sc) {
 
 /* ---- the activation tile --------------------------------------------------------------------- */
 
-/* Rows r .. r + T_ROWS - 1 of x, elements [e0, e0 + ne), into t; sums: Q6_K's offsets t->o
- * (tg_q6_K): for sub-block h of 16 bytes (runs 4h .. 4h + 3), 32 x the sums of bytes 0-1 and of
- * bytes 2-3 of its runs (the two int16 lanes of vpmaddubsw's products), modulo 2^16, as an int16
- * pair. */
+/* Which offsets t_pack computes. */
+enum { T_SUMS_NONE, T_SUMS_Q6_K, T_SUMS_Q5_0 };
+
+/* Rows r .. r + T_ROWS - 1 of x, elements [e0, e0 + ne), into t; sums: the offsets t->o, per
+ * int16 lane of vpmaddubsw's products (bytes 0-1 and bytes 2-3 of each run: an int16 pair,
+ * modulo 2^16). T_SUMS_Q6_K (tg_q6_K): for sub-block h of 16 bytes (runs 4h .. 4h + 3), 32 x
+ * the lanes' sums; T_SUMS_Q5_0 (tg_q5): 16 x the lanes' sums over all 8 runs, in o[b][i][0]. */
 static void t_pack(t_act *t, const act_rows *x, int r, int e0, int ne, int sums) {
     const int nb = ne / QK, xnb = x->k / QK, b0 = e0 / QK;
     const __m256i ones8 = _mm256_set1_epi8(1);
@@ -112,13 +118,18 @@ static void t_pack(t_act *t, const act_rows *x, int r, int e0, int ne, int sums)
             t->d[b][i] = d[b];
             t->s[b][i] = s[b];
             if (sums) {
-                /* int16 pairs of bytes, the 4 runs of each 128-bit half summed lane-wise, x 32 */
+                /* int16 pairs of bytes, the 4 runs of each 128-bit half summed lane-wise */
                 __m256i p = _mm256_maddubs_epi16(ones8, v);
                 p = _mm256_add_epi16(p, _mm256_shuffle_epi32(p, 0x4E));
                 p = _mm256_add_epi16(p, _mm256_shuffle_epi32(p, 0xB1));
-                p = _mm256_slli_epi16(p, 5);
-                t->o[b][i][0] = _mm256_cvtsi256_si32(p);
-                t->o[b][i][1] = _mm256_extract_epi32(p, 4);
+                if (sums == T_SUMS_Q6_K) {
+                    p = _mm256_slli_epi16(p, 5);
+                    t->o[b][i][0] = _mm256_cvtsi256_si32(p);
+                    t->o[b][i][1] = _mm256_extract_epi32(p, 4);
+                } else {
+                    p = _mm256_slli_epi16(_mm256_add_epi16(p, _mm256_permute2x128_si256(p, p, 1)), 4);
+                    t->o[b][i][0] = _mm256_cvtsi256_si32(p);
+                }
             }
         }
     }
@@ -128,7 +139,23 @@ static void t_pack(t_act *t, const act_rows *x, int r, int e0, int ne, int sums)
  * g: the group's first x8 block of the slice; acc/cor: its stash (T_ROWS each), read and written. */
 
 /* Q5_0, Q5_1: blocks of 32. q[j] for j < 4: low nibbles of run j (elements 4j..) with their
- * fifth bits, q[4 + j] high nibbles (16 + 4j..). */
+ * fifth bits, q[4 + j] high nibbles (16 + 4j..).
+ * Q5_0 sums all 8 runs of a row in int16 modulo 2^16 (vpaddw wraps) and takes its offset t->o
+ * off with one vpsubw: each int16 lane is then the dot product of q - 16 over its 16 bytes,
+ * within 16 * 16 * 127 < 2^15 (activations within +-127: quantize_q8a), exact; one vpmaddwd adds
+ * a row's two lanes: isum = dot(q - 16, a), the integer of every other kernel, and no correction
+ * pass. The chains are kept as two (asm barriers): left to itself GCC summed them as a tree whose
+ * temporaries spilled (-15% in a harness). */
+T_AI __m256i t_dot5_0(const __m256i *q, const int8_t *a, int32_t o, __m256i ones) {
+    __m256i p0 = _mm256_maddubs_epi16(q[0], bcast4(a)), p1 = _mm256_maddubs_epi16(q[1], bcast4(a + 4));
+    for (int j = 2; j < 8; j += 2) {
+        p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(q[j], bcast4(a + 4 * j)));
+        p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(q[j + 1], bcast4(a + 4 * j + 4)));
+        __asm__("" : "+x"(p0), "+x"(p1));
+    }
+    return _mm256_madd_epi16(_mm256_sub_epi16(_mm256_add_epi16(p0, p1), _mm256_set1_epi32(o)), ones);
+}
+
 T_AI void tg_q5(int tk, const char *g, int nbs, const t_act *t, __m256 *acc, __m256 *cor) {
     const __m256i low4 = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
     for (int b = 0; b < nbs; b++) {
@@ -149,15 +176,19 @@ T_AI void tg_q5(int tk, const char *g, int nbs, const t_act *t, __m256 *acc, __m
             q[4 + j] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), low4), bit_to_4(vh, 4 + j));
         }
         const __m256 d8 = t_ph(dp);
-        T_UNROLL for (int i = 0; i < T_ROWS; i++) T_FMA(t_dot5(q, t->qs[b][i], ones), i);
+        if (tk == T_Q5_0) {
+            T_UNROLL for (int i = 0; i < T_ROWS; i++) T_FMA(t_dot5_0(q, t->qs[b][i], t->o[b][i][0], ones), i);
+        } else {
+            T_UNROLL for (int i = 0; i < T_ROWS; i++) T_FMA(t_dot5(q, t->qs[b][i], ones), i);
+        }
     }
-    /* the correction, T_CR rows at a time in registers */
+    if (tk == T_Q5_0) return;
+    /* Q5_1's correction, T_CR rows at a time in registers */
     for (int i0 = 0; i0 < T_ROWS; i0 += T_CR) {
         __m256 c[T_CR];
         T_UNROLL for (int i = 0; i < T_CR; i++) c[i] = cor[i0 + i];
         for (int b = 0; b < nbs; b++) {
-            const __m256 c8 = tk == T_Q5_0 ? _mm256_mul_ps(_mm256_set1_ps(-16.0f), t_ph(((const block_q5_0x8 *)g + b)->d))
-                                           : t_ph(((const block_q5_1x8 *)g + b)->m);
+            const __m256 c8 = t_ph(((const block_q5_1x8 *)g + b)->m);
             T_UNROLL for (int i = 0; i < T_CR; i++) c[i] = _mm256_fmadd_ps(c8, _mm256_set1_ps(t->s[b][i0 + i]), c[i]);
         }
         T_UNROLL for (int i = 0; i < T_CR; i++) cor[i0 + i] = c[i];
@@ -320,7 +351,7 @@ static void t_rows(int tk, float *y, int ldy, const gemm_weight *w, int o0, int 
                 for (int i = 0; i < T_ROWS; i++) acc[gi][i] = cor[gi][i] = _mm256_setzero_ps();
             for (int e0 = 0; e0 < k; e0 += T_KS) {
                 const int ne = k - e0 < T_KS ? k - e0 : T_KS;
-                t_pack(&t, x, r, e0, ne, tk == T_Q6_K);
+                t_pack(&t, x, r, e0, ne, tk == T_Q6_K ? T_SUMS_Q6_K : tk == T_Q5_0 ? T_SUMS_Q5_0 : T_SUMS_NONE);
                 for (int gi = 0; gi < ng; gi++) {
                     const char *g = (const char *)w->x8 + (size_t)(ob / ROW_GROUP + gi) * group_bytes +
                                     (size_t)(e0 / T_KS) * slice_bytes;

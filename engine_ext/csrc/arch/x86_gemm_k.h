@@ -19,14 +19,18 @@
  * block in order, whatever the instruction set and tile width:
  *   acc = fma(float(isum_b), d * ad_b, acc)        isum_b: integer dot product of activation
  *                                                  block b, sub-block scales applied in int32
- *   cor = fma(c_b, as_b, cor)                      (Q5_0: c = -16 d; Q5_1: m; Q4_K/Q5_K per
- *                                                  sub-block: cor -= dmin * m_j * as_b; Q2_K:
- *                                                  cor -= dmin * ad_b * msum_b; Q6_K, Q3_K: none)
+ *   cor = fma(c_b, as_b, cor)                      (Q5_1: c = m; Q4_K/Q5_K per sub-block:
+ *                                                  cor -= dmin * m_j * as_b; Q2_K:
+ *                                                  cor -= dmin * ad_b * msum_b; Q5_0, Q6_K,
+ *                                                  Q3_K: none)
  *   y = acc + cor
- * isum_b is exact either way. AVX2: integer sums stay within int16 between widenings: maddubs
- * products of a 4-element run pair are at most 2 * 15 * 127 (4-bit), 2 * 31 * 127 (5-bit) or
- * 2 * 32 * 127 (Q6_K, signed by sign_epi8), so 8, 4 and 4 runs are summed before madd_epi16
- * widens them (and applies the scales). VNNI: int32 from the first product (see its tiles).
+ * isum_b is exact either way; Q5_0's is dot(q - 16, a), its signed quants' (so no correction).
+ * AVX2: integer sums stay within int16 between widenings: maddubs products of a 4-element run
+ * pair are at most 2 * 15 * 127 (4-bit), 2 * 31 * 127 (5-bit) or 2 * 32 * 127 (Q6_K, signed by
+ * sign_epi8), so 8, 4 and 4 runs are summed before madd_epi16 widens them (and applies the
+ * scales); Q5_0 sums its 8 runs modulo 2^16 and takes 16 x the activation sums off (tile_q5,
+ * k_asum). VNNI: int32 from
+ * the first product (see its tiles).
  * NOTE: so the variants give bit-identical results (tests/engine/test_kernels_kquants.py holds
  * them to ==). */
 #ifndef SLOTSERVE_X86_GEMM_K_H
@@ -51,6 +55,10 @@ static inline size_t kind_x8_bytes(int kind) {
     return bytes[kind];
 }
 
+/* Elements per activation sum of the VNNI tiles' tables (k_asum): Q6_K's sub-blocks of 16, Q5_0's
+ * blocks of 32. */
+static inline int k_asum_span(int kind) { return kind == KIND_Q6_K ? 16 : QK; }
+
 /* Q4_K / Q5_K: super-block s's correction for the mins, the same in both variants: cor[r] takes off
  * dmin * m[j] * (row r's activation sum over sub-block j) per lane. blk0 points at x8 super-block s0. */
 static inline __attribute__((always_inline)) void k4_min_correction(int five, const int R, const void *blk0, int s0,
@@ -71,9 +79,11 @@ static inline __attribute__((always_inline)) void k4_min_correction(int five, co
 /* ---- micro-kernels: one group of 8 weight rows, blocks [b0, b1), R activation rows -------------- */
 
 #if !X8_VNNI
-/* Q5_0 / Q5_1: blocks of 32. blk points at x8 block b0. */
+/* Q5_0 / Q5_1: blocks of 32. blk points at x8 block b0; asum: Q5_0's activation offsets of rows
+ * r0.. (k_asum). */
 static inline __attribute__((always_inline)) void tile_q5(int kind, const int R, const void *blk0, int b0, int b1,
-                                                          const act_rows *x, int r0, __m256 *acc, __m256 *cor) {
+                                                          const act_rows *x, int r0, __m256 *acc, __m256 *cor,
+                                                          const int32_t *asum) {
     const int k = x->k, nb = k / QK;
     const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(15);
     for (int b = b0; b < b1; b++) {
@@ -88,6 +98,31 @@ static inline __attribute__((always_inline)) void tile_q5(int kind, const int R,
         }
         const __m256i vh = _mm256_loadu_si256((const __m256i *)qh);
         __m256i isum[K_TILE];
+        if (kind == KIND_Q5_0) {
+            /* the 8 runs of unsigned quants summed in int16 modulo 2^16 (vpaddw wraps), less
+             * 16 x the activation bytes each int16 lane multiplied (asum, k_asum): per lane
+             * the dot product of q - 16 over its 16 bytes, within 16 x 16 x 127 < 2^15, so
+             * exact; one madd_epi16 adds a row's two lanes: dot(q - 16, a) */
+            for (int j = 0; j < 4; j++) {
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+                const __m256i lo = _mm256_or_si256(_mm256_and_si256(w, low4), bit_to_4(vh, j));
+                const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(w, 4), low4), bit_to_4(vh, 4 + j));
+                for (int r = 0; r < R; r++) {
+                    const int8_t *a = x->qs + (size_t)(r0 + r) * k + b * QK;
+                    __m256i p = _mm256_maddubs_epi16(lo, bcast4(a + 4 * j));
+                    p = _mm256_add_epi16(p, _mm256_maddubs_epi16(hi, bcast4(a + 16 + 4 * j)));
+                    isum[r] = j ? _mm256_add_epi16(isum[r], p) : p;
+                    __asm__("" : "+x"(isum[r])); /* keep the sum a chain (see x86_avx2.c) */
+                }
+            }
+            const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dp));
+            for (int r = 0; r < R; r++) {
+                const __m256i off = _mm256_set1_epi32(asum[(size_t)r * nb + b]);
+                const __m256i i32 = _mm256_madd_epi16(_mm256_sub_epi16(isum[r], off), ones);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(d8, _mm256_set1_ps(x->d[(size_t)(r0 + r) * nb + b])), acc[r]);
+            }
+            continue;
+        }
         for (int r = 0; r < R; r++) isum[r] = _mm256_setzero_si256();
         for (int half = 0; half < 2; half++) {
             __m256i p16[K_TILE];
@@ -108,8 +143,7 @@ static inline __attribute__((always_inline)) void tile_q5(int kind, const int R,
             for (int r = 0; r < R; r++) isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(p16[r], ones));
         }
         const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dp));
-        const __m256 c8 = kind == KIND_Q5_0 ? _mm256_mul_ps(_mm256_set1_ps(-16.0f), d8)
-                                            : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mp));
+        const __m256 c8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mp));
         for (int r = 0; r < R; r++) {
             const size_t rb = (size_t)(r0 + r) * nb + b;
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_mul_ps(d8, _mm256_set1_ps(x->d[rb])), acc[r]);
@@ -296,9 +330,11 @@ static inline __attribute__((always_inline)) void tile_k2(int kind, const int R,
  * corrections (cor) run as a second pass over the blocks, which keeps their chain's order and
  * frees registers for 8 rows. */
 
-/* Q5_0 / Q5_1 */
+/* Q5_0 / Q5_1; Q5_0's quants unsigned (q, as stored) into vpdpbusd, then 16 x the activation
+ * block's sum taken off (asum, k_asum): dot(q - 16, a) exactly, the AVX2 tiles' integer. */
 static inline __attribute__((always_inline)) void tile_q5(int kind, const int R, const void *blk0, int b0, int b1,
-                                                          const act_rows *x, int r0, __m256 *acc, __m256 *cor) {
+                                                          const act_rows *x, int r0, __m256 *acc, __m256 *cor,
+                                                          const int32_t *asum) {
     const int k = x->k, nb = k / QK;
     const __m256i low4 = _mm256_set1_epi8(15);
     for (int b = b0; b < b1; b++) {
@@ -326,17 +362,14 @@ static inline __attribute__((always_inline)) void tile_q5(int kind, const int R,
         }
         const __m256 d8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dp));
         for (int r = 0; r < R; r++) {
-            const __m256i isum = _mm256_add_epi32(s_lo[r], s_hi[r]);
+            __m256i isum = _mm256_add_epi32(s_lo[r], s_hi[r]);
+            if (kind == KIND_Q5_0) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(asum[(size_t)r * nb + b]));
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d8, _mm256_set1_ps(x->d[(size_t)(r0 + r) * nb + b])), acc[r]);
         }
     }
+    if (kind == KIND_Q5_0) return;
     for (int b = b0; b < b1; b++) {
-        __m256 c8;
-        if (kind == KIND_Q5_0)
-            c8 = _mm256_mul_ps(_mm256_set1_ps(-16.0f),
-                               _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const block_q5_0x8 *)blk0 + (b - b0))->d)));
-        else
-            c8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const block_q5_1x8 *)blk0 + (b - b0))->m));
+        const __m256 c8 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const block_q5_1x8 *)blk0 + (b - b0))->m));
         for (int r = 0; r < R; r++) cor[r] = _mm256_fmadd_ps(c8, _mm256_set1_ps(x->s[(size_t)(r0 + r) * nb + b]), cor[r]);
     }
 }
@@ -442,30 +475,39 @@ static inline __attribute__((always_inline)) void tile_q6_K(const int R, const v
     }
 }
 
-/* asum[r][i] = 32 * (sum of row r's quantized activations 16i .. 16i+15), rows [r0, r0 + n). */
-static void k6_asum(int32_t *asum, const act_rows *x, int r0, int n) {
-    const int n16 = x->k / 16;
-    for (int r = 0; r < n; r++)
-        for (int i = 0; i < n16; i++) {
-            const int8_t *a = x->qs + (size_t)(r0 + r) * x->k + 16 * (size_t)i;
-            int sum = 0;
-            for (int e = 0; e < 16; e++) sum += a[e];
-            asum[(size_t)r * n16 + i] = 32 * sum;
-        }
-}
 #endif
 
-/* asum: VNNI Q6_K's activation sums of rows r0.. (k6_asum), else NULL. */
+/* The activation sums the tiles take off (k_asum_span elements each), rows [r0, r0 + n):
+ * Q6_K (VNNI): asum[r][i] = 32 * (sum of row r's quantized activations 16i .. 16i+15); Q5_0:
+ * for VNNI 16 * (sum of block i's 32), for AVX2 the int16 pair 16 * (sum of bytes 4j, 4j + 1),
+ * 16 * (sum of bytes 4j + 2, 4j + 3) over the block's runs j (the two int16 lanes of
+ * maddubs_epi16's products; each within 16 * 16 * 127), as one int32. */
+static void k_asum(int kind, int32_t *asum, const act_rows *x, int r0, int n) {
+    const int span = k_asum_span(kind), ns = x->k / span;
+    for (int r = 0; r < n; r++)
+        for (int i = 0; i < ns; i++) {
+            const int8_t *a = x->qs + (size_t)(r0 + r) * x->k + (size_t)span * i;
+            if (kind == KIND_Q6_K || X8_VNNI) {
+                int sum = 0;
+                for (int e = 0; e < span; e++) sum += a[e];
+                asum[(size_t)r * ns + i] = (kind == KIND_Q6_K ? 32 : 16) * sum;
+            } else {
+                int even = 0, odd = 0;
+                for (int e = 0; e < span; e += 4) even += a[e] + a[e + 1], odd += a[e + 2] + a[e + 3];
+                asum[(size_t)r * ns + i] = (int32_t)((uint32_t)(uint16_t)(16 * even) | (uint32_t)(uint16_t)(16 * odd) << 16);
+            }
+        }
+}
+
+/* asum: Q5_0's and (VNNI) Q6_K's activation sums of rows r0.. (k_asum), else NULL. */
 static inline __attribute__((always_inline)) void run_tile(int kind, const int R, const void *blk0, int b0, int b1,
                                                            const act_rows *x, int r0, __m256 *acc, __m256 *cor,
                                                            const int32_t *asum) {
-#if !X8_VNNI
-    (void)asum;
-#endif
-    if (kind == KIND_Q5_0 || kind == KIND_Q5_1) tile_q5(kind, R, blk0, b0, b1, x, r0, acc, cor);
 #if X8_VNNI
+    if (kind == KIND_Q5_0 || kind == KIND_Q5_1) tile_q5(kind, R, blk0, b0, b1, x, r0, acc, cor, asum);
     else if (kind == KIND_Q6_K) tile_q6_K(R, blk0, b0, b1, x, r0, acc, asum);
 #else
+    if (kind == KIND_Q5_0 || kind == KIND_Q5_1) tile_q5(kind, R, blk0, b0, b1, x, r0, acc, cor, asum);
     else if (kind == KIND_Q6_K) tile_q6_K(R, blk0, b0, b1, x, r0, acc);
     else if (kind == KIND_Q2_K || kind == KIND_Q3_K) tile_k2(kind, R, blk0, b0, b1, x, r0, acc, cor);
 #endif
@@ -520,7 +562,7 @@ static inline __attribute__((always_inline)) void gemm_k_rows(int kind, float *y
                                                               int o0, int o1, const act_rows *x, int r0, int r1,
                                                               int accumulate, const int32_t *asum) {
     const size_t group_bytes = kind_x8_bytes(kind) * (size_t)(w->n_in / ggml_block_elems(kind_type(kind)));
-    const size_t asum_row = asum ? (size_t)w->n_in / 16 : 0;
+    const size_t asum_row = asum ? (size_t)(w->n_in / k_asum_span(kind)) : 0;
     int grouped_end = w->x8 ? w->n_out / ROW_GROUP * ROW_GROUP : o0;
     if (grouped_end > o1) grouped_end = o1;
     if (grouped_end < o0) grouped_end = o0;
@@ -544,26 +586,22 @@ static inline __attribute__((always_inline)) void gemm_k_rows(int kind, float *y
     }
 }
 
-#if X8_VNNI
-#define K6_ASUM_INTS 16384 /* stack table of k6_asum (64 KiB): the rows of one pass */
-#endif
+#define K_ASUM_INTS 16384 /* stack table of k_asum (64 KiB): the rows of one pass */
 
 static inline __attribute__((always_inline)) void gemm_k(int kind, float *y, int ldy, const gemm_weight *w, int o0,
                                                          int o1, const act_rows *x, int n_rows, int accumulate) {
-#if X8_VNNI
-    if (kind == KIND_Q6_K) {
+    if ((X8_VNNI && kind == KIND_Q6_K) || kind == KIND_Q5_0) {
         /* the activation sums once per pass of as many rows as the table holds (a multiple of
          * K_TILE, at least one tile: MAX_ROW_LEN / 16 * K_TILE fits) */
-        int32_t asum[K6_ASUM_INTS];
-        const int per = K6_ASUM_INTS / (w->n_in / 16) / K_TILE * K_TILE;
+        int32_t asum[K_ASUM_INTS];
+        const int per = K_ASUM_INTS / (w->n_in / k_asum_span(kind)) / K_TILE * K_TILE;
         for (int r0 = 0; r0 < n_rows; r0 += per) {
             const int r1 = r0 + per < n_rows ? r0 + per : n_rows;
-            k6_asum(asum, x, r0, r1 - r0);
+            k_asum(kind, asum, x, r0, r1 - r0);
             gemm_k_rows(kind, y, ldy, w, o0, o1, x, r0, r1, accumulate, asum);
         }
         return;
     }
-#endif
     gemm_k_rows(kind, y, ldy, w, o0, o1, x, 0, n_rows, accumulate, NULL);
 }
 

@@ -19,8 +19,10 @@
  * kept in a stash between slices (stored floats: exact).
  *
  * Per lane the operations are the 256-bit VNNI tiles' (x86_gemm_k.h, x86_gemm_x8.h), in the same
- * order: exact int32 block sums (sub-block scales by vpmulld), then per block
- *   acc = fma(float(isum_b), d * ad_b, acc),  cor = fma(c_b, as_b, cor) in a second pass,
+ * order: exact int32 block sums (sub-block scales by vpmulld; Q5_0's dot(q - 16, a)), then per
+ * block
+ *   acc = fma(float(isum_b), d * ad_b, acc),  cor = fma(c_b, as_b, cor) in a second pass
+ *   (types with a min or offset: Q4_0, Q4_1, Q5_1, Q4_K, Q5_K),
  *   y = acc + cor (+ y),
  * so a row's numbers are bit-identical to the avx2 variant's whatever tile, pair or call it lands
  * in (tests/engine/test_kernels_kquants.py and test_kernels.py hold them to ==). Q8_0 runs biased
@@ -54,7 +56,7 @@ typedef struct {
     _Alignas(64) int8_t qs[Z_NB][Z_TILE][QK]; /* block b, row i: its 32 quantized values */
     _Alignas(64) float d[Z_NB][Z_TILE];       /* scales */
     _Alignas(64) float s[Z_NB][Z_TILE];       /* sums d * sum(qs) */
-    _Alignas(64) int32_t t[Z_KS / 16][Z_TILE]; /* Q6_K: 32 x the sum of each 16; Q8_0: 128 x each 32's */
+    _Alignas(64) int32_t t[Z_KS / 16][Z_TILE]; /* Q6_K: 32 x the sum of each 16; Q8_0: 128 x each 32's; Q5_0: 16 x */
 } z_act;
 
 /* 32 bytes at a (low half) and at b (high half) */
@@ -123,8 +125,8 @@ Z_AI __m512i z_q6_high(__m512i vh, int g) {
 
 /* Rows r .. r + R - 1 of x, elements [e0, e0 + ne), into t (rows R .. Z_TILE - 1 zeroed, so a
  * tile always runs Z_TILE rows of finite numbers); `sums` 16: t->t = Q6_K's 32 x sums of 16,
- * 32: Q8_0's 128 x sums of 32, 0: none. */
-static void z_pack(z_act *t, const act_rows *x, int r, int R, int e0, int ne, int sums) {
+ * 32: sums of 32 times mul32 (Q8_0 128, Q5_0 16), 0: none. */
+static void z_pack(z_act *t, const act_rows *x, int r, int R, int e0, int ne, int sums, int mul32) {
     const int nb = ne / QK, xnb = x->k / QK, b0 = e0 / QK;
     const __m256i ones = _mm256_set1_epi8(1);
     for (int i = 0; i < Z_TILE; i++) {
@@ -153,7 +155,7 @@ static void z_pack(z_act *t, const act_rows *x, int r, int R, int e0, int ne, in
                     t->t[2 * b][i] = 32 * lo;
                     t->t[2 * b + 1][i] = 32 * hi;
                 } else {
-                    t->t[b][i] = 128 * (lo + hi);
+                    t->t[b][i] = mul32 * (lo + hi);
                 }
             }
         }
@@ -215,7 +217,8 @@ Z_AI void zt_x8(int zk, const char *ga, const char *gb, int nbs, const z_act *t,
     Z_UNROLL for (int i = 0; i < Z_TILE; i++) cor_st[i] = cor[i];
 }
 
-/* Q5_0 / Q5_1: blocks of 32 */
+/* Q5_0 / Q5_1: blocks of 32; Q5_0 takes 16 x the activation block's sum (t->t) off its dot
+ * product of unsigned quants: dot(q - 16, a), exact, and no correction (x86_gemm_k.h tile_q5) */
 Z_AI void zt_q5(int zk, const char *ga, const char *gb, int nbs, const z_act *t, __m512 *acc_st, __m512 *cor_st) {
     const __m512i low4 = _mm512_set1_epi8(15);
     __m512 acc[Z_TILE];
@@ -239,19 +242,17 @@ Z_AI void zt_q5(int zk, const char *ga, const char *gb, int nbs, const z_act *t,
         }
         const __m512 d16 = z_ph(da, db);
         Z_UNROLL for (int i = 0; i < Z_TILE; i++) {
-            const __m512i isum = z_dot8(q, t->qs[b][i]);
+            __m512i isum = z_dot8(q, t->qs[b][i]);
+            if (zk == Z_Q5_0) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(t->t[b][i]));
             acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d16, _mm512_set1_ps(t->d[b][i])), acc[i]);
         }
     }
     Z_UNROLL for (int i = 0; i < Z_TILE; i++) acc_st[i] = acc[i];
+    if (zk == Z_Q5_0) return;
     __m512 cor[Z_TILE];
     Z_UNROLL for (int i = 0; i < Z_TILE; i++) cor[i] = cor_st[i];
     for (int b = 0; b < nbs; b++) {
-        __m512 c16;
-        if (zk == Z_Q5_0)
-            c16 = _mm512_mul_ps(_mm512_set1_ps(-16.0f), z_ph(((const block_q5_0x8 *)ga + b)->d, ((const block_q5_0x8 *)gb + b)->d));
-        else
-            c16 = z_ph(((const block_q5_1x8 *)ga + b)->m, ((const block_q5_1x8 *)gb + b)->m);
+        const __m512 c16 = z_ph(((const block_q5_1x8 *)ga + b)->m, ((const block_q5_1x8 *)gb + b)->m);
         Z_UNROLL for (int i = 0; i < Z_TILE; i++) cor[i] = _mm512_fmadd_ps(c16, _mm512_set1_ps(t->s[b][i]), cor[i]);
     }
     Z_UNROLL for (int i = 0; i < Z_TILE; i++) cor_st[i] = cor[i];
@@ -379,7 +380,7 @@ static inline void gemm_z_rows(int x8, int kind, float *y, int ldy, const gemm_w
                                   : kind_x8_bytes(kind) * (size_t)(k / ggml_block_elems(kind_type(kind)));
     const int unit = x8 ? QK : ggml_block_elems(kind_type(kind)); /* elements per x8 block */
     const size_t slice_bytes = group_bytes / (size_t)(k / unit) * (size_t)(Z_KS / unit); /* per Z_KS elements */
-    const int sums = zk == Z_Q6_K ? 16 : zk == Z_Q8_0 ? 32 : 0;
+    const int sums = zk == Z_Q6_K ? 16 : zk == Z_Q8_0 || zk == Z_Q5_0 ? 32 : 0;
     z_act t;
     __m512 acc[Z_OB][Z_TILE], cor[Z_OB][Z_TILE];
     for (int ob = o0; ob < o1; ob += Z_OB * Z_LANES) {
@@ -390,7 +391,7 @@ static inline void gemm_z_rows(int x8, int kind, float *y, int ldy, const gemm_w
                 for (int i = 0; i < Z_TILE; i++) acc[p][i] = cor[p][i] = _mm512_setzero_ps();
             for (int e0 = 0; e0 < k; e0 += Z_KS) {
                 const int ne = k - e0 < Z_KS ? k - e0 : Z_KS;
-                z_pack(&t, x, r, R, e0, ne, sums);
+                z_pack(&t, x, r, R, e0, ne, sums, zk == Z_Q8_0 ? 128 : 16);
                 for (int p = 0; p < np; p++) {
                     const char *ga = (const char *)w->x8 + (size_t)((ob + Z_LANES * p) / ROW_GROUP) * group_bytes +
                                      (size_t)(e0 / Z_KS) * slice_bytes;

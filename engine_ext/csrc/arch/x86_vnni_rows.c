@@ -40,8 +40,9 @@
  * NOTE: bit-identical to x86_gemm_k.h's VNNI tiles (and so to the avx2 variant): lane i is
  * weight row 8g + i exactly as there, every integer sum is exact (the order of integer adds is
  * free), and per lane the float operations are the same ones in the same order: per
- * activation block b, acc = fma(float(isum_b), d * ad_b, acc); Q4_K/Q5_K's mins
- * cor = fnmadd(dmin * m_j, as_b, cor) in block order; y = acc + cor (+ y).
+ * activation block b, acc = fma(float(isum_b), d * ad_b, acc) (Q5_0: isum_b = dot(q - 16, a));
+ * Q4_K/Q5_K's mins cor = fnmadd(dmin * m_j, as_b, cor) in block order, Q5_1's cor = fma(m, as_b,
+ * cor); y = acc + cor (+ y).
  * tests/engine/test_kernels_kquants.py holds the avx512vnni variant to the avx2 one with ==.
  */
 #if defined(__x86_64__) || defined(__i386__)
@@ -299,8 +300,9 @@ static inline __attribute__((always_inline)) void k4_pair(const int R, const int
 /* ---- Q8_0, Q5_0, Q5_1: blocks of 32 -----------------------------------------------------------
  * Q8_0 runs biased (w + 128, unsigned) and takes 128 x each activation block's sum off (abias),
  * as x86_gemm_x8.h's KIND_Q8_0_BIASED; Q5_0/Q5_1 as x86_gemm_k.h's tile_q5 (the fifth bits of
- * run j's low nibbles are bit j of each qh byte, of its high nibbles bit 4 + j). The
- * correction cor = fma(c, as_b, cor) (Q5_0: c = -16 d; Q5_1: m; Q8_0: none) runs beside. */
+ * run j's low nibbles are bit j of each qh byte, of its high nibbles bit 4 + j): Q5_0 takes 16 x
+ * each activation block's sum off (abias), so its isum is dot(q - 16, a); Q5_1's correction
+ * cor = fma(m, as_b, cor) runs beside. */
 static inline __attribute__((always_inline)) void b32_pair(const int R, const int kind, float *y, int ldy,
                                                            const uint8_t *g0, size_t gap, int nb, const act_view *x,
                                                            const int32_t *abias, int o, int o_hi, int mode) {
@@ -348,19 +350,22 @@ static inline __attribute__((always_inline)) void b32_pair(const int R, const in
                     s2[r] = dp16(s2[r], hi, act_at(x, r, e + 16));
                 }
             }
-            for (int r = 0; r < R; r++) s1[r] = _mm512_add_epi32(s1[r], s2[r]);
+            for (int r = 0; r < R; r++) {
+                s1[r] = _mm512_add_epi32(s1[r], s2[r]);
+                if (kind == ROWS_Q5_0) s1[r] = _mm512_sub_epi32(s1[r], _mm512_set1_epi32(abias[(size_t)b * R + r]));
+            }
         }
         const __m512 d = f16x2(dp, gap);
         fold_block(R, acc, s1, d, x, (size_t)b);
-        if (kind != ROWS_Q8_0) {
-            const __m512 c = kind == ROWS_Q5_0 ? _mm512_mul_ps(_mm512_set1_ps(-16.0f), d) : f16x2(mp, gap);
+        if (kind == ROWS_Q5_1) {
+            const __m512 c = f16x2(mp, gap);
             for (int r = 0; r < R; r++) cor[r] = _mm512_fmadd_ps(c, _mm512_set1_ps(act_s(x, r, b)), cor[r]);
         }
     }
     store16(y, ldy, o, o_hi, R, acc, cor, mode);
 }
 
-/* One pass of rows_groups: R rows of y from row y, read through x (asum: Q6_K's and Q8_0's sums
+/* One pass of rows_groups: R rows of y from row y, read through x (asum: Q6_K's, Q8_0's and Q5_0's sums
  * of x's rows, rows_call). */
 typedef struct {
     float *y;
@@ -444,7 +449,7 @@ static inline __attribute__((always_inline)) void rows_prep(int kind, const int 
                                                             rows_stage *st, rows_pass *ps) {
     const int k = x->k, nb = k / QK;
     if (kind == ROWS_Q6_K) {
-        /* 32 x each row's sum of its quantized activations over every 16 (x86_gemm_k.h k6_asum) */
+        /* 32 x each row's sum of its quantized activations over every 16 (x86_gemm_k.h k_asum) */
         for (int r = 0; r < R; r++)
             for (int i = 0; i < k / 16; i++) {
                 const int8_t *a = x->qs + (size_t)r * k + 16 * (size_t)i;
@@ -452,14 +457,16 @@ static inline __attribute__((always_inline)) void rows_prep(int kind, const int 
                 for (int e = 0; e < 16; e++) sum += a[e];
                 st->asum[(size_t)i * R + r] = 32 * sum;
             }
-    } else if (kind == ROWS_Q8_0) {
-        /* 128 x each row's sum of its quantized activations over every block (x86_vnni.c's abias) */
+    } else if (kind == ROWS_Q8_0 || kind == ROWS_Q5_0) {
+        /* 128 (Q8_0: x86_vnni.c's abias) or 16 (Q5_0: x86_gemm_k.h k_asum) x each row's sum of
+         * its quantized activations over every block */
+        const int mul = kind == ROWS_Q8_0 ? 128 : 16;
         for (int r = 0; r < R; r++)
             for (int b = 0; b < nb; b++) {
                 const int8_t *a = x->qs + (size_t)r * k + (size_t)b * QK;
                 int sum = 0;
                 for (int e = 0; e < QK; e++) sum += a[e];
-                st->asum[(size_t)b * R + r] = 128 * sum;
+                st->asum[(size_t)b * R + r] = mul * sum;
             }
     }
     ps->y = y;

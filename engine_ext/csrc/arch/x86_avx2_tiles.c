@@ -335,9 +335,11 @@ T_AI void t_group(int tk, const char *g, int nbs, const t_act *t, __m256 *acc, _
 
 /* Weight rows [o0, o1) (whole groups) against activation rows [0, n_rows) (whole tiles): per
  * block of T_OB groups, tiles of T_ROWS rows, per slice of T_KS elements the tile packed once and
- * every group run over it. */
-static void t_rows(int tk, float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows,
-                   int accumulate) {
+ * every group run over it. Compiled once per kind (T_ROWS_OF): one function inlining every kind
+ * let one kind's edits move another's register allocation (Q4_K 5-10% slower when only Q6_K
+ * changed, docs/benchmarks.md). */
+T_AI void t_rows(const int tk, float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows,
+                 int accumulate) {
     const int k = w->n_in;
     const size_t group_bytes = x8_bytes(w->type, k, ROW_GROUP);
     const int unit = ggml_block_elems(w->type); /* elements per x8 block */
@@ -355,12 +357,7 @@ static void t_rows(int tk, float *y, int ldy, const gemm_weight *w, int o0, int 
                 for (int gi = 0; gi < ng; gi++) {
                     const char *g = (const char *)w->x8 + (size_t)(ob / ROW_GROUP + gi) * group_bytes +
                                     (size_t)(e0 / T_KS) * slice_bytes;
-                    switch (tk) {
-#define T_CASE(K) case K: t_group(K, g, ne / QK, &t, acc[gi], cor[gi]); break;
-                    T_CASE(T_Q5_0) T_CASE(T_Q5_1) T_CASE(T_Q4_K) T_CASE(T_Q5_K) T_CASE(T_Q6_K)
-#undef T_CASE
-                    default: break;
-                    }
+                    t_group(tk, g, ne / QK, &t, acc[gi], cor[gi]);
                 }
             }
             for (int gi = 0; gi < ng; gi++)
@@ -374,25 +371,37 @@ static void t_rows(int tk, float *y, int ldy, const gemm_weight *w, int o0, int 
     }
 }
 
+#define T_ROWS_OF(name, K)                                                                                           \
+    static __attribute__((noinline)) void name(float *y, int ldy, const gemm_weight *w, int o0, int o1,              \
+                                               const act_rows *x, int n_rows, int accumulate) {                      \
+        t_rows(K, y, ldy, w, o0, o1, x, n_rows, accumulate);                                                         \
+    }
+T_ROWS_OF(t_rows_q5_0, T_Q5_0)
+T_ROWS_OF(t_rows_q5_1, T_Q5_1)
+T_ROWS_OF(t_rows_q4_K, T_Q4_K)
+T_ROWS_OF(t_rows_q5_K, T_Q5_K)
+T_ROWS_OF(t_rows_q6_K, T_Q6_K)
+#undef T_ROWS_OF
+
 /* (activation row, output) pairs the tiles computed, per weight type (gemm_tiles_avx2_pairs) */
 static unsigned long long tile_pairs[GGML_TYPE_COUNT];
 
 int gemm_tiles_avx2(float *y, int ldy, const gemm_weight *w, int o0, int o1, const act_rows *x, int n_rows,
                     int accumulate) {
-    int tk;
+    void (*rows)(float *, int, const gemm_weight *, int, int, const act_rows *, int, int);
     switch (w->type) {
-    case GGML_TYPE_Q5_0: tk = T_Q5_0; break;
-    case GGML_TYPE_Q5_1: tk = T_Q5_1; break;
-    case GGML_TYPE_Q4_K: tk = T_Q4_K; break;
-    case GGML_TYPE_Q5_K: tk = T_Q5_K; break;
-    case GGML_TYPE_Q6_K: tk = T_Q6_K; break;
+    case GGML_TYPE_Q5_0: rows = t_rows_q5_0; break;
+    case GGML_TYPE_Q5_1: rows = t_rows_q5_1; break;
+    case GGML_TYPE_Q4_K: rows = t_rows_q4_K; break;
+    case GGML_TYPE_Q5_K: rows = t_rows_q5_K; break;
+    case GGML_TYPE_Q6_K: rows = t_rows_q6_K; break;
     default: return o0;
     }
     if (n_rows % T_ROWS || !w->x8) return o0;
     int end = w->n_out / ROW_GROUP * ROW_GROUP;
     if (end > o1) end = o1;
     if (end <= o0) return o0;
-    t_rows(tk, y, ldy, w, o0, end, x, n_rows, accumulate);
+    rows(y, ldy, w, o0, end, x, n_rows, accumulate);
     __atomic_fetch_add(&tile_pairs[w->type], (unsigned long long)n_rows * (unsigned long long)(end - o0), __ATOMIC_RELAXED);
     return end;
 }

@@ -1,9 +1,9 @@
 /* Block layouts of every weight type: ggml type ids, block sizes, the file's byte-exact blocks,
  * their row groups (x8), and the functions that size and pack them.
  *
- * Design: the one header both quant.c (Q8_0, Q4_0, Q4_1, row sizes) and quant_k.c (Q5_0, Q5_1,
- * K-quants, BF16) take their layouts from; kernels.h (the kernel contracts) and quant_k.h (the
- * kernels of quant_k.c's types) build on it. Nothing here computes.
+ * Design: the one header both quant.c (Q8_0, Q4_0, Q4_1, row sizes) and quant_k.c / quant_k_x8.c
+ * (Q5_0, Q5_1, K-quants, BF16) take their layouts from; kernels.h (the kernel contracts) and
+ * quant_k.h (the kernels of quant_k.c's types) build on it. Nothing here computes.
  */
 #ifndef SLOTSERVE_BLOCKS_H
 #define SLOTSERVE_BLOCKS_H
@@ -46,14 +46,14 @@ _Static_assert(sizeof(block_q8_0) == 34 && sizeof(block_q4_0) == 18 && sizeof(bl
  *   d * (q - 16); Q5_1 value d * q + m.
  * Q4_K: 4 chunks of 64 elements; chunk c reads qs[32c .. 32c+32): low nibbles are sub-block 2c,
  *   high nibbles sub-block 2c+1. Value d * sc_j * q - dmin * m_j with the 6-bit (sc_j, m_j) packed
- *   in scales[12] (see k4_scale_min in quant_k.c).
+ *   in scales[12] (see k4_scale_min in quant_k_x8.h).
  * Q5_K: as Q4_K, plus the fifth bit: bit j of qh[l] for element l of sub-block j.
  * Q2_K: 2 halves of 128; in half n, element 128n + 32j + l (j < 4, l < 32) is
  *   (qs[32n + l] >> 2j) & 3; sub-block of 16 e/16 has scales[e/16] & 15 as scale, >> 4 as min:
  *   value d * sc * q - dmin * m.
  * Q3_K: as Q2_K for the low 2 bits; bit 4n+j of hmask[l] set adds 0, clear subtracts 4
  *   (q in -4..3); 16 signed 6-bit scales (sc - 32) packed in scales[12] (k3_scale in
- *   quant_k.c): value d * sc * q.
+ *   quant_k_x8.h): value d * sc * q.
  * Q6_K: 2 halves of 128; in half n, for l < 32: ql[64n + l] low nibble -> element 128n + l,
  *   ql[64n + 32 + l] low -> +32, ql[64n + l] high -> +64, ql[64n + 32 + l] high -> +96; the two
  *   high bits come from qh[32n + l] bits 0-1, 2-3, 4-5, 6-7 in that order. Value
@@ -127,7 +127,7 @@ typedef struct {
  * (the pass of quarters 1 and 3, which read the same qh runs again, from cache). With ql and qh
  * in two separate arrays, the same one-row kernel streamed 2x slower from memory (the reads
  * went back and forth between two regions of the block). q6x8_ql / q6x8_qh give a run's
- * place; quant_k.c packs with them and every x8 kernel reads with them. */
+ * place; quant_k_x8.c packs with them and every x8 kernel reads with them. */
 typedef struct {
     uint16_t d[ROW_GROUP]; int8_t sc[QK_K / 16][ROW_GROUP];
     uint8_t q[(QK_K / 2 + QK_K / 4) * ROW_GROUP]; /* runs as above */
@@ -144,15 +144,15 @@ _Static_assert(sizeof(block_q4_Kx8) == 1184 && sizeof(block_q5_Kx8) == 1440 && s
 /* Bytes of one row of k elements in a weight type; 0 for an unsupported type (quant.c). */
 size_t ggml_row_bytes(int type, int k);
 
-/* Elements per block of a block type (QK or QK_K); 0 for float types (quant_k.c). */
+/* Elements per block of a block type (QK or QK_K); 0 for float types (quant.c). */
 int ggml_block_elems(int type);
 
 /* Bytes of the x8 form of a block-type weight (0 for float types); pack_x8 writes it (quant.c,
- * which hands the types of quant_k.c to x8_bytes_k / pack_x8_k). */
+ * which hands the types of quant_k.c to x8_bytes_k / pack_x8_k, quant_k_x8.c). */
 size_t x8_bytes(int type, int n_in, int n_out);
 void pack_x8(void *dst, const void *rows, int type, int n_in, int n_out);
 
-/* x8_bytes / pack_x8 for the types of quant_k.c (which defines these); 0 / nothing for others. */
+/* x8_bytes / pack_x8 for the types of quant_k.c (quant_k_x8.c defines these); 0 / nothing for others. */
 size_t x8_bytes_k(int type, int n_in, int n_out);
 void pack_x8_k(void *dst, const void *rows, int type, int n_in, int n_out);
 

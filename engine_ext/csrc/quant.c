@@ -24,6 +24,22 @@ size_t ggml_row_bytes(int type, int k) {
     }
 }
 
+int ggml_block_elems(int type) {
+    switch (type) {
+    case GGML_TYPE_Q4_0:
+    case GGML_TYPE_Q4_1:
+    case GGML_TYPE_Q5_0:
+    case GGML_TYPE_Q5_1:
+    case GGML_TYPE_Q8_0: return QK;
+    case GGML_TYPE_Q2_K:
+    case GGML_TYPE_Q3_K:
+    case GGML_TYPE_Q4_K:
+    case GGML_TYPE_Q5_K:
+    case GGML_TYPE_Q6_K: return QK_K;
+    default: return 0;
+    }
+}
+
 /* Per block of 32: d = max|x| / 127, qs = round_nearest_even(x / d), s = d * sum(qs).
  * NOTE: the SIMD variants reproduce these exact float operations (x * (1/d), then rounding to
  * nearest even), so every variant quantizes a row to identical bytes. */

@@ -1,7 +1,8 @@
 /* More weight types: 5-bit blocks (Q5_0, Q5_1), K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), BF16.
  * Their block layouts and row groups are in blocks.h; this header declares their kernels, which
  * live in quant_k.c (portable), arch/x86_avx2_k.c (AVX2) and arch/x86_vnni.c (AVX512-VNNI), the
- * latter two on arch/x86_gemm_k.h's one body.
+ * latter two on arch/x86_gemm_k.h's one body; quant_k_x8.c packs their row groups (x8_bytes_k,
+ * pack_x8_k) and reads them back block by block for the portable kernels (quant_k_x8.h).
  *
  * Design: every block weight type multiplies the 8-bit activation blocks of 32 (act_rows) with
  * an integer dot product per block of 32. The K-quants' super-blocks of 256 hold sub-blocks of

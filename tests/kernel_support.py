@@ -1,5 +1,5 @@
 """Helpers for kernel tests: the CPU-feature skips (needs_avx2, needs_vnni), the kernel variants
-this CPU runs (VARIANTS), the weight types
+this CPU runs (VARIANTS) and all of them with their skips (ALL_VARIANTS), the weight types
 and the shared tolerance, random weights in file layout (weight_bytes), tolerance checks that
 name the largest difference, and the float64 values of 8-bit activation blocks."""
 
@@ -18,6 +18,12 @@ VARIANTS = (
     ["scalar"]
     + (["avx2"] if _engine.avx2_supported() else [])
     + (["avx512vnni"] if _engine.avx512vnni_supported() else [])
+)
+# Every kernel table, for parametrize: the same test ids on every CPU, those it lacks skipped.
+ALL_VARIANTS = (
+    pytest.param("scalar"),
+    pytest.param("avx2", marks=needs_avx2),
+    pytest.param("avx512vnni", marks=needs_vnni),
 )
 
 BLOCK_TYPES = ("Q8_0", "Q4_0", "Q4_1")

@@ -8,7 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from kernel_support import (
+    ALL_VARIANTS,
     SUM_RTOL,
+    VARIANTS,
     assert_close,
     rng,
 )
@@ -89,17 +91,15 @@ def test_attention_q8_0_variants_match_numpy(head_dim, group, pos0, n_q, window)
     scale = head_dim**-0.5
     want, mag = attention_numpy(q8_0_queries(q), k, v, pos0, group, head_dim, scale, window)
     plain, _ = attention_numpy(q, k, v, pos0, group, head_dim, scale, window)
-    variants = ["scalar"] + (["avx2"] if _engine.avx2_supported() else [])
-    variants += ["avx512vnni"] if _engine.avx512vnni_supported() else []
     outs = {}
-    for name in variants:
+    for name in VARIANTS:
         outs[name] = _engine.KernelTable(name).attention_q8(
             q, k_raw, v_raw, pos0, group, head_dim, scale, window
         )
         assert_close(outs[name], want, mag, 8 * SUM_RTOL, f"{name} q8_0 attention vs numpy")
         if pos0 + n_q > 1:  # (one key alone: its value whatever the score)
             assert np.any(np.abs(outs[name] - plain) > 8 * SUM_RTOL * mag), f"{name}: unquantized queries"
-    for name in variants[1:]:
+    for name in VARIANTS[1:]:
         assert_close(outs[name], outs["scalar"], mag, 8 * SUM_RTOL, f"{name} vs generic q8_0 attention")
 
 
@@ -145,42 +145,31 @@ def test_sliding_window_attention_matches_numpy(kv_dtype, window, pos0, n_q):
         assert_close(got, want, mag, 8 * SUM_RTOL, f"{name} window {window}")
 
 
-def _skip_unsupported(variant):
-    if variant == "avx2" and not _engine.avx2_supported():
-        pytest.skip("no AVX2")
-    if variant == "avx512vnni" and not _engine.avx512vnni_supported():
-        pytest.skip("no AVX512-VNNI")
+def _assert_query_rows_independent(variant, seed, n_keys, pos0, **window):
+    """9 query rows of 2 heads on one KV head of 64 (random, `seed`) over n_keys f16 keys from
+    pos0: each row's output equals, bit for bit, that row computed alone."""
+    kt = _engine.KernelTable(variant)
+    r = rng(seed)
+    q = r.standard_normal((9, 2 * 64)).astype(np.float32)
+    k = r.standard_normal((n_keys, 64)).astype(np.float16)
+    v = r.standard_normal((n_keys, 64)).astype(np.float16)
+    together = kt.attention(q, k, v, pos0, 2, 64, 0.125, **window)
+    for i in range(9):
+        alone = kt.attention(q[i : i + 1].copy(), k, v, pos0 + i, 2, 64, 0.125, **window)
+        assert np.array_equal(alone[0], together[i]), f"row {i}"
 
 
-@pytest.mark.parametrize("variant", ["scalar", "avx2", "avx512vnni"])
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
 def test_windowed_rows_independent(variant):
     """With a window, a row's output still does not depend on its batch mates (which change
     the blocks and chunks the call skips, and on avx512vnni the query tiles)."""
-    _skip_unsupported(variant)
-    kt = _engine.KernelTable(variant)
-    r = rng(10)
-    q = r.standard_normal((9, 2 * 64)).astype(np.float32)
-    k = r.standard_normal((600, 64)).astype(np.float16)
-    v = r.standard_normal((600, 64)).astype(np.float16)
-    together = kt.attention(q, k, v, 560, 2, 64, 0.125, window=40)
-    for i in range(9):
-        alone = kt.attention(q[i : i + 1].copy(), k, v, 560 + i, 2, 64, 0.125, window=40)
-        assert np.array_equal(alone[0], together[i]), f"row {i}"
+    _assert_query_rows_independent(variant, 10, 600, 560, window=40)
 
 
-@pytest.mark.parametrize("variant", ["scalar", "avx2", "avx512vnni"])
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
 def test_attention_query_rows_independent(variant):
     """A query row's output does not depend on which other query rows share the call."""
-    _skip_unsupported(variant)
-    kt = _engine.KernelTable(variant)
-    r = rng(9)
-    q = r.standard_normal((9, 2 * 64)).astype(np.float32)
-    k = r.standard_normal((80, 64)).astype(np.float16)
-    v = r.standard_normal((80, 64)).astype(np.float16)
-    together = kt.attention(q, k, v, 60, 2, 64, 0.125)
-    for i in range(9):
-        alone = kt.attention(q[i : i + 1].copy(), k, v, 60 + i, 2, 64, 0.125)
-        assert np.array_equal(alone[0], together[i]), f"row {i}"
+    _assert_query_rows_independent(variant, 9, 80, 60)
 
 
 @pytest.mark.parametrize("kv", ["f16", "f32", "q8_0"])

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType
 from kernel_support import (
+    ALL_VARIANTS,
     BLOCK_TYPES,
     FLOAT_TYPES,
     SUM_RTOL,
@@ -68,17 +69,13 @@ def test_gemm_float_odd_k(generic, avx2, float_k):
             assert_close(kt.gemm(t, raw, 13, x), want, scale, SUM_RTOL, f"{kt.name} {type_name} k={float_k}")
 
 
-@pytest.mark.parametrize("variant", ["scalar", "avx2", "avx512vnni"])
+@pytest.mark.parametrize("variant", ALL_VARIANTS)
 @pytest.mark.parametrize("type_name", BLOCK_TYPES + FLOAT_TYPES)
 @pytest.mark.parametrize("n_rows", [7, 19])
 def test_gemm_rows_independent_of_grouping(variant, type_name, n_rows):
     """Row independence (kernels.h NOTE): a row's outputs are bit-identical whether it is
     computed alone, in a tile with others, or in an output sub-range (19 rows: two full tiles
     of 8 on avx512vnni and a rest of 3)."""
-    if variant == "avx2" and not _engine.avx2_supported():
-        pytest.skip("no AVX2")
-    if variant == "avx512vnni" and not _engine.avx512vnni_supported():
-        pytest.skip("no AVX512-VNNI")
     kt = _engine.KernelTable(variant)
     n_out, k = 43, 96
     raw, _ = weight_bytes(type_name, n_out, k)

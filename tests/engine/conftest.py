@@ -16,3 +16,9 @@ def avx2() -> _engine.KernelTable:
     if not _engine.avx2_supported():
         pytest.skip("this CPU has no AVX2/FMA/F16C")
     return _engine.KernelTable("avx2")
+
+
+@pytest.fixture(scope="module")
+def generic_and_avx2(generic: _engine.KernelTable) -> list[_engine.KernelTable]:
+    """The portable table and, where this CPU has it, avx2's (no skip without it)."""
+    return [generic] + ([_engine.KernelTable("avx2")] if _engine.avx2_supported() else [])

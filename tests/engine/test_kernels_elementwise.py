@@ -21,18 +21,18 @@ SILU_RTOL = 1e-6
 
 
 @pytest.mark.parametrize("n", [1, 7, 64, 577])
-def test_rmsnorm(generic, n):
+def test_rmsnorm(generic_and_avx2, n):
     r = rng(n)
     x = (r.standard_normal(n) * 4).astype(np.float32)
     w = (1 + 0.1 * r.standard_normal(n)).astype(np.float32)
     x64 = x.astype(np.float64)
     want = x64 / np.sqrt(np.mean(x64 * x64) + 1e-5) * w
-    for kt in [generic] + ([_engine.KernelTable("avx2")] if _engine.avx2_supported() else []):
+    for kt in generic_and_avx2:
         assert_close(kt.rmsnorm(x, w, 1e-5), want, np.abs(want) + 1e-6, 8 * SUM_RTOL, f"{kt.name} n={n}")
 
 
 @pytest.mark.parametrize("n_heads, head_dim", [(1, 2), (3, 6), (3, 16), (2, 64)])
-def test_rope(generic, n_heads, head_dim):
+def test_rope(generic_and_avx2, n_heads, head_dim):
     r = rng(head_dim)
     x = r.standard_normal(n_heads * head_dim).astype(np.float32)
     theta = 37 * 10000.0 ** (-np.arange(0, head_dim, 2) / head_dim)
@@ -43,12 +43,12 @@ def test_rope(generic, n_heads, head_dim):
     want[:, 0::2] = xh[:, 0::2] * c - xh[:, 1::2] * s
     want[:, 1::2] = xh[:, 0::2] * s + xh[:, 1::2] * c
     scale = np.repeat(np.abs(xh[:, 0::2]) + np.abs(xh[:, 1::2]), 2, axis=1).reshape(-1)
-    for kt in [generic] + ([_engine.KernelTable("avx2")] if _engine.avx2_supported() else []):
+    for kt in generic_and_avx2:
         assert_close(kt.rope(x, n_heads, head_dim, cs), want.reshape(-1), scale, 4 * SUM_RTOL, kt.name)
 
 
 @pytest.mark.parametrize("n_heads, head_dim", [(1, 2), (3, 6), (3, 16), (2, 64), (1, 256), (2, 40)])
-def test_rope_neox(generic, n_heads, head_dim):
+def test_rope_neox(generic_and_avx2, n_heads, head_dim):
     """NEOX pairs (x[i], x[i + head_dim/2]); head_dim/2 = 20 and 3 hit the SIMD tail."""
     r = rng(head_dim + 1)
     x = r.standard_normal(n_heads * head_dim).astype(np.float32)
@@ -59,7 +59,7 @@ def test_rope_neox(generic, n_heads, head_dim):
     a, b = xh[:, : head_dim // 2], xh[:, head_dim // 2 :]
     want = np.concatenate([a * c - b * s, a * s + b * c], axis=1)
     scale = np.tile(np.abs(a) + np.abs(b), 2).reshape(-1)
-    for kt in [generic] + ([_engine.KernelTable("avx2")] if _engine.avx2_supported() else []):
+    for kt in generic_and_avx2:
         got = kt.rope(x, n_heads, head_dim, cs, neox=True)
         assert_close(got, want.reshape(-1), scale, 4 * SUM_RTOL, kt.name)
         if head_dim > 2:  # (with one pair the two layouts coincide)
@@ -72,7 +72,7 @@ GELU_ATOL = 2e-6  # near gelu's zero the tanh form and the exp form differ by fl
 
 
 @pytest.mark.parametrize("n", [1, 13, 100])
-def test_gelu_tanh_mul(generic, n):
+def test_gelu_tanh_mul(generic_and_avx2, n):
     r = rng(n + 3)
     g = np.concatenate([(r.standard_normal(n) * 4), [-200.0, -10.0, -9.99, 9.99, 10.0, 30.0, 0.0]]).astype(
         np.float32
@@ -82,20 +82,20 @@ def test_gelu_tanh_mul(generic, n):
     gelu = 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64**3)))
     gelu = np.where(g64 <= -10, 0.0, np.where(g64 >= 10, g64, gelu))
     want = gelu * u
-    for kt in [generic] + ([_engine.KernelTable("avx2")] if _engine.avx2_supported() else []):
+    for kt in generic_and_avx2:
         got = kt.gelu_tanh_mul(g, u)
         err = np.abs(got - want)
         assert (err <= 8 * SILU_RTOL * np.abs(want) + GELU_ATOL * np.abs(u)).all(), f"{kt.name}: {err.max()}"
 
 
 @pytest.mark.parametrize("n", [1, 13, 100])
-def test_silu_mul(generic, n):
+def test_silu_mul(generic_and_avx2, n):
     r = rng(n)
     g = np.concatenate([(r.standard_normal(n) * 6), [-200.0, -30.0, 30.0, 0.0]]).astype(np.float32)
     u = r.standard_normal(len(g)).astype(np.float32)
     g64 = g.astype(np.float64)
     want = g64 / (1 + np.exp(-g64)) * u
-    for kt in [generic] + ([_engine.KernelTable("avx2")] if _engine.avx2_supported() else []):
+    for kt in generic_and_avx2:
         assert_close(kt.silu_mul(g, u), want, np.abs(want) + 1e-30, SILU_RTOL, f"{kt.name} n={n}")
 
 
@@ -112,8 +112,8 @@ def test_avx512_silu_mul_identical_to_avx2(n):
     assert np.array_equal(got, _engine.KernelTable("avx2").silu_mul(g, u))
 
 
-def test_exp(generic):
+def test_exp(generic_and_avx2):
     x = np.concatenate([np.linspace(-87.0, 88.0, 2001), [-1e-7, 0.0, 1e-7, -0.5, 0.5]]).astype(np.float32)
     want = np.exp(x.astype(np.float64))
-    for kt in [generic] + ([_engine.KernelTable("avx2")] if _engine.avx2_supported() else []):
+    for kt in generic_and_avx2:
         assert_close(kt.exp(x), want, want, EXP_RTOL, kt.name)
